@@ -1,0 +1,385 @@
+"""The records every part of kvaudit passes around, with validation and JSON(L) IO.
+
+A *dataset* is a directory with three files (written by ``kvaudit.generators``, read by
+everything else):
+
+``segments.jsonl``  one :class:`Segment` per line: ``id`` (content hash of ``text``), ``text``,
+                    ``source`` (source document id), ``tags`` (free-form dict).
+``cases.jsonl``     one :class:`Case` per line (fields below).
+``dataset.json``    the :class:`DatasetCard`: generator, seed, parameters, reuse-dynamics
+                    coverage and a content hash of the two JSONL files.
+
+A *run directory* (written by ``kvaudit.runners``) holds ``manifest.json`` (a :class:`Manifest`
+as a dict) and ``pairs.jsonl`` (one :class:`PairRecord` per case, holding every arm's
+:class:`ArmResult`). ``audit.json``, ``summary.json`` and ``report.html`` are added by the
+audit and report stages.
+
+Bad input raises :class:`DatasetError`, whose message names the file, line and field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SEGMENTS_FILE = "segments.jsonl"
+CASES_FILE = "cases.jsonl"
+CARD_FILE = "dataset.json"
+MANIFEST_FILE = "manifest.json"
+PAIRS_FILE = "pairs.jsonl"
+AUDIT_FILE = "audit.json"
+
+DEFAULT_SYSTEM = "Answer using only the documents."
+
+TASK_FAMILIES = (
+    "single_doc",
+    "multi_hop_bridge",
+    "multi_hop_compare",
+    "aggregate",
+    "position_probe",
+    "leak_probe",
+    "needle",
+    "agreement",
+    "imported",
+)
+METRICS = ("em", "f1", "rouge_l", "contains", "agreement")
+
+
+class DatasetError(ValueError):
+    """A dataset or run file is malformed; the message names the file, line and field."""
+
+
+def sha256_hex(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+def ids_hash(ids: Iterable[int]) -> str:
+    """Stable hash of a token-id sequence (what the audit compares across arms)."""
+    return sha256_hex(",".join(str(int(i)) for i in ids))[:32]
+
+
+def segment_id(text: str) -> str:
+    """Content address of a segment's text."""
+    return "s" + sha256_hex(text)[:16]
+
+
+# --------------------------------------------------------------------------- dataset records
+
+
+@dataclass
+class Segment:
+    id: str
+    text: str
+    source: str = ""
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Case:
+    """One prompt to run under every arm.
+
+    The prompt is: chat template with ``system`` as the system message; in the user turn,
+    ``prefix`` (dynamic metadata, history, ...), then the segments in order (each followed by
+    the fixed delimiter), then ``Question: {question}``.
+
+    ``canary`` is set on leak probes: ``{"value": name, "decoys": [...],
+    "capture_prefix": "My name is {name}.\\n"}``; the capture prefix is what preceded the
+    segments in the (unsafe) first user request they were cached from.
+    """
+
+    id: str
+    task: str
+    segment_ids: list[str]
+    question: str
+    answers: list[str]
+    system: str = DEFAULT_SYSTEM
+    prefix: str = ""
+    metric: str = "em"
+    evidence: list[str] = field(default_factory=list)
+    strata: dict[str, Any] = field(default_factory=dict)
+    canary: dict[str, Any] | None = None
+
+
+@dataclass
+class DatasetCard:
+    generator: str
+    seed: int | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    coverage: dict[str, Any] = field(default_factory=dict)
+    content_hash: str = ""
+    counts: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Dataset:
+    segments: dict[str, Segment]
+    cases: list[Case]
+    card: DatasetCard
+    path: Path | None = None
+
+
+# --------------------------------------------------------------------------- run records
+
+
+@dataclass
+class ArmResult:
+    """What one arm produced for one case.
+
+    ``ids_hash``, ``segment_hashes``, ``truncation`` and ``decoding`` are copied from the
+    prompt the arm actually consumed, so the audit can prove every arm saw the same input.
+    ``logit_diff_vs_recompute`` is the max abs difference of the first-token logits against
+    the case's ``recompute`` arm (filled in by the runner; ``None`` for recompute itself).
+    ``segment_kv_fingerprints`` maps segment id to a hash of the KV bytes the arm loaded.
+    ``canary_logprobs`` (leak probes only) maps candidate name to its teacher-forced
+    log-probability as the answer.
+    """
+
+    arm: str
+    answer: str
+    answer_ids: list[int]
+    top_k: list[tuple[int, float]]
+    margin: float
+    ttft_s: float
+    tokens_reused: int
+    tokens_computed: int
+    ids_hash: str
+    segment_hashes: list[str]
+    truncation: dict[str, Any]
+    decoding: dict[str, Any]
+    decode_s: float = 0.0
+    logit_diff_vs_recompute: float | None = None
+    segment_kv_fingerprints: dict[str, str] = field(default_factory=dict)
+    canary_logprobs: dict[str, float] | None = None
+
+
+@dataclass
+class PairRecord:
+    """One case under every arm (one line of ``pairs.jsonl``)."""
+
+    case_id: str
+    task: str
+    strata: dict[str, Any]
+    n_prompt_tokens: int
+    ids_hash: str
+    segment_ids: list[str]
+    segment_hashes: list[str]
+    segment_spans: list[tuple[int, int]]
+    truncation: dict[str, Any]
+    decoding: dict[str, Any]
+    arm_order: list[str]
+    arms: dict[str, ArmResult]
+    answers: list[str] = field(default_factory=list)
+    metric: str = "em"
+    evidence: list[str] = field(default_factory=list)
+    canary: dict[str, Any] | None = None
+
+
+def pair_to_dict(rec: PairRecord) -> dict[str, Any]:
+    return asdict(rec)
+
+
+def pair_from_dict(d: dict[str, Any]) -> PairRecord:
+    d = dict(d)
+    d["arms"] = {k: ArmResult(**v) for k, v in d["arms"].items()}
+    return PairRecord(**d)
+
+
+# --------------------------------------------------------------------------- IO helpers
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file and rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def dump_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    write_atomic(path, dump_json(obj))
+
+
+def dump_jsonl(rows: Iterable[Any]) -> str:
+    return "".join(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n" for r in rows)
+
+
+def write_jsonl(path: str | os.PathLike, rows: Iterable[Any]) -> None:
+    write_atomic(path, dump_jsonl(rows))
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DatasetError(f"{path}: not valid JSON ({e})") from None
+
+
+def iter_jsonl(path: str | os.PathLike, *, tolerate_torn_tail: bool = False) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_number, object)``; a torn last line (killed writer) is skipped if allowed."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: file not found") from None
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not UTF-8 text ({e})") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            if tolerate_torn_tail and n == len(lines) and not line.endswith("\n"):
+                return
+            raise DatasetError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
+        if not isinstance(obj, dict):
+            raise DatasetError(f"{path}, line {n}: expected a JSON object, got {type(obj).__name__}")
+        yield n, obj
+
+
+def _check_fields(obj: dict, cls: type, where: str, types: dict[str, type | tuple]) -> dict:
+    known = {f.name for f in fields(cls)}
+    unknown = set(obj) - known
+    if unknown:
+        raise DatasetError(f"{where}: unknown field '{sorted(unknown)[0]}'")
+    for name, typ in types.items():
+        if name not in obj:
+            raise DatasetError(f"{where}: missing field '{name}'")
+        if not isinstance(obj[name], typ):
+            want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+            raise DatasetError(
+                f"{where}: field '{name}' must be {want}, got {type(obj[name]).__name__}"
+            )
+    return obj
+
+
+def _str_list(obj: dict, name: str, where: str) -> None:
+    v = obj.get(name, [])
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise DatasetError(f"{where}: field '{name}' must be a list of strings")
+
+
+def read_segments(path: Path) -> dict[str, Segment]:
+    out: dict[str, Segment] = {}
+    for n, obj in iter_jsonl(path):
+        where = f"{path}, line {n}"
+        _check_fields(obj, Segment, where, {"id": str, "text": str})
+        if obj["id"] in out:
+            raise DatasetError(f"{where}: field 'id': duplicate segment id {obj['id']!r}")
+        if not obj["text"]:
+            raise DatasetError(f"{where}: field 'text' is empty")
+        out[obj["id"]] = Segment(**obj)
+    return out
+
+
+def read_cases(path: Path, segments: dict[str, Segment]) -> list[Case]:
+    out: list[Case] = []
+    seen: set[str] = set()
+    for n, obj in iter_jsonl(path):
+        where = f"{path}, line {n}"
+        _check_fields(
+            obj, Case, where, {"id": str, "task": str, "segment_ids": list, "question": str, "answers": list}
+        )
+        for name in ("segment_ids", "answers", "evidence"):
+            _str_list(obj, name, where)
+        if obj["id"] in seen:
+            raise DatasetError(f"{where}: field 'id': duplicate case id {obj['id']!r}")
+        seen.add(obj["id"])
+        if not obj["segment_ids"]:
+            raise DatasetError(f"{where}: field 'segment_ids' is empty")
+        for sid in obj["segment_ids"] + obj.get("evidence", []):
+            if sid not in segments:
+                raise DatasetError(f"{where}: field 'segment_ids' names unknown segment {sid!r}")
+        if obj.get("metric", "em") not in METRICS:
+            raise DatasetError(f"{where}: field 'metric' must be one of {', '.join(METRICS)}")
+        if obj.get("canary") is not None:
+            c = obj["canary"]
+            if not isinstance(c, dict) or not isinstance(c.get("value"), str):
+                raise DatasetError(f"{where}: field 'canary' must be an object with a string 'value'")
+        for name in ("system", "prefix"):
+            if name in obj and not isinstance(obj[name], str):
+                raise DatasetError(f"{where}: field '{name}' must be str")
+        out.append(Case(**obj))
+    if not out:
+        raise DatasetError(f"{path}: no cases")
+    return out
+
+
+def content_hash(dir_: Path) -> str:
+    h = hashlib.sha256()
+    for name in (SEGMENTS_FILE, CASES_FILE):
+        h.update((dir_ / name).read_bytes())
+    return h.hexdigest()[:32]
+
+
+def read_dataset(dir_: str | os.PathLike) -> Dataset:
+    """Read and validate a dataset directory."""
+    d = Path(dir_)
+    if not d.is_dir():
+        raise DatasetError(f"{d}: dataset directory not found")
+    segments = read_segments(d / SEGMENTS_FILE)
+    cases = read_cases(d / CASES_FILE, segments)
+    card_path = d / CARD_FILE
+    if card_path.exists():
+        raw = read_json(card_path)
+        if not isinstance(raw, dict):
+            raise DatasetError(f"{card_path}: expected a JSON object")
+        known = {f.name for f in fields(DatasetCard)}
+        card = DatasetCard(**{k: v for k, v in raw.items() if k in known})
+    else:
+        card = DatasetCard(generator="unknown")
+    card.content_hash = content_hash(d)
+    return Dataset(segments=segments, cases=cases, card=card, path=d)
+
+
+def write_dataset(dir_: str | os.PathLike, segments: Iterable[Segment], cases: Iterable[Case],
+                  card: DatasetCard) -> None:
+    """Write a dataset directory atomically file by file; fills in ``card.content_hash``."""
+    d = Path(dir_)
+    d.mkdir(parents=True, exist_ok=True)
+    write_jsonl(d / SEGMENTS_FILE, (asdict(s) for s in segments))
+    write_jsonl(d / CASES_FILE, (asdict(c) for c in cases))
+    card.content_hash = content_hash(d)
+    write_json(d / CARD_FILE, asdict(card))
+
+
+def read_pairs(run_dir: str | os.PathLike) -> list[PairRecord]:
+    """Read ``pairs.jsonl`` of a run (a torn last line from a killed run is ignored)."""
+    path = Path(run_dir) / PAIRS_FILE
+    out = []
+    for n, obj in iter_jsonl(path, tolerate_torn_tail=True):
+        try:
+            out.append(pair_from_dict(obj))
+        except TypeError as e:
+            raise DatasetError(f"{path}, line {n}: malformed pair record ({e})") from None
+    return out
+
+
+def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
+    obj = read_json(Path(run_dir) / MANIFEST_FILE)
+    if not isinstance(obj, dict):
+        raise DatasetError(f"{Path(run_dir) / MANIFEST_FILE}: expected a JSON object")
+    return obj
