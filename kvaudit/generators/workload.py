@@ -1,0 +1,248 @@
+"""Zipfian RAG request workload for the cache simulator (``kvaudit generate workload``).
+
+The model, all of it seeded (same parameters and seed, same bytes):
+
+* a corpus of ``documents`` documents; document popularity is Zipfian with exponent ``zipf``
+  (rank k drawn with probability proportional to k^-zipf); each document's length in tokens is
+  drawn once from ``doc_tokens``;
+* a pool of ``queries`` distinct queries, each retrieving ``docs_per_request`` distinct documents
+  drawn by that popularity, in retrieval order; query popularity is Zipfian with the same
+  exponent. ``queries=0`` makes every request a new query (documents drawn per request);
+* each request picks a query, then a prefix: with probability ``shared_prefix_share`` the fixed
+  date prefix shared by all such requests, otherwise a prefix holding dynamic metadata
+  (timestamp, session id) that no other request shares; then the documents; then a question
+  phrased anew for each request;
+* ``shift_every`` > 0 reshuffles which queries (or, with ``queries=0``, documents) are popular
+  every that many requests: a burst of reuse that then decays;
+* timestamps are Poisson arrivals at ``rate`` requests per second.
+
+The defaults are calibrated against the published capacity study (see docs/simulator.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kvaudit.errors import KvauditError
+from kvaudit.simulator.trace import DOCUMENT, PREFIX, QUESTION, Trace
+
+
+@dataclass(frozen=True)
+class WorkloadParams:
+    requests: int = 2500
+    documents: int = 10000
+    zipf: float = 0.65
+    queries: int = 38
+    docs_per_request: int = 10
+    shared_prefix_share: float = 0.2
+    prefix_tokens: int = 400
+    doc_tokens: str = "lognormal:2000:0.5"
+    question_tokens: str = "uniform:20:60"
+    shift_every: int = 0
+    rate: float = 1.0
+    seed: int = 0
+
+    def validate(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise KvauditError(f"workload: {msg}")
+
+        need(self.requests > 0, "--requests must be positive")
+        need(self.documents > 0, "--documents must be positive")
+        need(self.zipf >= 0, "--zipf must be >= 0")
+        need(self.queries >= 0, "--queries must be >= 0")
+        need(0 < self.docs_per_request <= self.documents,
+             "--docs-per-request must be between 1 and --documents")
+        need(0 <= self.shared_prefix_share <= 1, "--shared-prefix-share must be within [0, 1]")
+        need(self.prefix_tokens > 0, "--prefix-tokens must be positive")
+        need(self.shift_every >= 0, "--shift-every must be >= 0")
+        need(self.rate > 0, "--rate must be positive")
+        parse_dist(self.doc_tokens, "--doc-tokens")
+        parse_dist(self.question_tokens, "--question-tokens")
+
+
+_DIST = re.compile(r"(fixed|uniform|lognormal):([0-9.]+)(?::([0-9.]+))?")
+
+
+def parse_dist(spec: str, what: str = "distribution") -> tuple[str, float, float]:
+    """``fixed:N``, ``uniform:LO:HI`` or ``lognormal:MEDIAN:SIGMA`` (token counts)."""
+    m = _DIST.fullmatch(spec.strip())
+    if not m or (m.group(1) != "fixed") != (m.group(3) is not None):
+        raise KvauditError(f"{what} {spec!r}: expected fixed:N, uniform:LO:HI or lognormal:MEDIAN:SIGMA")
+    a = float(m.group(2))
+    b = float(m.group(3) or 0)
+    if a < 1 or (m.group(1) == "uniform" and b < a):
+        raise KvauditError(f"{what} {spec!r}: token counts must be >= 1 and LO <= HI")
+    return m.group(1), a, b
+
+
+def sample_tokens(spec: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    kind, a, b = parse_dist(spec)
+    if kind == "fixed":
+        x = np.full(n, a)
+    elif kind == "uniform":
+        x = rng.integers(int(a), int(b) + 1, n)
+    else:
+        x = rng.lognormal(np.log(a), b, n)
+    return np.maximum(1, np.rint(x)).astype(np.int64)
+
+
+def _zipf_cdf(n: int, s: float) -> np.ndarray:
+    w = np.arange(1, n + 1, dtype=np.float64) ** -s
+    cdf = np.cumsum(w)
+    return cdf / cdf[-1]
+
+
+def _draw_ranks(cdf: np.ndarray, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    return np.minimum(np.searchsorted(cdf, rng.random(shape), side="right"), len(cdf) - 1)
+
+
+def _draw_distinct(cdf: np.ndarray, rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``rows`` x ``k`` popularity ranks, distinct within each row, by redrawing clashing rows."""
+    out = _draw_ranks(cdf, (rows, k), rng)
+    for _ in range(100):
+        s = np.sort(out, axis=1)
+        bad = np.flatnonzero((s[:, 1:] == s[:, :-1]).any(axis=1))
+        if not len(bad):
+            return out
+        out[bad] = _draw_ranks(cdf, (len(bad), k), rng)
+    # Extreme skew with k close to the corpus size: exact sampling without replacement.
+    p = np.diff(cdf, prepend=0.0)
+    for r in bad:
+        out[r] = rng.choice(len(cdf), size=k, replace=False, p=p)
+    return out
+
+
+def generate(params: WorkloadParams) -> Trace:
+    """The workload as a :class:`Trace` (content codes laid out as :func:`content_name` reads)."""
+    params.validate()
+    p = params
+    rng = np.random.default_rng(p.seed)
+    n, k = p.requests, p.docs_per_request
+    doc_len = sample_tokens(p.doc_tokens, p.documents, rng)
+    doc_cdf = _zipf_cdf(p.documents, p.zipf)
+    epoch = np.arange(n) // p.shift_every if p.shift_every else np.zeros(n, np.int64)
+    n_epochs = int(epoch[-1]) + 1
+    if p.queries:
+        pool = _draw_distinct(doc_cdf, p.queries, k, rng)  # query -> document ranks
+        q_rank = _draw_ranks(_zipf_cdf(p.queries, p.zipf), (n,), rng)
+        # Which query holds popularity rank q in each epoch.
+        perms = np.stack([np.arange(p.queries)] + [rng.permutation(p.queries) for _ in range(n_epochs - 1)])
+        docs = pool[perms[epoch, q_rank]]
+    else:
+        ranks = _draw_distinct(doc_cdf, n, k, rng)
+        perms = np.stack([np.arange(p.documents)] + [rng.permutation(p.documents) for _ in range(n_epochs - 1)])
+        docs = perms[epoch[:, None], ranks]
+    shared = rng.random(n) < p.shared_prefix_share
+    q_len = sample_tokens(p.question_tokens, n, rng)
+    arrivals = np.cumsum(rng.exponential(1.0 / p.rate, n)).round(3)
+
+    width = k + 2
+    r = np.arange(n)
+    content = np.empty((n, width), np.int64)
+    content[:, 0] = np.where(shared, p.documents, p.documents + 1 + r)
+    content[:, 1:-1] = docs
+    content[:, -1] = p.documents + 1 + n + r
+    tokens = np.empty((n, width), np.int64)
+    tokens[:, 0] = p.prefix_tokens
+    tokens[:, 1:-1] = doc_len[docs]
+    tokens[:, -1] = q_len
+    kind = np.full((n, width), DOCUMENT, np.int8)
+    kind[:, 0] = PREFIX
+    kind[:, -1] = QUESTION
+    return Trace(np.arange(n + 1, dtype=np.int64) * width, kind.ravel(), content.ravel(),
+                 tokens.ravel(), arrivals, None)
+
+
+def request_id(i: int) -> str:
+    return f"r{i:07d}"
+
+
+def content_name(code: int, params: WorkloadParams) -> str:
+    """The content id a generated piece carries in the JSONL file."""
+    d, n = params.documents, params.requests
+    if code < d:
+        return f"doc-{code:06d}"
+    if code == d:
+        return "prefix-date-shared"
+    if code <= d + n:
+        return f"prefix-meta-{request_id(code - d - 1)}"
+    return f"q-{request_id(code - d - 1 - n)}"
+
+
+def workload_lines(trace: Trace, params: WorkloadParams):
+    """JSONL lines, one per request (the format :func:`kvaudit.simulator.trace.read_trace` reads)."""
+    kinds = ("prefix", "document", "question")
+    offs = trace.offsets.tolist()
+    kind, content, tokens = trace.kind.tolist(), trace.content.tolist(), trace.tokens.tolist()
+    ts = trace.timestamps.tolist()
+    for r in range(trace.n_requests):
+        pieces = ",".join(
+            f'{{"id":"{content_name(content[i], params)}","kind":"{kinds[kind[i]]}","tokens":{tokens[i]}}}'
+            for i in range(offs[r], offs[r + 1])
+        )
+        yield f'{{"id":"{request_id(r)}","pieces":[{pieces}],"timestamp":{ts[r]!r}}}\n'
+
+
+def write_workload(path: str | Path, trace: Trace, params: WorkloadParams) -> None:
+    """Write the workload JSONL atomically (temp file, then rename)."""
+    import os
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.writelines(workload_lines(trace, params))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = WorkloadParams()
+    a = parser.add_argument
+    a("--out", required=True, help="workload JSONL file to write")
+    a("--requests", type=int, default=d.requests, help=f"number of requests (default {d.requests})")
+    a("--documents", type=int, default=d.documents, help=f"corpus size (default {d.documents})")
+    a("--zipf", type=float, default=d.zipf, help=f"Zipf exponent of query and document popularity (default {d.zipf})")
+    a("--queries", type=int, default=d.queries,
+      help=f"distinct queries in the pool; 0 = every request a new query (default {d.queries})")
+    a("--docs-per-request", type=int, default=d.docs_per_request, help=f"default {d.docs_per_request}")
+    a("--shared-prefix-share", type=float, default=d.shared_prefix_share,
+      help=f"share of requests carrying the fixed date prefix (default {d.shared_prefix_share})")
+    a("--prefix-tokens", type=int, default=d.prefix_tokens, help=f"default {d.prefix_tokens}")
+    a("--doc-tokens", default=d.doc_tokens, metavar="DIST",
+      help=f"fixed:N, uniform:LO:HI or lognormal:MEDIAN:SIGMA (default {d.doc_tokens})")
+    a("--question-tokens", default=d.question_tokens, metavar="DIST", help=f"default {d.question_tokens}")
+    a("--shift-every", type=int, default=d.shift_every,
+      help="reshuffle popularity every N requests (bursts that decay); 0 = never")
+    a("--rate", type=float, default=d.rate, help=f"arrivals per second for timestamps (default {d.rate})")
+    a("--seed", type=int, default=d.seed)
+
+
+def params_from_args(args: argparse.Namespace) -> WorkloadParams:
+    names = WorkloadParams.__dataclass_fields__
+    return WorkloadParams(**{k: getattr(args, k) for k in names})
+
+
+def run(args: argparse.Namespace) -> int:
+    params = params_from_args(args)
+    trace = generate(params)
+    write_workload(args.out, trace, params)
+    s = trace.summary()
+    print(f"wrote {args.out}: {s['requests']} requests, {s['prompt_tokens']} prompt tokens "
+          f"({s['mean_prompt_tokens']:.0f} per request), {s['distinct_documents']} distinct documents")
+    print("parameters: " + json.dumps(asdict(params), sort_keys=True))
+    return 0

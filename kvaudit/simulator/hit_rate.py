@@ -1,0 +1,75 @@
+"""THE token hit rate of kvaudit, shared by the simulator, the runner and the report.
+
+Definition::
+
+    token hit rate = (sum over requests of hit tokens) / (sum over requests of prompt tokens)
+
+A request's *hit tokens* are the prompt tokens whose KV the request loaded from a cache that
+already held it when the request arrived, instead of prefilling them itself. Tokens that a
+warm-up forward computed *because* this request missed are misses (the simulator counts them as
+``warmup_tokens``). The rate is token-weighted over the whole set of requests: it is not a mean of
+per-request ratios, so long prompts weigh more, exactly as they do in prefill time.
+
+A run directory records the same quantities per case: ``ArmResult.tokens_reused`` (hit tokens)
+and ``PairRecord.n_prompt_tokens``; :func:`run_hit_rate` turns them into this rate so simulated
+and measured rates can sit side by side in one report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+DEFINITION = ("token hit rate = sum of hit tokens / sum of prompt tokens over all requests; "
+              "a hit token's KV was in the cache when the request arrived")
+
+
+@dataclass(frozen=True)
+class HitRate:
+    hit_tokens: int
+    prompt_tokens: int
+    requests: int
+
+    @property
+    def rate(self) -> float | None:
+        """The token hit rate, or None when there were no prompt tokens."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+    def to_dict(self) -> dict:
+        return {"token_hit_rate": self.rate, "hit_tokens": self.hit_tokens,
+                "prompt_tokens": self.prompt_tokens, "requests": self.requests}
+
+
+def token_hit_rate(hit_tokens: Iterable[int] | np.ndarray, prompt_tokens: Iterable[int] | np.ndarray) -> HitRate:
+    """Aggregate per-request hit and prompt token counts into the token hit rate."""
+    hits = np.asarray(list(hit_tokens) if not isinstance(hit_tokens, np.ndarray) else hit_tokens, np.int64)
+    prompt = np.asarray(list(prompt_tokens) if not isinstance(prompt_tokens, np.ndarray) else prompt_tokens,
+                        np.int64)
+    if hits.shape != prompt.shape:
+        raise ValueError(f"{hits.shape[0]} hit counts for {prompt.shape[0]} requests")
+    if np.any(hits > prompt) or np.any(hits < 0):
+        raise ValueError("hit tokens must lie between 0 and the request's prompt tokens")
+    return HitRate(int(hits.sum()), int(prompt.sum()), int(len(prompt)))
+
+
+def windowed(hits: np.ndarray, prompt: np.ndarray, n_windows: int) -> list[dict]:
+    """The token hit rate over consecutive windows of requests (hit rate over time)."""
+    n = len(prompt)
+    edges = np.unique(np.linspace(0, n, min(n_windows, n) + 1).round().astype(np.int64))
+    out = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        hr = token_hit_rate(hits[a:b], prompt[a:b])
+        out.append({"start": int(a), "end": int(b), "token_hit_rate": hr.rate})
+    return out
+
+
+def run_hit_rate(pairs: Iterable, arm: str = "reuse") -> HitRate:
+    """The token hit rate of one arm of a run (``kvaudit.schema.PairRecord`` list)."""
+    hits, prompt = [], []
+    for p in pairs:
+        if arm in p.arms:
+            hits.append(min(int(p.arms[arm].tokens_reused), int(p.n_prompt_tokens)))
+            prompt.append(int(p.n_prompt_tokens))
+    return token_hit_rate(np.array(hits, np.int64), np.array(prompt, np.int64))

@@ -1,0 +1,74 @@
+"""Segment caching: content-addressed pieces, reusable at any position, LRU within a token budget.
+
+Each cacheable piece (documents by default) is stored once under its content id and hits
+wherever it appears in a later prompt, whatever precedes it; its keys are re-rotated to the new
+position on load. Everything else (prefix, question) is prefilled fresh. Hits are judged on the
+cache as it stood when the request arrived; then the request's hit segments are refreshed and its
+missed segments stored, and least recently used segments are evicted until the budget holds. A
+segment larger than the whole budget is never stored.
+
+How a missed segment's KV is made is a policy option; it moves compute, not hits:
+
+``neutral``     a separate warm-up forward prefills the segment alone after a neutral prefix, so
+                the cached KV has seen no user's context (counted as ``warmup_tokens``).
+``first-user``  the KV is captured from the request that missed it: no extra forward, but the
+                cached KV has attended to that user's prefix, which later users then inherit.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from kvaudit.simulator.trace import DOCUMENT, KINDS, Trace
+
+CAPTURE_MODES = ("neutral", "first-user")
+
+
+def simulate_segment(trace: Trace, capacity_tokens: int, capture: str = "neutral",
+                     kinds: tuple[str, ...] = ("document",)) -> tuple[np.ndarray, np.ndarray]:
+    """Hit tokens and warm-up tokens per request under segment caching."""
+    if capture not in CAPTURE_MODES:
+        raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
+    codes = [KINDS.index(k) for k in kinds]
+    cacheable = np.isin(trace.kind, codes) if codes != [DOCUMENT] else trace.kind == DOCUMENT
+    idx = np.flatnonzero(cacheable)
+    # Per request, the slice of `idx` holding its cacheable pieces.
+    bounds = np.searchsorted(idx, trace.offsets).tolist()
+    content = trace.content[idx].tolist()
+    tokens = trace.tokens[idx].tolist()
+    neutral = capture == "neutral"
+    hits = [0] * trace.n_requests
+    warm = [0] * trace.n_requests
+    lru: OrderedDict[int, int] = OrderedDict()  # content code -> tokens
+    move, pop = lru.move_to_end, lru.popitem
+    used = 0
+    for r in range(trace.n_requests):
+        a, b = bounds[r], bounds[r + 1]
+        if a == b:
+            continue
+        hit = 0
+        missed = []
+        for i in range(a, b):
+            c = content[i]
+            if c in lru:
+                hit += tokens[i]
+                move(c)
+            else:
+                missed.append(i)
+        hits[r] = hit
+        w = 0
+        for i in missed:
+            c = content[i]
+            t = tokens[i]
+            if c in lru or t > capacity_tokens:  # a repeat within the request, or never fits
+                continue
+            lru[c] = t
+            used += t
+            w += t
+        if neutral:
+            warm[r] = w
+        while used > capacity_tokens:
+            used -= pop(last=False)[1]
+    return np.array(hits, np.int64), np.array(warm, np.int64)
