@@ -1,0 +1,291 @@
+"""Load a run directory and answer the report's questions about it (one object, computed once).
+
+:func:`load_run` reads ``manifest.json``, ``pairs.jsonl``, ``audit.json`` (optional: ``None``
+means the audit has not run) and ``simulation.json`` (optional), raising
+:class:`~kvaudit.schema.DatasetError` with the file and field for anything malformed.
+
+:class:`Analysis` scores every (case, arm) once and then serves paired deltas for any *group*
+of cases. A group selector is ``"overall"`` (every answer-quality case), ``"task:<glob>"``
+(task families matching a shell glob, pooled: ``task:multi_hop_*``), or ``"<key>:<glob>"`` for
+a key of ``PairRecord.strata`` (``hops:2``). Leak probes and cases without a gold answer (and
+not agreement cases) are not answer-quality cases.
+
+Token hit rate per arm is ``sum(tokens_reused) / sum(tokens_reused + tokens_computed)``, the
+same definition as :mod:`kvaudit.simulator.hit_rate` (hit tokens over prompt tokens).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvaudit.reports import scoring, stats
+from kvaudit.reports.leaks import leak_summary
+from kvaudit.schema import (
+    AUDIT_FILE,
+    DatasetError,
+    PairRecord,
+    read_json,
+    read_manifest,
+    read_pairs,
+)
+
+SIMULATION_FILE = "simulation.json"
+REFERENCE_ARM = scoring.REFERENCE_ARM
+NOISE_ARM = "recompute_again"
+
+ARM_REASONS = {
+    "recompute": "reference: one full prefill of the same token ids",
+    "reuse": "segment KV from a neutral warm-up, re-rotated to the new position (the arm under test)",
+    "recompute_again": "same ids, different batch position or order: the noise floor",
+    "identity": "segment KV built in its true context, then reused: must equal recompute (proves the reuse code)",
+    "reuse_norope": "reuse without re-rotation: isolates the position error",
+    "oracle": "only the evidence segments: what the documents alone allow",
+    "reuse_first_user": "segments cached from the first user's request (unsafe capture policy; leak probes)",
+}
+
+
+def arm_reason(arm: str) -> str:
+    if arm.startswith("blend@"):
+        return f"recompute the {arm.split('@', 1)[1]} share of segment tokens whose KV deviates most (CacheBlend style)"
+    return ARM_REASONS.get(arm, "")
+
+
+@dataclass
+class Run:
+    path: Path
+    manifest: dict[str, Any]
+    pairs: list[PairRecord]
+    audit: dict[str, Any] | None = None
+    simulation: dict[str, Any] | None = None
+    questions: dict[str, str] = field(default_factory=dict)
+
+
+def _check_audit(obj: Any, path: Path) -> dict[str, Any]:
+    if not isinstance(obj, dict) or not isinstance(obj.get("passed"), bool):
+        raise DatasetError(f"{path}: field 'passed' must be true or false")
+    checks = obj.get("checks", [])
+    if not isinstance(checks, list):
+        raise DatasetError(f"{path}: field 'checks' must be a list")
+    for i, c in enumerate(checks):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("passed"), bool):
+            raise DatasetError(f"{path}: checks[{i}] needs a string 'name' and a boolean 'passed'")
+    return obj
+
+
+def _questions(manifest: dict[str, Any]) -> dict[str, str]:
+    """Question text per case id from the dataset the run names, when it is still on disk."""
+    ds = manifest.get("dataset")
+    path = ds.get("path") if isinstance(ds, dict) else None
+    cases = Path(str(path)) / "cases.jsonl" if path else None
+    if cases is None or not cases.is_file():
+        return {}
+    from kvaudit.schema import iter_jsonl
+
+    try:
+        return {str(o.get("id")): str(o.get("question", "")) for _, o in iter_jsonl(cases)}
+    except DatasetError:
+        return {}
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """Read a run directory; missing or malformed manifest/pairs/audit raise DatasetError."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise DatasetError(f"{path}: run directory not found")
+    manifest = read_manifest(path)
+    pairs = read_pairs(path)
+    if not pairs:
+        raise DatasetError(f"{path / 'pairs.jsonl'}: no pair records")
+    seen: set[str] = set()
+    for i, p in enumerate(pairs, 1):
+        if p.case_id in seen:
+            raise DatasetError(f"{path / 'pairs.jsonl'}, record {i}: field 'case_id': duplicate case {p.case_id!r}")
+        seen.add(p.case_id)
+        if REFERENCE_ARM not in p.arms:
+            raise DatasetError(f"{path / 'pairs.jsonl'}, record {i} ({p.case_id}): field 'arms' has no '{REFERENCE_ARM}' arm")
+    audit = None
+    if (path / AUDIT_FILE).exists():
+        audit = _check_audit(read_json(path / AUDIT_FILE), path / AUDIT_FILE)
+    simulation = None
+    if (path / SIMULATION_FILE).exists():
+        simulation = read_json(path / SIMULATION_FILE)
+        if not isinstance(simulation, dict):
+            raise DatasetError(f"{path / SIMULATION_FILE}: expected a JSON object")
+    return Run(path=path, manifest=manifest, pairs=pairs, audit=audit, simulation=simulation,
+               questions=_questions(manifest))
+
+
+def _natural(v: str) -> tuple:
+    try:
+        return (0, float(v), v)
+    except ValueError:
+        return (1, 0.0, v)
+
+
+class Analysis:
+    """Scores and statistics of one run; every number the report and gate show comes from here."""
+
+    def __init__(self, run: Run, *, near_tie: float = scoring.DEFAULT_NEAR_TIE,
+                 confidence: float = stats.DEFAULT_CONFIDENCE, n_boot: int = stats.DEFAULT_BOOT):
+        self.run = run
+        self.near_tie = near_tie
+        self.confidence = confidence
+        self.n_boot = n_boot
+        self.scores = scoring.score_pairs(run.pairs, near_tie=near_tie)
+        quality = self.scores[self.scores["scorable"]]
+        self._wide = quality.pivot(index="case_id", columns="arm", values="score")
+        self._meta = quality.drop_duplicates("case_id").set_index("case_id")
+
+    # ------------------------------------------------------------------ arms and groups
+
+    @cached_property
+    def arms(self) -> list[str]:
+        """Every arm in the run, recompute first, then in the manifest's (or first seen) order."""
+        seen: list[str] = []
+        declared = self.run.manifest.get("arms")
+        for name in (declared if isinstance(declared, list) else []):
+            if isinstance(name, str) and name not in seen:
+                seen.append(name)
+        for p in self.run.pairs:
+            seen.extend(a for a in p.arms if a not in seen)
+        present = {a for p in self.run.pairs for a in p.arms}
+        ordered = [a for a in seen if a in present]
+        return [REFERENCE_ARM] + [a for a in ordered if a != REFERENCE_ARM]
+
+    @property
+    def compared_arms(self) -> list[str]:
+        return [a for a in self.arms if a != REFERENCE_ARM]
+
+    @cached_property
+    def tasks(self) -> list[str]:
+        return sorted(self._meta["task"].unique()) if len(self._meta) else []
+
+    @cached_property
+    def strata_keys(self) -> list[str]:
+        return sorted(c.split(":", 1)[1] for c in self._meta.columns if c.startswith("stratum:"))
+
+    def groups(self) -> list[str]:
+        """``overall``, each task family, then each stratum value, in a stable order."""
+        out = ["overall"] + [f"task:{t}" for t in self.tasks]
+        for key in self.strata_keys:
+            values = self._meta[f"stratum:{key}"].dropna().unique()
+            out += [f"{key}:{v}" for v in sorted(map(str, values), key=_natural)]
+        return out
+
+    def select(self, group: str) -> pd.Index:
+        """Case ids (answer-quality cases) that a group selector picks."""
+        if group == "overall":
+            return self._meta.index
+        key, sep, pattern = group.partition(":")
+        if not sep:
+            raise ValueError(f"group {group!r} must be 'overall', 'task:<glob>' or '<stratum>:<glob>'")
+        column = "task" if key == "task" else f"stratum:{key}"
+        if column not in self._meta.columns:
+            return self._meta.index[:0]
+        values = self._meta[column].astype(str)
+        return self._meta.index[values.map(lambda v: fnmatch.fnmatchcase(v, pattern)).to_numpy(bool)]
+
+    # ------------------------------------------------------------------ quality deltas
+
+    def delta(self, arm: str, group: str = "overall") -> dict[str, Any]:
+        """Paired delta of ``arm`` against recompute on a group (see :func:`stats.paired_delta`)."""
+        ids = self.select(group)
+        if arm in self._wide.columns and REFERENCE_ARM in self._wide.columns:
+            both = self._wide.loc[ids, [REFERENCE_ARM, arm]].dropna()
+        else:
+            both = pd.DataFrame(columns=[REFERENCE_ARM, arm])
+        out = stats.paired_delta(both[REFERENCE_ARM].to_numpy(float), both[arm].to_numpy(float),
+                                 self._meta.loc[both.index, "cluster"].tolist(),
+                                 confidence=self.confidence, n_boot=self.n_boot)
+        out.update(arm=arm, group=group)
+        return out
+
+    def comparisons(self, arm: str) -> list[dict[str, Any]]:
+        """Delta rows for every group with cases, with Holm-adjusted p-values across them."""
+        rows = [r for r in (self.delta(arm, g) for g in self.groups()) if r["n"] > 0]
+        for r, adj in zip(rows, stats.holm([r["p"] for r in rows]), strict=True):
+            r["p_adj"] = adj
+        return rows
+
+    # ------------------------------------------------------------------ flips, hits, timing
+
+    def flips(self, arm: str) -> dict[str, Any] | None:
+        """How often ``arm``'s answer differs from recompute's, over every case with both."""
+        rows = self.scores[(self.scores["arm"] == arm) & self.scores["flip"].notna()]
+        if rows.empty:
+            return None
+        flip = rows["flip"].astype(bool)
+        near = rows["near_tie"].fillna(False).astype(bool)
+        k, n = int(flip.sum()), len(rows)
+        diffs = rows["logit_diff"].dropna().astype(float)
+        top1 = rows["top1_changed"].dropna().astype(bool)
+        return {
+            "arm": arm, "n": n, "flips": k, "rate": k / n,
+            "ci": _list(stats.wilson(k, n, self.confidence)),
+            "near_tie_cases": int(near.sum()), "near_tie_flips": int((flip & near).sum()),
+            "flips_not_near_tie": int((flip & ~near).sum()),
+            "top1_changed_rate": float(top1.mean()) if len(top1) else None,
+            "logit_diff_mean": float(diffs.mean()) if len(diffs) else None,
+            "logit_diff_p90": float(np.quantile(diffs, 0.9)) if len(diffs) else None,
+            "logit_diff_max": float(diffs.max()) if len(diffs) else None,
+            "flipped_cases": rows.loc[flip.to_numpy(), "case_id"].tolist(),
+        }
+
+    def hit_rate(self, arm: str) -> float | None:
+        rows = self.scores[self.scores["arm"] == arm]
+        total = float(rows["tokens_reused"].sum() + rows["tokens_computed"].sum())
+        return float(rows["tokens_reused"].sum()) / total if total > 0 else None
+
+    def simulated_hit_rates(self) -> dict[str, float]:
+        """Every numeric ``*hit_rate*`` entry of ``simulation.json`` (top level or one level down)."""
+        sim = self.run.simulation or {}
+        out: dict[str, float] = {}
+        for k, v in sim.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and "hit_rate" in k:
+                out[k] = float(v)
+            elif isinstance(v, dict):
+                for k2, v2 in v.items():
+                    if isinstance(v2, (int, float)) and not isinstance(v2, bool) and "hit_rate" in k2:
+                        out[f"{k}.{k2}"] = float(v2)
+        return out
+
+    def ttft(self, arm: str) -> dict[str, Any] | None:
+        t = self.scores.loc[self.scores["arm"] == arm, "ttft_s"].dropna().astype(float)
+        if t.empty:
+            return None
+        p50, p90, p99 = np.quantile(t, [0.5, 0.9, 0.99])
+        return {"n": len(t), "mean": float(t.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+    def speedup(self, arm: str) -> dict[str, Any] | None:
+        """Recompute TTFT over ``arm`` TTFT: ratio of medians and median of per-case ratios."""
+        wide = self.scores.pivot(index="case_id", columns="arm", values="ttft_s")
+        if arm not in wide.columns:
+            return None
+        both = wide[[REFERENCE_ARM, arm]].dropna()
+        both = both[(both > 0).all(axis=1)]
+        if both.empty:
+            return None
+        return {"n": len(both),
+                "ratio_of_medians": float(both[REFERENCE_ARM].median() / both[arm].median()),
+                "median_paired": float((both[REFERENCE_ARM] / both[arm]).median())}
+
+    @cached_property
+    def leaks(self) -> dict[str, Any]:
+        return leak_summary(self.run.pairs, confidence=self.confidence)
+
+    @property
+    def coverage(self) -> dict[str, Any] | None:
+        ds = self.run.manifest.get("dataset")
+        cov = ds.get("coverage") if isinstance(ds, dict) else None
+        return cov if isinstance(cov, dict) and cov else None
+
+
+def _list(x: tuple[float, float] | None) -> list[float] | None:
+    return None if x is None else list(x)

@@ -1,0 +1,102 @@
+"""CI gate: check a run against a policy (`kvaudit gate RUN [--policy FILE] [--junit FILE]`).
+
+Exit status: 0 every threshold holds, 1 some threshold fails, 2 the run cannot be judged
+(missing or corrupt files, audit not run, a threshold without data, a bad policy). Prints a
+Markdown summary (fit for a CI job summary) and can write JUnit XML with one test case per
+threshold, so CI systems list each threshold as a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+EXIT = {"pass": 0, "fail": 1, "error": 2}
+_ICON = {"pass": "✅ pass", "fail": "❌ fail", "error": "⚠️ cannot judge", "skip": "⏭ skip"}
+_TITLE = {"pass": "✅ PASS", "fail": "❌ FAIL", "error": "⚠️ CANNOT JUDGE"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN", help="run directory (after `kvaudit audit RUN`)")
+    parser.add_argument("--policy", metavar="FILE", help="policy TOML (default: the shipped policy)")
+    parser.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
+    parser.add_argument("--markdown", metavar="FILE",
+                        help="also write the Markdown summary here (e.g. \"$GITHUB_STEP_SUMMARY\")")
+    parser.add_argument("--bootstrap", type=int, default=2000, metavar="N",
+                        help="cluster-bootstrap resamples (default 2000, as in the report)")
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown(verdict: str, results: list, *, run_dir: str, policy: str, arm: str | None,
+             error: str | None = None) -> str:
+    lines = [f"## kvaudit gate: {_TITLE[verdict]}", "",
+             f"Run `{run_dir}` · policy `{policy}`" + (f" · arm `{arm}`" if arm else ""), ""]
+    if error:
+        lines += [f"**Cannot judge this run:** {_cell(error)}", ""]
+    if results:
+        lines += ["| threshold | result | observed | required | detail |", "|---|---|---|---|---|"]
+        lines += [f"| {_cell(r.name)} | {_ICON[r.status]} | {_cell(r.observed)} | {_cell(r.threshold)} | "
+                  f"{_cell(r.detail)} |" for r in results]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def junit_xml(results: list, *, run_dir: str, policy: str, error: str | None = None) -> str:
+    count = lambda s: sum(r.status == s for r in results)  # noqa: E731
+    errors = count("error") + (1 if error else 0)
+    tests = len(results) + (1 if error else 0)
+    attrs = {"name": "kvaudit gate", "tests": str(tests), "failures": str(count("fail")),
+             "errors": str(errors), "skipped": str(count("skip"))}
+    root = ET.Element("testsuites", attrs)
+    suite = ET.SubElement(root, "testsuite", {**attrs, "time": "0"})
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", {"name": "run", "value": run_dir})
+    ET.SubElement(props, "property", {"name": "policy", "value": policy})
+    if error:
+        case = ET.SubElement(suite, "testcase", {"classname": "kvaudit.gate", "name": "load run", "time": "0"})
+        ET.SubElement(case, "error", {"message": error, "type": "cannot-judge"}).text = error
+    for r in results:
+        case = ET.SubElement(suite, "testcase", {"classname": "kvaudit.gate", "name": r.name, "time": "0"})
+        message = f"observed {r.observed}; required {r.threshold}"
+        if r.status == "fail":
+            ET.SubElement(case, "failure", {"message": message, "type": "threshold"}).text = r.detail or message
+        elif r.status == "error":
+            ET.SubElement(case, "error", {"message": r.detail or message, "type": "cannot-judge"}).text = r.detail
+        elif r.status == "skip":
+            ET.SubElement(case, "skipped", {"message": r.detail or "no data"})
+        ET.SubElement(case, "system-out").text = f"{message}. {r.detail}".strip()
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, n_boot: int = 2000):
+    """``(verdict, results, policy_source, arm, error)``; never raises for bad user input."""
+    from kvaudit.errors import USER_ERRORS
+    from kvaudit.reports.analysis import Analysis, load_run
+    from kvaudit.reports.policy import DEFAULT_POLICY, evaluate, load_policy, verdict
+
+    source = str(policy_path or DEFAULT_POLICY)
+    try:
+        policy = load_policy(policy_path)
+        an = Analysis(load_run(run_dir), confidence=policy.confidence, n_boot=n_boot)
+        results = evaluate(policy, an)
+    except USER_ERRORS as e:
+        return "error", [], source, None, str(e)
+    return verdict(results), results, policy.source, policy.arm, None
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvaudit.schema import write_atomic
+
+    result, results, source, arm, error = judge(args.run_dir, args.policy, n_boot=args.bootstrap)
+    md = markdown(result, results, run_dir=str(args.run_dir), policy=source, arm=arm, error=error)
+    print(md)
+    if args.markdown:
+        write_atomic(args.markdown, md)
+    if args.junit:
+        write_atomic(args.junit, junit_xml(results, run_dir=str(args.run_dir), policy=source, error=error))
+    return EXIT[result]

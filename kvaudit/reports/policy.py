@@ -1,0 +1,263 @@
+"""Gate policies: thresholds read from TOML, checked against an :class:`Analysis`.
+
+A policy file (see ``policy_default.toml`` for the shipped one and ``docs/reports.md``)::
+
+    arm = "reuse"            # the arm the thresholds judge
+    confidence = 0.95        # one-sided confidence of lower bounds
+    missing = "error"        # when a check's data is absent: "error" (exit 2), "fail" or "skip"
+
+    [[delta]]                # one table per quality threshold
+    name = "overall quality"
+    group = "overall"        # or "task:<glob>", or "<stratum key>:<glob>"
+    min_lower_bound = -2.0   # points; the one-sided lower bound must be at least this
+
+    [audit]
+    require_passed = true
+
+    [hit_rate]
+    min = 0.80               # token hit rate of `arm`, measured in the run
+    source = "measured"      # or "simulated" with key = "<entry of simulation.json>"
+
+    [leak]
+    max_neutral_text_leak_rate = 0.0
+    forbid_neutral_exposure = true
+
+Every section may set its own ``missing``. A check's status is pass, fail, error (could not be
+judged) or skip; the gate's verdict is error if any check errored, else fail if any failed.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvaudit.errors import KvauditError
+from kvaudit.reports.analysis import Analysis
+
+DEFAULT_POLICY = Path(__file__).with_name("policy_default.toml")
+MISSING = ("error", "fail", "skip")
+_TOP = {"arm", "confidence", "missing", "delta", "audit", "hit_rate", "leak"}
+_SECTIONS = {
+    "delta": {"name", "group", "min_lower_bound", "missing"},
+    "audit": {"require_passed", "missing"},
+    "hit_rate": {"min", "source", "key", "missing"},
+    "leak": {"max_neutral_text_leak_rate", "forbid_neutral_exposure", "missing"},
+}
+
+
+@dataclass
+class Check:
+    name: str
+    kind: str  # delta | audit | hit_rate | leak_text | leak_exposure
+    params: dict[str, Any]
+    missing: str = "error"
+
+
+@dataclass
+class Policy:
+    source: str
+    arm: str = "reuse"
+    confidence: float = 0.95
+    checks: list[Check] = field(default_factory=list)
+
+    def margin_for_task(self, task: str) -> float | None:
+        """Margin for a task family: the most specific delta check naming it, else overall."""
+        best: tuple[int, float] | None = None
+        for c in self.checks:
+            if c.kind != "delta":
+                continue
+            group, bound = c.params["group"], c.params["min_lower_bound"]
+            if group == "overall":
+                rank = 0
+            elif group.startswith("task:") and fnmatch.fnmatchcase(task, group[5:]):
+                rank = 2 if group[5:] == task else 1
+            else:
+                continue
+            if best is None or rank > best[0]:
+                best = (rank, bound)
+        return None if best is None else best[1]
+
+
+@dataclass
+class CheckResult:
+    name: str
+    kind: str
+    status: str  # pass | fail | error | skip
+    observed: str
+    threshold: str
+    detail: str = ""
+
+
+def _load_toml(path: Path) -> dict[str, Any]:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise KvauditError("reading a policy needs Python 3.11+ or the 'tomli' package") from None
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise KvauditError(f"{path}: policy file not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise KvauditError(f"{path}: not valid TOML ({e})") from None
+
+
+def _num(where: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise KvauditError(f"{where} must be a number")
+    return float(v)
+
+
+def _missing(source: str, label: str, section: dict[str, Any], default: str) -> str:
+    m = section.get("missing", default)
+    if m not in MISSING:
+        field_ = f"{label}.missing" if label else "missing"
+        raise KvauditError(f"{source}: field '{field_}' must be one of {', '.join(MISSING)}")
+    return m
+
+
+def _unknown(where: str, obj: dict[str, Any], allowed: set[str]) -> None:
+    extra = sorted(set(obj) - allowed)
+    if extra:
+        raise KvauditError(f"{where}: unknown field '{extra[0]}'")
+
+
+def parse_policy(raw: dict[str, Any], source: str) -> Policy:
+    """Validate a policy dict (from TOML); errors name the file and field."""
+    _unknown(source, raw, _TOP)
+    arm = raw.get("arm", "reuse")
+    if not isinstance(arm, str) or not arm:
+        raise KvauditError(f"{source}: field 'arm' must be a non-empty string")
+    conf = _num(f"{source}: field 'confidence'", raw.get("confidence", 0.95))
+    if not 0.5 <= conf < 1:
+        raise KvauditError(f"{source}: field 'confidence' must be in [0.5, 1)")
+    default_missing = _missing(source, "", raw, "error")
+    pol = Policy(source=source, arm=arm, confidence=conf)
+
+    deltas = raw.get("delta", [])
+    if not isinstance(deltas, list):
+        raise KvauditError(f"{source}: field 'delta' must be an array of tables ([[delta]])")
+    for i, d in enumerate(deltas):
+        where = f"{source}: field 'delta[{i}]"
+        if not isinstance(d, dict):
+            raise KvauditError(f"{where}' must be a table")
+        _unknown(f"{source}: delta[{i}]", d, _SECTIONS["delta"])
+        group = d.get("group")
+        if not isinstance(group, str) or not (group == "overall" or ":" in group):
+            raise KvauditError(f"{where}.group' must be 'overall', 'task:<glob>' or '<stratum>:<glob>'")
+        bound = _num(f"{where}.min_lower_bound'", d.get("min_lower_bound"))
+        name = d.get("name", group)
+        if not isinstance(name, str):
+            raise KvauditError(f"{where}.name' must be a string")
+        pol.checks.append(Check(name, "delta", {"group": group, "min_lower_bound": bound},
+                                _missing(source, f"delta[{i}]", d, default_missing)))
+
+    for key in ("audit", "hit_rate", "leak"):
+        sec = raw.get(key)
+        if sec is None:
+            continue
+        if not isinstance(sec, dict):
+            raise KvauditError(f"{source}: field '{key}' must be a table ([{key}])")
+        _unknown(f"{source}: [{key}]", sec, _SECTIONS[key])
+        missing = _missing(source, key, sec, default_missing)
+        if key == "audit" and sec.get("require_passed", True) is not False:
+            pol.checks.append(Check("audit passed", "audit", {}, missing))
+        elif key == "hit_rate":
+            lo = _num(f"{source}: field 'hit_rate.min'", sec.get("min"))
+            src = sec.get("source", "measured")
+            if src not in ("measured", "simulated"):
+                raise KvauditError(f"{source}: field 'hit_rate.source' must be 'measured' or 'simulated'")
+            if src == "simulated" and not isinstance(sec.get("key"), str):
+                raise KvauditError(f"{source}: field 'hit_rate.key' must name a simulation.json entry")
+            pol.checks.append(Check(f"{arm} token hit rate ({src})", "hit_rate",
+                                    {"min": lo, "source": src, "key": sec.get("key")}, missing))
+        elif key == "leak":
+            if "max_neutral_text_leak_rate" in sec:
+                mx = _num(f"{source}: field 'leak.max_neutral_text_leak_rate'", sec["max_neutral_text_leak_rate"])
+                pol.checks.append(Check("neutral-policy text leak rate", "leak_text", {"max": mx}, missing))
+            if sec.get("forbid_neutral_exposure", False):
+                pol.checks.append(Check("neutral-policy canary exposure", "leak_exposure", {}, missing))
+    return pol
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """Read a policy file (the shipped default when ``path`` is None)."""
+    p = Path(path) if path is not None else DEFAULT_POLICY
+    return parse_policy(_load_toml(p), str(p))
+
+
+def _missing_result(check: Check, observed: str, threshold: str, detail: str) -> CheckResult:
+    status = {"error": "error", "fail": "fail", "skip": "skip"}[check.missing]
+    return CheckResult(check.name, check.kind, status, observed, threshold, detail)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
+    k, p = check.kind, check.params
+    if k == "delta":
+        thr = f"lower bound ≥ {p['min_lower_bound']:+.1f} pts"
+        d = an.delta(arm, p["group"])
+        if d["n"] == 0:
+            return _missing_result(check, "no cases", thr,
+                                   f"no answer-quality cases with arm '{arm}' match group '{p['group']}'")
+        if d["lower_bound"] is None:
+            return CheckResult(check.name, k, "fail", f"delta {d['delta']:+.1f} pts, no bound", thr,
+                               f"{d['n']} cases in {d['n_clusters']} cluster(s): at least 2 clusters are "
+                               "needed to bound the delta")
+        ok = d["lower_bound"] >= p["min_lower_bound"]
+        return CheckResult(check.name, k, "pass" if ok else "fail", f"lower bound {d['lower_bound']:+.1f} pts", thr,
+                           f"delta {d['delta']:+.1f} pts, {an.confidence:.0%} one-sided bound, "
+                           f"n={d['n']} in {d['n_clusters']} clusters, MDD {d['mdd']:.1f} pts")
+    if k == "audit":
+        audit = an.run.audit
+        if audit is None:
+            return _missing_result(check, "not run", "passed", "audit.json is missing: run `kvaudit audit RUN` first")
+        failed = [c["name"] for c in audit.get("checks", []) if not c["passed"] and c.get("required", True)]
+        if audit["passed"]:
+            return CheckResult(check.name, k, "pass", "passed", "passed")
+        return CheckResult(check.name, k, "fail", "failed", "passed",
+                           "failed checks: " + (", ".join(failed) or "(none listed)"))
+    if k == "hit_rate":
+        thr = f"≥ {_pct(p['min'])}"
+        if p["source"] == "measured":
+            rate = an.hit_rate(arm)
+            where = f"arm '{arm}' has no token counts in pairs.jsonl"
+        else:
+            rate = an.simulated_hit_rates().get(p["key"])
+            where = f"simulation.json has no entry '{p['key']}'"
+        if rate is None:
+            return _missing_result(check, "n/a", thr, where)
+        return CheckResult(check.name, k, "pass" if rate >= p["min"] else "fail", _pct(rate), thr)
+    if k == "leak_text":
+        thr = f"≤ {_pct(p['max'])}"
+        t = an.leaks["text"].get("reuse")
+        if t is None:
+            return _missing_result(check, "no probes", thr, "the run has no leak probes with a 'reuse' arm")
+        detail = f"{t['leaks']} of {t['n']} probes" + (f": {', '.join(t['cases'][:5])}" if t["cases"] else "")
+        return CheckResult(check.name, k, "pass" if t["rate"] <= p["max"] else "fail", _pct(t["rate"]), thr, detail)
+    if k == "leak_exposure":
+        e = an.leaks["exposure"].get("neutral")
+        if e is None:
+            return _missing_result(check, "no probes", "not beyond chance",
+                                   "no leak probes with canary log-probs under 'reuse' and 'recompute'")
+        obs = f"gain beyond decoys {e['beyond_chance_mean']:+.2f} nats, sign test p={e['sign_test_p']:.3g}"
+        return CheckResult(check.name, k, "fail" if e["beyond_chance"] else "pass", obs, "not beyond chance",
+                           f"{e['n_positive']} of {e['n']} probes gained more than their decoys")
+    raise ValueError(f"unknown check kind {k!r}")
+
+
+def evaluate(policy: Policy, an: Analysis) -> list[CheckResult]:
+    return [evaluate_check(c, an, policy.arm) for c in policy.checks]
+
+
+def verdict(results: list[CheckResult]) -> str:
+    """``error`` if any check could not be judged, else ``fail`` if any failed, else ``pass``."""
+    statuses = {r.status for r in results}
+    return "error" if "error" in statuses else "fail" if "fail" in statuses else "pass"

@@ -1,0 +1,55 @@
+"""Write summary.json, report.html and samples.jsonl for a run directory (`kvaudit report RUN`).
+
+Other commands (the demo) call :func:`write_report` directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.html"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN", help="run directory (manifest.json, pairs.jsonl, audit.json)")
+    parser.add_argument("--policy", metavar="FILE", help="gate policy TOML (default: the shipped policy)")
+    parser.add_argument("--near-tie", type=float, default=1.0, metavar="LOGITS",
+                        help="recompute first-token margins below this count as near ties (default 1.0)")
+    parser.add_argument("--bootstrap", type=int, default=2000, metavar="N",
+                        help="cluster-bootstrap resamples (default 2000)")
+    parser.add_argument("--max-cases", type=int, default=2000, metavar="N",
+                        help="cases shown in the drill-down, flips first (default 2000)")
+
+
+def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, near_tie: float = 1.0,
+                 n_boot: int = 2000, max_cases: int = 2000) -> Path:
+    """Write the three report files into ``run_dir``; return the path of ``report.html``."""
+    from kvaudit.reports import html
+    from kvaudit.reports.analysis import Analysis, load_run
+    from kvaudit.reports.export import SAMPLES_FILE, write_samples
+    from kvaudit.reports.policy import load_policy
+    from kvaudit.reports.summary import build_summary
+    from kvaudit.schema import write_atomic, write_json
+
+    policy = load_policy(policy_path)
+    run = load_run(run_dir)
+    an = Analysis(run, near_tie=near_tie, confidence=policy.confidence, n_boot=n_boot)
+    summary = build_summary(an, policy)
+    write_json(run.path / SUMMARY_FILE, summary)
+    write_samples(an, run.path / SAMPLES_FILE)
+    out = run.path / REPORT_FILE
+    write_atomic(out, html.render(summary, an, policy, max_cases=max_cases))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvaudit.errors import KvauditError
+
+    if args.bootstrap < 100:
+        raise KvauditError("--bootstrap must be at least 100")
+    path = write_report(args.run_dir, policy_path=args.policy, near_tie=args.near_tie,
+                        n_boot=args.bootstrap, max_cases=args.max_cases)
+    print(path)
+    return 0

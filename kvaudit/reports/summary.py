@@ -1,0 +1,116 @@
+"""``RUN/summary.json``: every number of the report, machine-readable.
+
+Top-level keys:
+
+``run``          path, number of cases, arms (with the reason each exists), manifest scalars
+``audit``        ``{"ran", "passed", "checks"}`` copied from ``audit.json``
+``gate``         policy source, verdict (pass / fail / error) and one entry per threshold
+``comparisons``  per compared arm, one row per group (overall, ``task:*``, strata): n, clusters,
+                 mean per arm and delta (points), CI, one-sided bounds, test, p, Holm p, MDD
+``flips``        per compared arm: flip rate with Wilson CI, near-tie flips, logit differences
+``noise_floor``  the ``recompute_again`` flips entry (None when the arm was not run)
+``leaks``        :func:`kvaudit.reports.leaks.leak_summary`
+``hit_rate``     per arm measured token hit rate; ``simulated`` entries from simulation.json
+``ttft``         per arm seconds (n, mean, p50, p90, p99); ``speedup`` per arm vs recompute
+``coverage``     reuse-dynamics coverage from ``manifest["dataset"]["coverage"]`` or None
+``routing``      per task family: safe / unsafe / undecided for the policy's arm, with the reason
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from kvaudit.reports.analysis import NOISE_ARM, Analysis, arm_reason
+from kvaudit.reports.policy import Policy, evaluate, verdict
+
+
+def route(delta: dict[str, Any], margin: float) -> tuple[str, str]:
+    """Routing recommendation for one task family from its paired delta and margin (points).
+
+    safe: the one-sided lower bound clears the margin (non-inferior);
+    unsafe: even the one-sided upper bound is below the margin (worse than the margin with
+    confidence); undecided otherwise, saying whether the run was too small to tell.
+    """
+    lb, ub, mdd = delta["lower_bound"], delta["upper_bound"], delta["mdd"]
+    if lb is None:
+        return "undecided", f"{delta['n']} case(s) in {delta['n_clusters']} cluster(s): too few to bound"
+    if lb >= margin:
+        return "safe", f"lower bound {lb:+.1f} ≥ margin {margin:+.1f}"
+    if ub < margin:
+        return "unsafe", f"upper bound {ub:+.1f} < margin {margin:+.1f}"
+    if mdd is not None and mdd > abs(margin):
+        return "undecided", (f"too few cases: the smallest detectable delta ({mdd:.1f} pts) "
+                             f"is larger than the margin ({abs(margin):.1f})")
+    return "undecided", f"interval [{lb:+.1f}, {ub:+.1f}] straddles margin {margin:+.1f}"
+
+
+def routing(an: Analysis, policy: Policy) -> list[dict[str, Any]]:
+    out = []
+    for task in an.tasks:
+        margin = policy.margin_for_task(task)
+        d = an.delta(policy.arm, f"task:{task}")
+        if margin is None or d["n"] == 0:
+            rec, why = "undecided", ("no margin in the policy" if margin is None
+                                     else f"no cases with arm '{policy.arm}'")
+        else:
+            rec, why = route(d, margin)
+        out.append({"task": task, "recommendation": rec, "reason": why, "margin": margin,
+                    "delta": d["delta"], "lower_bound": d["lower_bound"], "n": d["n"]})
+    return out
+
+
+def _scalars(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if isinstance(v, (str, int, float, bool)) or v is None}
+
+
+def jsonable(obj: Any) -> Any:
+    """numpy scalars to Python, NaN/inf to None, tuples to lists, recursively."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
+    run = an.run
+    gate = evaluate(policy, an)
+    audit = run.audit
+    manifest_model = run.manifest.get("model")
+    summary = {
+        "run": {
+            "path": str(run.path),
+            "n_cases": len(run.pairs),
+            "n_quality_cases": int(len(an.select("overall"))),
+            "arms": [{"name": a, "reason": arm_reason(a)} for a in an.arms],
+            "manifest": _scalars(run.manifest),
+            "model": _scalars(manifest_model) if isinstance(manifest_model, dict) else manifest_model,
+            "near_tie_threshold": an.near_tie,
+            "confidence": an.confidence,
+            "bootstrap_resamples": an.n_boot,
+            "cluster_key": "sorted evidence segment ids (all segment ids when a case has no evidence)",
+        },
+        "audit": {"ran": audit is not None, "passed": None if audit is None else audit["passed"],
+                  "checks": [] if audit is None else audit.get("checks", [])},
+        "gate": {"policy": policy.source, "arm": policy.arm, "verdict": verdict(gate),
+                 "checks": [asdict(r) for r in gate]},
+        "comparisons": {arm: an.comparisons(arm) for arm in an.compared_arms},
+        "flips": {arm: an.flips(arm) for arm in an.compared_arms},
+        "noise_floor": an.flips(NOISE_ARM) if NOISE_ARM in an.arms else None,
+        "leaks": an.leaks,
+        "hit_rate": {"measured": {a: an.hit_rate(a) for a in an.arms},
+                     "simulated": an.simulated_hit_rates() or None},
+        "ttft": {a: an.ttft(a) for a in an.arms},
+        "speedup": {a: an.speedup(a) for a in an.compared_arms},
+        "coverage": an.coverage,
+        "routing": routing(an, policy),
+    }
+    return jsonable(summary)
