@@ -1,0 +1,576 @@
+"""Generate a dataset from your own corpus: chunk it, plant needles, build label-free cases.
+
+Input: a folder (searched recursively, in sorted path order) of ``.txt``/``.md`` files (one
+document each), ``.jsonl`` files (one document per line, text in ``--text-field``) and ``.parquet``
+files (one document per row), a single such file, or a folder written by ``datasets``'
+``save_to_disk``. Every document is chunked by one recorded rule, so the same text always gives
+the same segments. Cases need no hand labels:
+
+- ``needle``: a generated fact ("The access code for the Varnholt archive is 4817.") is inserted
+  into one chunk at a sentence boundary and asked for;
+- ``multi_hop_bridge``: two needles in two chunks joined by a name ("The keeper of the X archive
+  is N." / "N was born in Y.");
+- ``agreement``: open questions scored by agreement with the recompute arm's answer.
+
+Anything not used is counted in ``dataset.json`` (``counts``), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvaudit.errors import KvauditError
+from kvaudit.generators._common import (
+    NameGen,
+    ReuseKnobs,
+    TokenCounter,
+    ZipfPicker,
+    add_output_arguments,
+    add_reuse_arguments,
+    allocate,
+    arrange,
+    count_words,
+    finish,
+    len_bucket,
+    make_token_counter,
+    new_order,
+    parse_weights,
+    position_label,
+    target_slot,
+)
+from kvaudit.schema import Case, DatasetCard, Segment, segment_id
+
+FAMILIES = ("needle", "multi_hop_bridge", "agreement")
+DEFAULT_FAMILIES = "needle=3,multi_hop_bridge=1,agreement=1"
+SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
+CHUNK_RULES = ("paragraph", "words")
+_ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
+_AGREEMENT_QUESTIONS = (
+    "Summarize the documents in one sentence.",
+    "What is the main topic of the {ordinal} document? Answer in one sentence.",
+    "Name three key terms that appear in the documents.",
+    "What is the {ordinal} document about? Answer briefly.",
+)
+_PARA_SPLIT = re.compile(r"\n\s*\n")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+@dataclass
+class SourceDoc:
+    source: str  # file path, plus ":line" or "#row" for multi-document files
+    text: str
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _is_saved_dataset(p: Path) -> bool:
+    return any((p / n).exists() for n in ("dataset_info.json", "dataset_dict.json", "state.json"))
+
+
+def _field(obj: Any, field: str, where: str, keys: list[str]) -> str | None:
+    """The text of one record, or None when it is missing or blank (counted as skipped)."""
+    if field not in keys:
+        raise KvauditError(f"{where}: no field {field!r} (fields: {', '.join(map(str, keys))}); "
+                           "choose one with --text-field")
+    if obj is None:
+        return None
+    if not isinstance(obj, str):
+        raise KvauditError(f"{where}: field {field!r} must be a string, got {type(obj).__name__}")
+    return obj if obj.strip() else None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8").lstrip("\ufeff")
+    except UnicodeDecodeError as e:
+        raise KvauditError(f"{path}: not UTF-8 text (undecodable byte at offset {e.start})") from None
+    except OSError as e:
+        raise KvauditError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def _load_file(path: Path, text_field: str, skipped: Counter) -> list[SourceDoc]:
+    suffix = path.suffix.lower()
+    if suffix in (".txt", ".md"):
+        text = _read_text(path)
+        if not text.strip():
+            skipped["empty_documents"] += 1
+            return []
+        return [SourceDoc(str(path), text)]
+    out = []
+    if suffix == ".jsonl":
+        for n, line in enumerate(_read_text(path).splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise KvauditError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict):
+                raise KvauditError(f"{path}, line {n}: expected a JSON object")
+            text = _field(obj.get(text_field), text_field, f"{path}, line {n}", list(obj))
+            if text is None:
+                skipped["empty_documents"] += 1
+            else:
+                out.append(SourceDoc(f"{path}:{n}", text))
+        return out
+    if suffix == ".parquet":
+        import pandas as pd
+
+        try:
+            df = pd.read_parquet(path)
+        except Exception as e:  # pyarrow raises many types for a damaged file
+            raise KvauditError(f"{path}: cannot read as parquet ({type(e).__name__}: {e})") from None
+        cols = [str(c) for c in df.columns]
+        if text_field not in cols:
+            _field(None, text_field, str(path), cols)
+        for i, v in enumerate(df[text_field].tolist()):
+            text = _field(None if v is None or v != v else v, text_field, f"{path}, row {i}", cols)
+            if text is None:
+                skipped["empty_documents"] += 1
+            else:
+                out.append(SourceDoc(f"{path}#{i}", text))
+        return out
+    raise AssertionError(suffix)
+
+
+def _load_saved_dataset(path: Path, text_field: str, split: str | None,
+                        skipped: Counter) -> list[SourceDoc]:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except Exception as e:  # datasets raises FileNotFoundError, ValueError, ... for bad folders
+        raise KvauditError(f"{path}: cannot load as a saved dataset ({type(e).__name__}: {e})") from None
+    if isinstance(ds, datasets.DatasetDict):
+        names = sorted(ds)
+        if split is None and len(names) == 1:
+            split = names[0]
+        if split not in ds:
+            raise KvauditError(f"{path}: choose a split with --split ({', '.join(names)})")
+        ds = ds[split]
+    cols = list(ds.column_names)
+    if text_field not in cols:
+        _field(None, text_field, str(path), cols)
+    out = []
+    for i, v in enumerate(ds[text_field]):
+        text = _field(v, text_field, f"{path}, row {i}", cols)
+        if text is None:
+            skipped["empty_documents"] += 1
+        else:
+            out.append(SourceDoc(f"{path}#{i}", text))
+    return out
+
+
+def load_corpus(path: str | Path, text_field: str = "text", split: str | None = None,
+                skipped: Counter | None = None) -> list[SourceDoc]:
+    """Read every document under ``path``; skipped items are counted in ``skipped``."""
+    p = Path(path)
+    skipped = skipped if skipped is not None else Counter()
+    if not p.exists():
+        raise KvauditError(f"{p}: no such file or folder")
+    if p.is_dir() and _is_saved_dataset(p):
+        return _load_saved_dataset(p, text_field, split, skipped)
+    if p.is_file():
+        if p.suffix.lower() not in SUFFIXES:
+            raise KvauditError(f"{p}: unsupported file type (use {', '.join(SUFFIXES)})")
+        files = [p]
+    else:
+        files = []
+        for f in sorted(p.rglob("*"), key=lambda f: f.relative_to(p).as_posix()):
+            rel = f.relative_to(p)
+            if any(part.startswith(".") for part in rel.parts):
+                skipped["hidden_files"] += int(f.is_file())
+            elif f.is_file():
+                if f.suffix.lower() in SUFFIXES:
+                    files.append(f)
+                else:
+                    skipped["unsupported_files"] += 1
+        if not files:
+            raise KvauditError(f"{p}: no {', '.join(SUFFIXES)} files found "
+                               f"({skipped['unsupported_files']} other files)")
+    docs = []
+    for f in files:
+        docs.extend(_load_file(f, text_field, skipped))
+    if not docs:
+        raise KvauditError(f"{p}: every document is empty")
+    return docs
+
+
+# --------------------------------------------------------------------------- chunking
+
+
+def _windows(words: list[str], size: int) -> list[str]:
+    return [" ".join(words[i:i + size]) for i in range(0, len(words), size)]
+
+
+def chunk_text(text: str, rule: str = "paragraph", max_words: int = 120) -> list[str]:
+    """Split a document into chunks by ``rule`` (see :func:`chunk_rule`)."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if rule == "words":
+        return _windows(text.split(), max_words)
+    if rule != "paragraph":
+        raise KvauditError(f"unknown chunk rule {rule!r} (use {', '.join(CHUNK_RULES)})")
+    pieces: list[str] = []
+    for para in _PARA_SPLIT.split(text):
+        para = para.strip()
+        if not para:
+            continue
+        words = para.split()
+        pieces.extend(_windows(words, max_words) if len(words) > max_words else [para])
+    chunks: list[str] = []
+    size = 0
+    for piece in pieces:
+        n = count_words(piece)
+        if chunks and size + n <= max_words:
+            chunks[-1] += "\n\n" + piece
+            size += n
+        else:
+            chunks.append(piece)
+            size = n
+    return chunks
+
+
+def chunk_rule(rule: str, max_words: int, min_words: int) -> dict[str, Any]:
+    """The chunking rule as recorded in ``dataset.json``."""
+    desc = {
+        "paragraph": "split at blank lines; merge consecutive paragraphs while the chunk stays "
+                     "within max_words; a longer paragraph is cut into max_words word windows "
+                     "(joined by single spaces)",
+        "words": "consecutive windows of max_words whitespace-separated words, joined by single spaces",
+    }[rule]
+    return {"rule": rule, "max_words": max_words, "min_words": min_words, "description": desc,
+            "unit": "whitespace words (independent of --tokenizer)"}
+
+
+# --------------------------------------------------------------------------- needles
+
+
+@dataclass
+class Needle:
+    """One planted fact (or a joined pair for bridges) and the question it answers."""
+
+    family: str
+    chunks: tuple[int, ...]  # chunk indices holding the sentences, in hop order
+    sentences: tuple[str, ...]
+    question: str
+    answer: str
+    metric: str
+    key: str  # phrase naming the needle in the question; occurs only in the first chunk
+    link: str | None = None  # bridge: the name joining the two chunks
+
+
+def _insert(rng: random.Random, text: str, sentence: str) -> str:
+    """Put ``sentence`` at a random sentence boundary of ``text`` (start and end included)."""
+    cuts = [0, *(m.end() for m in _SENTENCE_END.finditer(text)), len(text)]
+    i = rng.choice(cuts)
+    if i == len(text):
+        return text.rstrip() + " " + sentence
+    return text[:i] + sentence + " " + text[i:]
+
+
+def make_needle(rng: random.Random, names: NameGen, family: str, chunks: tuple[int, ...],
+                number_metric: str) -> Needle:
+    place = names.town()
+    if family == "multi_hop_bridge":
+        person, home = names.person(), names.town()
+        return Needle(family, chunks,
+                      (f"The keeper of the {place} archive is {person}.",
+                       f"{person} was born in {home}."),
+                      f"Where was the keeper of the {place} archive born?", home, "contains",
+                      f"the {place} archive", person)
+    kind = rng.randrange(3)
+    if kind == 0:
+        code = str(rng.randint(1000, 9999))
+        return Needle(family, chunks, (f"The access code for the {place} archive is {code}.",),
+                      f"What is the access code for the {place} archive? Answer with the number only.",
+                      code, number_metric, f"the {place} archive")
+    if kind == 1:
+        person = names.person()
+        return Needle(family, chunks, (f"The keeper of the {place} lighthouse is {person}.",),
+                      f"Who is the keeper of the {place} lighthouse?", person, "contains",
+                      f"the {place} lighthouse")
+    year = str(rng.randint(1700, 1990))
+    return Needle(family, chunks, (f"The {place} bridge was completed in {year}.",),
+                  f"In what year was the {place} bridge completed? Answer with the year only.",
+                  year, number_metric, f"the {place} bridge")
+
+
+# --------------------------------------------------------------------------- generation
+
+
+@dataclass
+class CorpusOptions:
+    text_field: str = "text"
+    split: str | None = None
+    chunk: str = "paragraph"
+    chunk_words: int = 120
+    min_chunk_words: int = 8
+    max_doc_tokens: int = 6000
+    on_long: str = "error"
+    needles: int = 0
+    families: str = DEFAULT_FAMILIES
+    number_metric: str = "em"
+
+
+def _word_in(needle: str, hay: str) -> bool:
+    return re.search(rf"(?<!\w){re.escape(needle.lower())}(?!\w)", hay.lower()) is not None
+
+
+def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None,
+             opts: CorpusOptions | None = None, count_tokens: TokenCounter | None = None,
+             ) -> tuple[dict[str, Segment], list[Case], dict[str, Any], dict[str, Any]]:
+    """Build a dataset from the corpus at ``path``: ``(segments, cases, params, counts)``."""
+    knobs, opts = knobs or ReuseKnobs(), opts or CorpusOptions()
+    knobs.validate()
+    if opts.chunk not in CHUNK_RULES:
+        raise KvauditError(f"--chunk must be one of {', '.join(CHUNK_RULES)}")
+    if not 1 <= opts.min_chunk_words <= opts.chunk_words:
+        raise KvauditError("--min-chunk-words must be at least 1 and at most --chunk-words")
+    if opts.number_metric not in ("em", "contains"):
+        raise KvauditError("--number-metric must be em or contains")
+    if opts.on_long not in ("error", "skip"):
+        raise KvauditError("--on-long must be error or skip")
+    weights = parse_weights(opts.families, FAMILIES, "--families")
+    count = count_tokens or count_words
+    skipped: Counter = Counter()
+    docs = load_corpus(path, opts.text_field, opts.split, skipped)
+
+    chunks: list[str] = []
+    sources: list[str] = []
+    index: dict[str, int] = {}
+    n_docs_used = 0
+    for d in docs:
+        n = count(d.text)
+        if n > opts.max_doc_tokens:
+            if opts.on_long == "error":
+                raise KvauditError(
+                    f"{d.source}: document has {n} {'tokens' if count_tokens else 'words'}, over "
+                    f"--max-doc-tokens {opts.max_doc_tokens} (raise it, or pass --on-long skip)")
+            skipped["too_long_documents"] += 1
+            continue
+        n_docs_used += 1
+        for c in chunk_text(d.text, opts.chunk, opts.chunk_words):
+            if count_words(c) < opts.min_chunk_words:
+                skipped["short_chunks"] += 1
+            elif c in index:
+                skipped["duplicate_chunks"] += 1
+            else:
+                index[c] = len(chunks)
+                chunks.append(c)
+                sources.append(d.source)
+    if len(chunks) < 2:
+        raise KvauditError(f"{path}: only {len(chunks)} usable chunk(s) after chunking "
+                           f"(skipped: {dict(sorted(skipped.items()))}); at least 2 are needed")
+
+    rng = random.Random(f"{seed}:corpus")
+    names = NameGen(random.Random(f"{seed}:names"))
+    counts_f = allocate(knobs.cases, weights)
+    n_var = {f: min(round(t * knobs.reorder_share), max(t - 1, 0)) for f, t in counts_f.items()}
+    bases = {f: counts_f[f] - n_var[f] for f in FAMILIES if f in counts_f}
+    # Planted needles: by default about one per two cases of each needle family (each is asked
+    # about twice on average), within a third of the chunks so plain chunks remain as distractors.
+    kinds = [f for f in ("needle", "multi_hop_bridge") if bases.get(f, 0) > 0]
+    if opts.needles:
+        want = allocate(opts.needles, {f: bases[f] for f in kinds}) if kinds else {}
+    else:
+        want = {f: max(1, (bases[f] + 1) // 2) for f in kinds}
+    free = list(range(len(chunks)))
+    random.Random(f"{seed}:needle-chunks").shuffle(free)
+    budget = max(2, len(chunks) // 3)
+    needles: dict[str, list[Needle]] = {f: [] for f in kinds}
+    texts = list(chunks)
+    i = 0
+    while pending := [f for f in kinds if len(needles[f]) < want[f]]:
+        family = pending[i % len(pending)]
+        width = 2 if family == "multi_hop_bridge" else 1
+        if len(free) < width or budget < width:
+            missing = [f for f in kinds if not needles[f]]
+            if missing:
+                raise KvauditError(f"{path}: too few chunks ({len(chunks)}) to plant needles for "
+                                   f"{', '.join(missing)} cases; drop it with --families")
+            break
+        held = tuple(free.pop() for _ in range(width))
+        budget -= width
+        nd = make_needle(random.Random(f"{seed}:needle:{i}"), names, family, held, opts.number_metric)
+        for c, sentence in zip(held, nd.sentences, strict=True):
+            texts[c] = _insert(random.Random(f"{seed}:insert:{c}"), texts[c], sentence)
+        needles[family].append(nd)
+        i += 1
+    planted = {c: nd.family for v in needles.values() for nd in v for c in nd.chunks}
+    sids = [segment_id(t) for t in texts]
+    segments = {}
+    for c, (t, sid) in enumerate(zip(texts, sids, strict=True)):
+        tags: dict[str, Any] = {"chunk": c, "words": count_words(t)}
+        if c in planted:
+            tags["needle"] = planted[c]
+        segments[sid] = Segment(sid, t, source=sources[c], tags=tags)
+
+    chunk_pick = ZipfPicker(len(chunks), knobs.zipf, random.Random(f"{seed}:zipf:chunks"))
+    needle_pick = {f: ZipfPicker(len(v), knobs.zipf, random.Random(f"{seed}:zipf:{f}"))
+                   for f, v in needles.items()}
+
+    def others(r: random.Random, taken: tuple[int, ...], k: int) -> list[int]:
+        out: list[int] = []
+        seen = set(taken)
+        for _ in range(50 * k):
+            if len(out) == k:
+                break
+            c = chunk_pick.pick(r)
+            if c not in seen:
+                out.append(c)
+                seen.add(c)
+        rest = [c for c in range(len(chunks)) if c not in seen]
+        r.shuffle(rest)
+        return out + rest[: k - len(out)]
+
+    def draft(family: str, r: random.Random, target: str) -> tuple[str, Any, list[int]]:
+        if family == "agreement":
+            n = min(knobs.n_docs(r, None), len(chunks))
+            first = chunk_pick.pick(r)
+            order = [first, *others(r, (first,), n - 1)]
+            r.shuffle(order)
+            q = r.choice(_AGREEMENT_QUESTIONS)
+            return family, (q, r.randrange(len(order))), order
+        nd = needles[family][needle_pick[family].pick(r)]
+        n = min(knobs.n_docs(r, target, at_least=len(nd.chunks)), len(chunks))
+        holder, rest = nd.chunks[-1], list(nd.chunks[:-1])
+        order = arrange(r, holder, rest + others(r, nd.chunks, n - len(nd.chunks)),
+                        target_slot(r, target, n))
+        return family, nd, order
+
+    def check(family: str, item: Any, order: list[int]) -> bool:
+        """Answerability: False if ambiguous (redraw); raises on a generator bug."""
+        if family == "agreement":
+            return True
+        nd: Needle = item
+        for c, sentence in zip(nd.chunks, nd.sentences, strict=True):
+            if sentence not in texts[c] or c not in order:
+                raise RuntimeError(f"needle sentence missing from chunk {c}")
+        if nd.answer not in texts[nd.chunks[-1]]:
+            raise RuntimeError("needle answer missing from its chunk")
+        if nd.link and not all(nd.link in texts[c] for c in nd.chunks):
+            raise RuntimeError("bridge link missing from a hop")
+        for c in order:
+            if c in nd.chunks:
+                continue
+            if _word_in(nd.key, texts[c]) or _word_in(nd.answer, texts[c]):
+                return False
+        return sum(_word_in(nd.key, texts[c]) for c in nd.chunks) == 1
+
+    def realize(family: str, item: Any, order: list[int]) -> tuple[str, list[str], str, list[int], int | None]:
+        if family == "agreement":
+            q, slot = item
+            ordinal = "last" if slot == len(order) - 1 and slot > 0 else _ORDINALS[min(slot, 7)]
+            return q.format(ordinal=ordinal), [], "agreement", list(order), None
+        nd = item
+        return nd.question, [nd.answer], nd.metric, list(nd.chunks), nd.chunks[-1]
+
+    drafts: list[tuple[str, Any, list[int]]] = []
+    for fi, family in enumerate(f for f in FAMILIES if counts_f.get(f)):
+        family_bases = []
+        for j in range(bases[family]):
+            target = knobs.positions[(j + fi) % len(knobs.positions)]
+            for _ in range(50):
+                d = draft(family, rng, target)
+                if check(*d):
+                    family_bases.append(d)
+                    break
+            else:
+                raise KvauditError(f"{path}: could not place an unambiguous {family} case "
+                                   "(the corpus may repeat the generated names); try another --seed")
+        drafts.extend(family_bases)
+        for _ in range(n_var[family]):
+            fam, item, order = rng.choice(family_bases)
+            drafts.append((fam, item, new_order(rng, order)))
+    rng.shuffle(drafts)
+
+    cases = []
+    for k, (family, item, order) in enumerate(drafts):
+        question, answers, metric, evidence, holder = realize(family, item, order)
+        system, sys_label, prefix, prefix_label = knobs.context(rng)
+        ev_words = [count_words(texts[c]) for c in evidence]
+        strata: dict[str, Any] = {
+            "n_docs": len(order),
+            "doc_len_bucket": len_bucket(sum(ev_words) / len(ev_words), opts.min_chunk_words,
+                                         opts.chunk_words),
+            "prefix_variant": prefix_label, "system_variant": sys_label,
+        }
+        if holder is not None:
+            strata["evidence_position"] = position_label(order.index(holder), len(order))
+            strata["hops"] = len(evidence)
+        cases.append(Case(
+            id=f"corpus-{k:06d}", task=family, segment_ids=[sids[c] for c in order],
+            question=question, answers=answers, system=system, prefix=prefix, metric=metric,
+            evidence=[sids[c] for c in evidence], strata=strata,
+        ))
+    used = {c for _, _, order in drafts for c in order}
+    counts = {
+        "documents_read": len(docs), "documents_used": n_docs_used,
+        "skipped": dict(sorted(skipped.items())), "chunks": len(chunks),
+        "chunks_unused_by_cases": len(chunks) - len(used),
+        "needles": {f: len(v) for f, v in needles.items()},
+    }
+    params = {"path": str(path), "text_field": opts.text_field, "split": opts.split,
+              "chunking": chunk_rule(opts.chunk, opts.chunk_words, opts.min_chunk_words),
+              "max_doc_tokens": opts.max_doc_tokens, "on_long": opts.on_long,
+              "needles": opts.needles, "families": weights, "number_metric": opts.number_metric,
+              **knobs.params()}
+    return segments, cases, params, counts
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="folder of .txt/.md/.jsonl/.parquet files, one such file, "
+                                "or a folder saved with datasets' save_to_disk")
+    add_output_arguments(p)
+    add_reuse_arguments(p)
+    g = p.add_argument_group("corpus")
+    d = CorpusOptions()
+    g.add_argument("--text-field", default=d.text_field,
+                   help="field holding the text in .jsonl, .parquet and saved datasets")
+    g.add_argument("--split", default=None, help="split of a saved DatasetDict")
+    g.add_argument("--chunk", choices=CHUNK_RULES, default=d.chunk,
+                   help="chunking rule: paragraphs merged up to --chunk-words, or word windows")
+    g.add_argument("--chunk-words", type=int, default=d.chunk_words, help="most words per chunk")
+    g.add_argument("--min-chunk-words", type=int, default=d.min_chunk_words,
+                   help="shorter chunks are skipped (and counted)")
+    g.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens,
+                   help="longest document accepted, in --tokenizer units (the model context)")
+    g.add_argument("--on-long", choices=("error", "skip"), default=d.on_long,
+                   help="what to do with a document over --max-doc-tokens")
+    g.add_argument("--needles", type=int, default=d.needles,
+                   help="planted facts (0 = about one per two needle/bridge cases)")
+    g.add_argument("--families", default=DEFAULT_FAMILIES,
+                   help="task families and weights, e.g. needle=3,multi_hop_bridge=1,agreement=1")
+    g.add_argument("--number-metric", choices=("em", "contains"), default=d.number_metric,
+                   help="metric for year and number answers")
+
+
+def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
+          quiet: bool = False) -> DatasetCard:
+    knobs = ReuseKnobs.from_args(args)
+    opts = CorpusOptions(
+        text_field=args.text_field, split=args.split, chunk=args.chunk, chunk_words=args.chunk_words,
+        min_chunk_words=args.min_chunk_words, max_doc_tokens=args.max_doc_tokens,
+        on_long=args.on_long, needles=args.needles, families=args.families,
+        number_metric=args.number_metric)
+    segments, cases, params, counts = generate(args.path, seed=args.seed, knobs=knobs, opts=opts,
+                                               count_tokens=count_tokens)
+    params["tokenizer"] = args.tokenizer
+    return finish(args.out, generator="corpus", seed=args.seed, params=params, segments=segments,
+                  cases=cases, counts=counts, count_tokens=count_tokens, quiet=quiet)
+
+
+def run(args: argparse.Namespace) -> int:
+    build(args, make_token_counter(args.tokenizer))
+    return 0
