@@ -50,8 +50,8 @@ def summarise(hits: np.ndarray, warmup: np.ndarray, prompt: np.ndarray, config: 
     total = token_hit_rate(hits, prompt)
     return {
         **total.to_dict(),
-        "cold": {"requests": [0, cold_n], **token_hit_rate(hits[:cold_n], prompt[:cold_n]).to_dict()},
-        "warm": {"requests": [cold_n, n], **token_hit_rate(hits[cold_n:], prompt[cold_n:]).to_dict()},
+        "cold": {"request_range": [0, cold_n], **token_hit_rate(hits[:cold_n], prompt[:cold_n]).to_dict()},
+        "warm": {"request_range": [cold_n, n], **token_hit_rate(hits[cold_n:], prompt[cold_n:]).to_dict()},
         "windows": windowed(hits, prompt, config.windows),
         "warmup_tokens": int(warmup.sum()),
         "prefill_tokens": int(prompt.sum() - hits.sum() + warmup.sum()),
@@ -65,7 +65,7 @@ def simulate(trace: Trace, config: SimConfig, progress=None) -> dict:
     labels = config.labels or [format_bytes(c) for c in config.capacities]
     results = []
     for policy in config.policies:
-        for cap, label in zip(config.capacities, labels):
+        for cap, label in zip(config.capacities, labels, strict=True):
             cap_tokens = cap // bpt
             hits, warmup = policy_hits(trace, policy, cap_tokens, config)
             results.append({"policy": policy, "capacity": label, "capacity_bytes": cap,

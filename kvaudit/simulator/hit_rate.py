@@ -44,8 +44,8 @@ class HitRate:
 
 def token_hit_rate(hit_tokens: Iterable[int] | np.ndarray, prompt_tokens: Iterable[int] | np.ndarray) -> HitRate:
     """Aggregate per-request hit and prompt token counts into the token hit rate."""
-    hits = np.asarray(list(hit_tokens) if not isinstance(hit_tokens, np.ndarray) else hit_tokens, np.int64)
-    prompt = np.asarray(list(prompt_tokens) if not isinstance(prompt_tokens, np.ndarray) else prompt_tokens,
+    hits = np.asarray(hit_tokens if isinstance(hit_tokens, np.ndarray) else list(hit_tokens), np.int64)
+    prompt = np.asarray(prompt_tokens if isinstance(prompt_tokens, np.ndarray) else list(prompt_tokens),
                         np.int64)
     if hits.shape != prompt.shape:
         raise ValueError(f"{hits.shape[0]} hit counts for {prompt.shape[0]} requests")
@@ -59,7 +59,7 @@ def windowed(hits: np.ndarray, prompt: np.ndarray, n_windows: int) -> list[dict]
     n = len(prompt)
     edges = np.unique(np.linspace(0, n, min(n_windows, n) + 1).round().astype(np.int64))
     out = []
-    for a, b in zip(edges[:-1], edges[1:]):
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
         hr = token_hit_rate(hits[a:b], prompt[a:b])
         out.append({"start": int(a), "end": int(b), "token_hit_rate": hr.rate})
     return out

@@ -39,7 +39,7 @@ def plot_vs_capacity(sim: dict, path: str | Path) -> None:
         line, = ax.plot(xs, [100 * (r["token_hit_rate"] or 0) for r in rows], marker="o", label=policy)
         ax.plot(xs, [100 * (r["warm"]["token_hit_rate"] or 0) for r in rows], ls="--",
                 color=line.get_color(), alpha=0.6, label=f"{policy} (warm phase)")
-        for x, r in zip(xs, rows):
+        for x, r in zip(xs, rows, strict=True):
             ax.annotate(f"{100 * (r['token_hit_rate'] or 0):.1f}", (x, 100 * (r["token_hit_rate"] or 0)),
                         textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
     if len({r["capacity_bytes"] for r in sim["results"]}) > 1:
