@@ -12,8 +12,9 @@ The model, all of it seeded (same parameters and seed, same bytes):
   date prefix shared by all such requests, otherwise a prefix holding dynamic metadata
   (timestamp, session id) that no other request shares; then the documents; then a question
   phrased anew for each request;
-* ``shift_every`` > 0 reshuffles which queries (or, with ``queries=0``, documents) are popular
-  every that many requests: a burst of reuse that then decays;
+* ``shift_every`` > 0 moves popularity every that many requests to a fresh pool of queries over a
+  reshuffled document ranking (with ``queries=0``: to a reshuffled ranking): what was hot goes
+  cold, a burst of reuse that then decays;
 * timestamps are Poisson arrivals at ``rate`` requests per second.
 
 The defaults are calibrated against the published capacity study (see docs/simulator.md).
@@ -132,13 +133,13 @@ def generate(params: WorkloadParams) -> Trace:
     if p.queries:
         pool = _draw_distinct(doc_cdf, p.queries, k, rng)  # query -> document ranks
         q_rank = _draw_ranks(_zipf_cdf(p.queries, p.zipf), (n,), rng)
-        # Which query holds popularity rank q in each epoch.
-        perms = np.stack([np.arange(p.queries)] + [rng.permutation(p.queries) for _ in range(n_epochs - 1)])
-        docs = pool[perms[epoch, q_rank]]
+        docs = pool[q_rank]
     else:
-        ranks = _draw_distinct(doc_cdf, n, k, rng)
-        perms = np.stack([np.arange(p.documents)] + [rng.permutation(p.documents) for _ in range(n_epochs - 1)])
-        docs = perms[epoch[:, None], ranks]
+        docs = _draw_distinct(doc_cdf, n, k, rng)
+    for e in range(1, n_epochs):  # popularity moves to fresh queries over reshuffled documents
+        sel = epoch == e
+        ranks = _draw_distinct(doc_cdf, p.queries, k, rng)[q_rank[sel]] if p.queries else docs[sel]
+        docs[sel] = rng.permutation(p.documents)[ranks]
     shared = rng.random(n) < p.shared_prefix_share
     q_len = sample_tokens(p.question_tokens, n, rng)
     arrivals = np.cumsum(rng.exponential(1.0 / p.rate, n)).round(3)
