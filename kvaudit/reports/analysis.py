@@ -10,8 +10,8 @@ of cases. A group selector is ``"overall"`` (every answer-quality case), ``"task
 a key of ``PairRecord.strata`` (``hops:2``). Leak probes and cases without a gold answer (and
 not agreement cases) are not answer-quality cases.
 
-Token hit rate per arm is ``sum(tokens_reused) / sum(tokens_reused + tokens_computed)``, the
-same definition as :mod:`kvaudit.simulator.hit_rate` (hit tokens over prompt tokens).
+Token hit rate per arm comes from :func:`kvaudit.simulator.hit_rate.run_hit_rate` (hit tokens
+over prompt tokens, token-weighted), so measured and simulated rates mean the same thing.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from kvaudit.reports import scoring, stats
 from kvaudit.reports.leaks import leak_summary
 from kvaudit.schema import (
     AUDIT_FILE,
+    PAIRS_FILE,
     DatasetError,
     PairRecord,
+    iter_jsonl,
+    pair_from_dict,
     read_json,
     read_manifest,
-    read_pairs,
 )
 
 SIMULATION_FILE = "simulation.json"
@@ -79,6 +81,37 @@ def _check_audit(obj: Any, path: Path) -> dict[str, Any]:
     return obj
 
 
+_ARM_TYPES = {"answer": str, "margin": (int, float), "ttft_s": (int, float), "tokens_reused": int,
+              "tokens_computed": int, "top_k": list}
+
+
+def _check_pair(p: PairRecord, where: str) -> None:
+    """The fields the report reads have the types it assumes (the schema does not check them)."""
+    if not isinstance(p.case_id, str) or not isinstance(p.task, str):
+        raise DatasetError(f"{where}: fields 'case_id' and 'task' must be strings")
+    if not isinstance(p.strata, dict) or not isinstance(p.answers, list):
+        raise DatasetError(f"{where}: field 'strata' must be an object and 'answers' a list")
+    if REFERENCE_ARM not in p.arms:
+        raise DatasetError(f"{where}: field 'arms' has no '{REFERENCE_ARM}' arm")
+    for name, arm in p.arms.items():
+        for f, typ in _ARM_TYPES.items():
+            v = getattr(arm, f)
+            if isinstance(v, bool) or not isinstance(v, typ):
+                raise DatasetError(f"{where}: field 'arms.{name}.{f}' has the wrong type ({type(v).__name__})")
+
+
+def _read_pairs(path: Path) -> list[PairRecord]:
+    """Like :func:`kvaudit.schema.read_pairs`, but a record missing a field (or with ``arms``
+    not an object) is a DatasetError naming the line, not a KeyError."""
+    out = []
+    for n, obj in iter_jsonl(path, tolerate_torn_tail=True):
+        try:
+            out.append(pair_from_dict(obj))
+        except (TypeError, KeyError, AttributeError) as e:
+            raise DatasetError(f"{path}, line {n}: malformed pair record ({type(e).__name__}: {e})") from None
+    return out
+
+
 def _questions(manifest: dict[str, Any]) -> dict[str, str]:
     """Question text per case id from the dataset the run names, when it is still on disk."""
     ds = manifest.get("dataset")
@@ -86,8 +119,6 @@ def _questions(manifest: dict[str, Any]) -> dict[str, str]:
     cases = Path(str(path)) / "cases.jsonl" if path else None
     if cases is None or not cases.is_file():
         return {}
-    from kvaudit.schema import iter_jsonl
-
     try:
         return {str(o.get("id")): str(o.get("question", "")) for _, o in iter_jsonl(cases)}
     except DatasetError:
@@ -100,7 +131,7 @@ def load_run(run_dir: str | Path) -> Run:
     if not path.is_dir():
         raise DatasetError(f"{path}: run directory not found")
     manifest = read_manifest(path)
-    pairs = read_pairs(path)
+    pairs = _read_pairs(path / PAIRS_FILE)
     if not pairs:
         raise DatasetError(f"{path / 'pairs.jsonl'}: no pair records")
     seen: set[str] = set()
@@ -108,8 +139,7 @@ def load_run(run_dir: str | Path) -> Run:
         if p.case_id in seen:
             raise DatasetError(f"{path / 'pairs.jsonl'}, record {i}: field 'case_id': duplicate case {p.case_id!r}")
         seen.add(p.case_id)
-        if REFERENCE_ARM not in p.arms:
-            raise DatasetError(f"{path / 'pairs.jsonl'}, record {i} ({p.case_id}): field 'arms' has no '{REFERENCE_ARM}' arm")
+        _check_pair(p, f"{path / 'pairs.jsonl'}, record {i} ({p.case_id})")
     audit = None
     if (path / AUDIT_FILE).exists():
         audit = _check_audit(read_json(path / AUDIT_FILE), path / AUDIT_FILE)
@@ -239,21 +269,22 @@ class Analysis:
         }
 
     def hit_rate(self, arm: str) -> float | None:
-        rows = self.scores[self.scores["arm"] == arm]
-        total = float(rows["tokens_reused"].sum() + rows["tokens_computed"].sum())
-        return float(rows["tokens_reused"].sum()) / total if total > 0 else None
+        """Measured token hit rate of ``arm`` (the simulator's shared definition)."""
+        from kvaudit.simulator.hit_rate import run_hit_rate
+
+        try:
+            return run_hit_rate(self.run.pairs, arm).rate
+        except ValueError as e:
+            raise DatasetError(f"{self.run.path / 'pairs.jsonl'}: field 'tokens_reused' of arm '{arm}': {e}") from None
 
     def simulated_hit_rates(self) -> dict[str, float]:
-        """Every numeric ``*hit_rate*`` entry of ``simulation.json`` (top level or one level down)."""
-        sim = self.run.simulation or {}
+        """``"<policy> @ <capacity>" -> token hit rate`` from ``simulation.json`` (``results``)."""
+        results = (self.run.simulation or {}).get("results")
         out: dict[str, float] = {}
-        for k, v in sim.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and "hit_rate" in k:
-                out[k] = float(v)
-            elif isinstance(v, dict):
-                for k2, v2 in v.items():
-                    if isinstance(v2, (int, float)) and not isinstance(v2, bool) and "hit_rate" in k2:
-                        out[f"{k}.{k2}"] = float(v2)
+        for r in results if isinstance(results, list) else []:
+            rate = r.get("token_hit_rate") if isinstance(r, dict) else None
+            if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+                out[f"{r.get('policy', '?')} @ {r.get('capacity', '?')}"] = float(rate)
         return out
 
     def ttft(self, arm: str) -> dict[str, Any] | None:

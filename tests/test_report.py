@@ -1,0 +1,149 @@
+"""`kvaudit report` on synthetic run directories: summary.json, report.html, samples.jsonl."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import html
+import json
+import re
+
+import pytest
+
+from kvaudit.errors import USER_ERRORS
+from kvaudit.reports import report_cli
+from kvaudit.reports.html import FILTER_JS, diff_spans
+from kvaudit.reports.report_cli import write_report
+from kvaudit.reports.synthetic import make_pairs, make_run
+from kvaudit.schema import sha256_hex, write_json
+
+INJECT = '<script>document.title="PWNED"</script><img src=x onerror=alert(1)>'
+BOOT = 300  # resamples: enough for the logic under test, fast
+
+
+def cli(argv: list[str]) -> int:
+    """Run the report command the way the dispatcher does (user errors -> exit 2)."""
+    parser = argparse.ArgumentParser()
+    report_cli.add_arguments(parser)
+    try:
+        return report_cli.run(parser.parse_args(argv))
+    except USER_ERRORS:
+        return 2
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    make_run(d, n_per_task=40, injected=INJECT)
+    write_json(d / "simulation.json", {"results": [
+        {"policy": "segment", "capacity": "30GB", "token_hit_rate": 0.639},
+        {"policy": "prefix", "capacity": "30GB", "token_hit_rate": 0.033}]})
+    write_report(d, n_boot=BOOT)
+    return d
+
+
+def test_report_writes_three_files_and_prints_path(tmp_path, capsys):
+    make_run(tmp_path, n_per_task=5, leak_probes=2)
+    assert cli([str(tmp_path), "--bootstrap", "200"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == str(tmp_path / "report.html")
+    for name in ("summary.json", "report.html", "samples.jsonl"):
+        assert (tmp_path / name).stat().st_size > 0
+
+
+def test_summary_has_the_planted_effects(run_dir):
+    s = json.loads((run_dir / "summary.json").read_text())
+    rows = {r["group"]: r for r in s["comparisons"]["reuse"]}
+    assert rows["task:multi_hop_bridge"]["ci"][1] < 0  # planted 30% loss
+    assert rows["task:single_doc"]["delta"] == 0.0  # planted no loss
+    assert set(rows) >= {"overall", "hops:2", "evidence_position:first", "prefix_variant:date"}
+    for r in rows.values():
+        assert r["p_adj"] >= r["p"]
+    assert s["comparisons"]["recompute_again"][0]["delta"] == 0.0
+    assert s["noise_floor"]["flips"] == 0 and s["flips"]["reuse"]["flips"] > 0
+    assert s["hit_rate"]["measured"]["reuse"] == pytest.approx(0.9, abs=0.01)
+    assert s["hit_rate"]["simulated"] == {"segment @ 30GB": 0.639, "prefix @ 30GB": 0.033}
+    assert s["speedup"]["reuse"]["median_paired"] == pytest.approx(12.0)
+    assert set(s["ttft"]["recompute"]) == {"n", "mean", "p50", "p90", "p99"}
+    assert s["audit"] == {"ran": True, "passed": True, "checks": s["audit"]["checks"]}
+    assert s["gate"]["verdict"] == "fail"
+    routing = {r["task"]: r["recommendation"] for r in s["routing"]}
+    assert routing["multi_hop_bridge"] == "unsafe"
+    assert routing["single_doc"] in ("safe", "undecided")
+    assert s["coverage"]["share_never_cached_position"] == 0.72
+    assert s["leaks"]["n_probes"] == 10
+
+
+def test_routing_safe_with_enough_unchanged_cases(tmp_path):
+    make_run(tmp_path, n_per_task=200, loss={"single_doc": 0.0}, leak_probes=0)
+    write_report(tmp_path, n_boot=BOOT)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["routing"] == [{**s["routing"][0], "task": "single_doc", "recommendation": "safe"}]
+
+
+def test_html_escapes_corpus_text_and_pins_its_own_script(run_dir):
+    page = (run_dir / "report.html").read_text()
+    assert "&lt;script&gt;document.title=" in page
+    assert '<script>document.title="PWNED"' not in page and "<img src=x" not in page
+    assert page.count("<script>") == 1
+    digest = base64.b64encode(hashlib.sha256(FILTER_JS.encode()).digest()).decode()
+    csp = html.unescape(re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page)[1])
+    assert f"script-src 'sha256-{digest}'" in csp and "default-src 'none'" in csp
+    assert f"<script>{FILTER_JS}</script>" in page
+
+
+def test_html_is_self_contained_and_in_order(run_dir):
+    page = (run_dir / "report.html").read_text()
+    assert not re.search(r'(src|href)="https?:', page)
+    assert "@import" not in page
+    ids = ["verdict", "audit", "forest", "deltas", "leaks", "noise", "coverage", "speed", "cases", "routing"]
+    positions = [page.index(f'<section id="{i}">') for i in ids]
+    assert positions == sorted(positions)
+    assert re.search(r'<div class="forest" id="forest-plot"><svg', page)
+    assert "segment @ 30GB" in page  # simulated beside measured
+
+
+def test_report_handles_missing_audit_and_coverage(tmp_path):
+    make_run(tmp_path, n_per_task=5, leak_probes=0, audit_passed=None, coverage={})
+    page = write_report(tmp_path, n_boot=BOOT).read_text()
+    assert 'id="audit-verdict">NOT RUN' in page
+    assert "records no coverage" in page
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["audit"]["ran"] is False and s["gate"]["verdict"] == "error"
+    assert s["leaks"]["n_probes"] == 0
+
+
+def test_samples_export_lm_eval_style(run_dir):
+    rows = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    pairs = {p.case_id: p for p in make_pairs(n_per_task=40, injected=INJECT)}
+    assert len(rows) == len(pairs)
+    for r in rows:
+        p = pairs[r["doc_id"]]
+        assert r["prompt_hash"] == p.ids_hash
+        assert r["doc_hash"] == sha256_hex(",".join(p.segment_ids))
+        assert set(r["resps"]) == set(p.arms) == set(r["metrics"])
+        if p.metric == "agreement":
+            assert r["target"] == [p.arms["recompute"].answer]
+    flipped = next(r for r in rows if r["flips"].get("reuse"))
+    assert flipped["metrics"]["reuse"]["score"] < flipped["metrics"]["recompute"]["score"]
+
+
+def test_diff_spans_mark_only_the_differing_words():
+    left, right = diff_spans("The answer is Film 12", "The answer is Film 112 today")
+    assert [t for t, changed in left if changed] == ["12"]
+    assert "".join(t for t, changed in right if changed).split() == ["112", "today"]
+    assert "".join(t for t, _ in right) == "The answer is Film 112 today"
+
+
+@pytest.mark.parametrize("breakage, message", [
+    (lambda d: (d / "pairs.jsonl").write_text('{"case_id": 1}\n{"x": 2}\n'), "pairs.jsonl, line 1"),
+    (lambda d: (d / "manifest.json").unlink(), "manifest.json: file not found"),
+    (lambda d: (d / "audit.json").write_text('{"passed": "yes"}'), "audit.json: field 'passed'"),
+])
+def test_bad_run_files_give_a_clear_error(tmp_path, capsys, breakage, message):
+    make_run(tmp_path, n_per_task=3, leak_probes=0)
+    breakage(tmp_path)
+    with pytest.raises(USER_ERRORS, match=re.escape(message)):
+        write_report(tmp_path, n_boot=BOOT)
+    assert cli([str(tmp_path)]) == 2
