@@ -112,12 +112,16 @@ def _read_pairs(path: Path) -> list[PairRecord]:
     return out
 
 
-def _questions(manifest: dict[str, Any]) -> dict[str, str]:
+def _questions(manifest: dict[str, Any], run_dir: Path) -> dict[str, str]:
     """Question text per case id from the dataset the run names, when it is still on disk."""
     ds = manifest.get("dataset")
     path = ds.get("path") if isinstance(ds, dict) else None
-    cases = Path(str(path)) / "cases.jsonl" if path else None
-    if cases is None or not cases.is_file():
+    if not path:
+        return {}
+    # a relative path is relative to where the run was started: try there, then the run's parent
+    candidates = [Path(str(path)) / "cases.jsonl", run_dir.parent / str(path) / "cases.jsonl"]
+    cases = next((c for c in candidates if c.is_file()), None)
+    if cases is None:
         return {}
     try:
         return {str(o.get("id")): str(o.get("question", "")) for _, o in iter_jsonl(cases)}
@@ -149,7 +153,7 @@ def load_run(run_dir: str | Path) -> Run:
         if not isinstance(simulation, dict):
             raise DatasetError(f"{path / SIMULATION_FILE}: expected a JSON object")
     return Run(path=path, manifest=manifest, pairs=pairs, audit=audit, simulation=simulation,
-               questions=_questions(manifest))
+               questions=_questions(manifest, path))
 
 
 def _natural(v: str) -> tuple:

@@ -40,7 +40,7 @@ def forest_svg(rows: Sequence[dict[str, Any]], *, margins: Sequence[tuple[str, f
         if margins:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
         ax.set_yticks(ys)
-        ax.set_yticklabels([f"{r['group']} (n={r['n']})" for r in rows])
+        ax.set_yticklabels([f"{_short(r['group'])} (n={r['n']})" for r in rows])
         ax.set_ylim(-0.7, len(rows) - 0.3)
         ax.set_xlabel(f"delta vs recompute (points, {confidence:.0%} cluster-bootstrap CI)")
         if title:
@@ -51,3 +51,7 @@ def forest_svg(rows: Sequence[dict[str, Any]], *, margins: Sequence[tuple[str, f
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     svg = buf.getvalue()
     return svg[svg.index("<svg"):]
+
+
+def _short(label: str, width: int = 40) -> str:
+    return label if len(label) <= width else label[: width - 1] + "…"

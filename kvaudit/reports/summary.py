@@ -63,6 +63,14 @@ def routing(an: Analysis, policy: Policy) -> list[dict[str, Any]]:
     return out
 
 
+def _pick(manifest: dict[str, Any], key: str, inner: str | None = None) -> Any:
+    """``manifest[key]`` when it is a scalar, else ``manifest[key][inner]`` (runner layouts vary)."""
+    v = manifest.get(key)
+    if isinstance(v, dict):
+        v = v.get(inner) if inner else None
+    return v if isinstance(v, (str, int, float)) else None
+
+
 def _scalars(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if isinstance(v, (str, int, float, bool)) or v is None}
 
@@ -85,12 +93,15 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
     gate = evaluate(policy, an)
     audit = run.audit
     manifest_model = run.manifest.get("model")
+    reasons = run.manifest.get("arm_reasons") if isinstance(run.manifest.get("arm_reasons"), dict) else {}
     summary = {
         "run": {
             "path": str(run.path),
             "n_cases": len(run.pairs),
             "n_quality_cases": int(len(an.select("overall"))),
-            "arms": [{"name": a, "reason": arm_reason(a)} for a in an.arms],
+            "arms": [{"name": a, "reason": reasons.get(a) or arm_reason(a)} for a in an.arms],
+            "backend": _pick(run.manifest, "backend", "backend"),
+            "dtype": _pick(run.manifest, "dtype") or _pick(run.manifest, "model", "dtype"),
             "manifest": _scalars(run.manifest),
             "model": _scalars(manifest_model) if isinstance(manifest_model, dict) else manifest_model,
             "near_tie_threshold": an.near_tie,
