@@ -177,6 +177,11 @@ class Analysis:
         self._wide = quality.pivot(index="case_id", columns="arm", values="score")
         self._meta = quality.drop_duplicates("case_id").set_index("case_id")
 
+    @cached_property
+    def rows(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """Score rows keyed by ``(case_id, arm)`` (plain dicts: fast lookups for per-case output)."""
+        return {(r["case_id"], r["arm"]): r for r in self.scores.to_dict("records")}
+
     # ------------------------------------------------------------------ arms and groups
 
     @cached_property

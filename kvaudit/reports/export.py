@@ -34,16 +34,15 @@ def _num(v: Any) -> float | None:
 
 
 def sample_rows(an: Analysis) -> list[dict[str, Any]]:
-    sc = an.scores.set_index(["case_id", "arm"])
     rows = []
     for p in an.run.pairs:
         target = references(p) or []
         metrics, flips, diffs = {}, {}, {}
         for arm in p.arms:
-            r = sc.loc[(p.case_id, arm)]
+            r = an.rows[(p.case_id, arm)]
             metrics[arm] = {m: _num(r[m]) for m in (*SCORE_METRICS, "score")}
             if arm != REFERENCE_ARM:
-                flips[arm] = bool(r["flip"])
+                flips[arm] = bool(r["flip"]) if r["flip"] is not None else None
                 diffs[arm] = _num(r["logit_diff"])
         rows.append({
             "doc_id": p.case_id, "task": p.task, "metric": p.metric,

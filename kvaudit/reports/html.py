@@ -72,7 +72,6 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def _cases(an: Analysis, arm: str, max_cases: int) -> tuple[list[dict[str, Any]], int]:
-    sc = an.scores.set_index(["case_id", "arm"])
     rows = []
     for p in an.run.pairs:
         ref, other = p.arms.get(REFERENCE_ARM), p.arms.get(arm)
@@ -82,8 +81,8 @@ def _cases(an: Analysis, arm: str, max_cases: int) -> tuple[list[dict[str, Any]]
         flip = other is not None and ref.answer.strip() != other.answer.strip()
 
         def score(a: str, case_id: str = p.case_id) -> float | None:
-            v = sc.loc[(case_id, a), "score"] if (case_id, a) in sc.index else None
-            return None if v is None or v != v else float(v)
+            v = an.rows.get((case_id, a), {}).get("score")
+            return None if v is None or v != v else float(v)  # NaN: not scorable
 
         rows.append({
             "id": p.case_id, "task": p.task, "flip": flip,
