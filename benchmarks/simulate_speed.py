@@ -4,13 +4,14 @@ Run by hand (not part of the test suite)::
 
     .venv/bin/python benchmarks/simulate_speed.py [--requests 1000000] [--capacity 30GB]
 
-Prints measured wall-clock seconds per stage and peak memory; the target is one million
-requests through both policies in under a minute on a 2-core machine.
+Prints measured wall-clock and CPU seconds per stage, the load average and peak memory; the
+target is one million requests through both policies in under a minute on a 2-core machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import tempfile
@@ -38,12 +39,17 @@ def main() -> int:
     params = replace(WorkloadParams(), requests=args.requests)
     cap_tokens = parse_capacity(args.capacity) // resolve_model(args.model).bytes_per_token
     timings: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
+          "(CPU seconds are the process's own; wall seconds include waiting for a core)")
+    print(f"{'stage':<22} {'wall':>8} {'cpu':>8}")
 
     def timed(name: str, fn, *a):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = fn(*a)
         timings[name] = time.perf_counter() - t
-        print(f"{name:<22} {timings[name]:7.2f} s", flush=True)
+        cpu[name] = time.process_time() - c
+        print(f"{name:<22} {timings[name]:7.2f}s {cpu[name]:7.2f}s", flush=True)
         return out
 
     trace = timed("generate", generate, params)
@@ -61,9 +67,12 @@ def main() -> int:
     print(f"  token hit rate at {args.capacity}: segment {100 * seg.sum() / tot:.1f}%, "
           f"prefix {100 * pre.sum() / tot:.1f}%")
     both = timings["segment policy"] + timings["prefix policy"]
-    print(f"both policies          {both:7.2f} s  ({args.requests / both:,.0f} requests/s)")
-    print(f"read + both policies   {both + timings.get('read + validate jsonl', 0):7.2f} s")
-    print(f"peak memory            {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:7.2f} GB")
+    both_cpu = cpu["segment policy"] + cpu["prefix policy"]
+    read, read_cpu = timings.get("read + validate jsonl", 0.0), cpu.get("read + validate jsonl", 0.0)
+    print(f"{'both policies':<22} {both:7.2f}s {both_cpu:7.2f}s  ({args.requests / both:,.0f} requests/s wall)")
+    print(f"{'read + both policies':<22} {both + read:7.2f}s {both_cpu + read_cpu:7.2f}s")
+    print(f"peak memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB; "
+          f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
 

@@ -183,11 +183,19 @@ def workload_lines(trace: Trace, params: WorkloadParams):
     offs = trace.offsets.tolist()
     kind, content, tokens = trace.kind.tolist(), trace.content.tolist(), trace.tokens.tolist()
     ts = trace.timestamps.tolist()
+    # A generated content code always has one kind and one token count: build its JSON once.
+    cache: dict[int, str] = {}
+
+    def piece(i: int) -> str:
+        c = content[i]
+        text = cache.get(c)
+        if text is None:
+            text = cache[c] = (f'{{"id":"{content_name(c, params)}","kind":"{kinds[kind[i]]}",'
+                               f'"tokens":{tokens[i]}}}')
+        return text
+
     for r in range(trace.n_requests):
-        pieces = ",".join(
-            f'{{"id":"{content_name(content[i], params)}","kind":"{kinds[kind[i]]}","tokens":{tokens[i]}}}'
-            for i in range(offs[r], offs[r + 1])
-        )
+        pieces = ",".join([piece(i) for i in range(offs[r], offs[r + 1])])
         yield f'{{"id":"{request_id(r)}","pieces":[{pieces}],"timestamp":{ts[r]!r}}}\n'
 
 

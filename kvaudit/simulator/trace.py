@@ -107,17 +107,11 @@ def _read_fast(path: Path) -> Trace | None:
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
-    table = pj.read_json(path)
-    names = table.column_names
-    if "id" not in names or "pieces" not in names or not pa.types.is_string(table["id"].type):
-        return None
-    pieces_t = table["pieces"].type
-    if not pa.types.is_list(pieces_t) or not pa.types.is_struct(pieces_t.value_type):
-        return None
-    fields = {f.name: f.type for f in pieces_t.value_type}
-    if not (pa.types.is_string(fields.get("kind", pa.null())) and pa.types.is_string(fields.get("id", pa.null()))
-            and pa.types.is_int64(fields.get("tokens", pa.null()))):
-        return None
+    piece = pa.struct([("kind", pa.string()), ("id", pa.string()), ("tokens", pa.int64())])
+    schema = pa.schema([("id", pa.string()), ("timestamp", pa.float64()), ("pieces", pa.list_(piece))])
+    # Wrong types raise (and send the file to the careful reader); extra fields are ignored.
+    table = pj.read_json(path, parse_options=pj.ParseOptions(explicit_schema=schema,
+                                                             unexpected_field_behavior="ignore"))
     ids = table["id"].combine_chunks()
     pieces = table["pieces"].combine_chunks()
     if ids.null_count or pieces.null_count or pc.count_distinct(ids).as_py() != len(ids):
@@ -128,7 +122,7 @@ def _read_fast(path: Path) -> Trace | None:
         return None
     flat = pieces.flatten()
     kind_a, id_a, tok_a = (flat.field(n) for n in ("kind", "id", "tokens"))
-    if kind_a.null_count or id_a.null_count or tok_a.null_count:
+    if flat.null_count or kind_a.null_count or id_a.null_count or tok_a.null_count:
         return None
     kind_idx = pc.index_in(kind_a, value_set=pa.array(KINDS))
     if kind_idx.null_count:
@@ -142,12 +136,7 @@ def _read_fast(path: Path) -> Trace | None:
     first[content] = tokens  # any one of a content id's counts; all must agree
     if np.any(first[content] != tokens):
         return None
-    ts = np.full(len(ids), np.nan)
-    if "timestamp" in names:
-        col = table["timestamp"]
-        if not (pa.types.is_floating(col.type) or pa.types.is_integer(col.type)):
-            return None
-        ts = col.to_numpy(zero_copy_only=False).astype(np.float64)
+    ts = table["timestamp"].to_numpy().astype(np.float64)  # nulls become NaN
     return Trace(offsets, kind_idx.to_numpy().astype(np.int8), content, tokens, ts,
                  ids.to_pylist())
 
