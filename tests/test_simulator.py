@@ -287,3 +287,15 @@ def test_simulate_cli_bad_options(tmp_path):
         _cli(["--workload", str(log), "--out", str(tmp_path / "o"), "--policies", "segment,lmcache"])
     with pytest.raises(KvauditError, match="capacity '30 GBs'"):
         _cli(["--workload", str(log), "--out", str(tmp_path / "o"), "--capacity", "30 GBs"])
+
+
+@pytest.mark.parametrize("queries", [5, 0])
+def test_prefix_merging_never_repeated_tails_is_exact(queries):
+    from kvaudit.generators.workload import WorkloadParams, generate
+
+    tr = generate(WorkloadParams(requests=1500, documents=200, queries=queries, docs_per_request=3,
+                                 doc_tokens="lognormal:100:1", prefix_tokens=20, shared_prefix_share=0.5))
+    for cap in (500, 5000, 50_000, 10**9):
+        fast = simulate_prefix(tr, cap)
+        assert np.array_equal(fast, simulate_prefix(tr, cap, merge_unique_tails=False))
+    assert fast.sum() > 0
