@@ -94,6 +94,12 @@ def test_min_detectable_delta_shrinks_with_n_and_is_capped():
     assert stats.min_detectable_delta(0.0, 0) is None
 
 
+def test_bounds_stay_within_the_possible_range():
+    r = stats.paired_delta([0, 0], [1, 1], ["a", "b"])
+    assert r["delta"] == 100.0 and r["ci"][1] == 100.0 and r["upper_bound"] == 100.0
+    assert -100.0 <= r["ci"][0] <= r["lower_bound"] < 100.0
+
+
 def test_single_cluster_gives_no_interval():
     r = stats.paired_delta([1, 1, 0], [0, 1, 0], ["d", "d", "d"])
     assert r["ci"] is None and r["lower_bound"] is None and r["delta"] == pytest.approx(-100 / 3)

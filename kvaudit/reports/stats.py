@@ -116,6 +116,11 @@ def min_detectable_delta(se: float, n: int, *, confidence: float = DEFAULT_CONFI
     return min(1.0, float((norm.ppf(confidence) + norm.ppf(power)) * max(se, _se_floor(n))))
 
 
+def _points(x: float) -> float:
+    """A delta on the [0, 1] score scale in points, clipped to the possible [-100, 100]."""
+    return SCALE * min(1.0, max(-1.0, x))
+
+
 def _se_floor(n: int) -> float:
     """SE of a mean of n paired 0/±1 differences if 3 in n differed (rule of three)."""
     return float(np.sqrt(min(1.0, 3.0 / n) / n))
@@ -158,10 +163,10 @@ def paired_delta(ref: Sequence[float], arm: Sequence[float], clusters: Sequence[
         # bound to at least the rule-of-three SE so "nothing changed in 30 cases" is not "safe".
         mean, floor = float(d.mean()), _se_floor(n)
         two, one = norm.ppf(1 - tail) * floor, norm.ppf(confidence) * floor
-        out["ci"] = [SCALE * min(float(np.quantile(boots, tail)), mean - two),
-                     SCALE * max(float(np.quantile(boots, 1 - tail)), mean + two)]
-        out["lower_bound"] = SCALE * min(float(np.quantile(boots, 1 - confidence)), mean - one)
-        out["upper_bound"] = SCALE * max(float(np.quantile(boots, confidence)), mean + one)
+        out["ci"] = [_points(min(float(np.quantile(boots, tail)), mean - two)),
+                     _points(max(float(np.quantile(boots, 1 - tail)), mean + two))]
+        out["lower_bound"] = _points(min(float(np.quantile(boots, 1 - confidence)), mean - one))
+        out["upper_bound"] = _points(max(float(np.quantile(boots, confidence)), mean + one))
         se = float(boots.std(ddof=1))
         out["se"] = SCALE * se
     mdd = min_detectable_delta(se, n, confidence=confidence)
