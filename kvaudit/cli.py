@@ -29,27 +29,30 @@ GENERATORS: dict[str, tuple[str, str]] = {
 }
 
 
-def _add(sub: argparse._SubParsersAction, name: str, module: str, help_: str) -> None:
-    mod = importlib.import_module(module)
-    p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip().splitlines()[0])
-    mod.add_arguments(p)
-    p.set_defaults(_module=mod)
+def _add(sub: argparse._SubParsersAction, name: str, module: str, help_: str, load: bool) -> None:
+    p = sub.add_parser(name, help=help_, description=help_)
+    if load:  # import only the module of the command being run: --help stays fast
+        mod = importlib.import_module(module)
+        p.description = (mod.__doc__ or help_).strip().splitlines()[0]
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
     parser = argparse.ArgumentParser(prog="kvaudit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="write a dataset or workload")
     gsub = gen.add_subparsers(dest="generator", required=True)
     for name, (module, help_) in GENERATORS.items():
-        _add(gsub, name, module, help_)
+        _add(gsub, name, module, help_, words[:2] == ["generate", name])
     for name, (module, help_) in COMMANDS.items():
-        _add(sub, name, module, help_)
+        _add(sub, name, module, help_, words[:1] == [name])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(argv).parse_args(argv)
     try:
         return int(args._module.run(args) or 0)
     except USER_ERRORS as e:

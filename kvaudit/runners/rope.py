@@ -1,0 +1,85 @@
+"""RoPE re-rotation of cached keys, with the frequencies read from the model itself.
+
+Keys sit in the KV cache after RoPE. Moving a key from position p to p + d multiplies it by
+the rotation R(d), because R(p + d) = R(d) R(p) for every frequency-only RoPE variant: the
+default, ``linear``, ``llama3`` and ``yarn`` (yarn's attention factor scales cos and sin at
+compute time and is already inside the cached key, so the pure rotation must leave it out).
+Variants whose frequencies depend on the sequence length (``dynamic``, ``longrope``), partial
+rotary, per-layer RoPE, sliding windows and models without RoPE are refused with a clear message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kvaudit.errors import UnsupportedModelError
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass
+class RopeSpec:
+    inv_freq: torch.Tensor  # float32, [head_dim // 2]
+    rope_type: str
+    head_dim: int
+    sliding_window: int | None = None
+
+    @classmethod
+    def from_model(cls, model: Any) -> RopeSpec:
+        config = model.config
+        name = getattr(config, "name_or_path", "") or config.model_type
+        mtype = getattr(config, "model_type", "?")
+        if mtype not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"{name}: model type {mtype!r} is not supported for segment reuse "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        rp = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        if rp and all(isinstance(v, dict) for v in rp.values()):
+            raise UnsupportedModelError(f"{name}: per-layer RoPE parameters are not supported")
+        if getattr(config, "no_rope_layers", None):
+            raise UnsupportedModelError(f"{name}: layers without RoPE are not supported")
+        rope_type = (rp or {}).get("rope_type", (rp or {}).get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise UnsupportedModelError(
+                f"{name}: RoPE type {rope_type!r} is not supported (its frequencies depend on the "
+                f"sequence length or are unknown); supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        partial = (rp or {}).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+        if rotary is None or not hasattr(rotary, "inv_freq"):
+            raise UnsupportedModelError(f"{name}: no rotary embedding found; models without RoPE are not supported")
+        inv_freq = rotary.inv_freq.detach().float().cpu()
+        if partial not in (None, 1.0) or inv_freq.numel() * 2 != head_dim:
+            raise UnsupportedModelError(f"{name}: partial rotary embeddings are not supported")
+        window = None
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            window = int(config.sliding_window)
+        layer_types = getattr(config, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types) and window is None:
+            raise UnsupportedModelError(f"{name}: mixed attention layer types are not supported")
+        return cls(inv_freq=inv_freq, rope_type=rope_type, head_dim=head_dim, sliding_window=window)
+
+    def cos_sin(self, delta: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # float64 for the angle so large positions lose no precision before the cast.
+        freqs = float(delta) * self.inv_freq.double()
+        emb = torch.cat((freqs, freqs))
+        return emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
+
+    def rotate(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
+        """Rotate post-RoPE ``keys`` [..., head_dim] from position p to p + ``delta``."""
+        if delta == 0:
+            return keys
+        cos, sin = self.cos_sin(delta, keys.device, torch.float32)
+        k = keys.float()
+        return (k * cos + rotate_half(k) * sin).to(keys.dtype)

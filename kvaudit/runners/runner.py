@@ -1,0 +1,264 @@
+"""Paired execution: every case through every arm, appended to ``pairs.jsonl`` as it completes.
+
+A run directory is bound to one dataset, model, dtype, arm set and decoding setting (its
+*identity*, stored in ``manifest.json``). Rerunning the same command resumes: finished cases are
+skipped, a torn last line from a killed run is dropped, and nothing finished is lost. A run
+directory made with a different identity is refused instead of being mixed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvaudit.errors import KvauditError
+from kvaudit.runners.arms import ARMS
+from kvaudit.runners.prompt import assemble
+from kvaudit.runners.transformers_backend import TransformersBackend
+from kvaudit.schema import (
+    MANIFEST_FILE,
+    PAIRS_FILE,
+    Case,
+    Dataset,
+    PairRecord,
+    iter_jsonl,
+    read_manifest,
+    write_atomic,
+    write_json,
+)
+
+CONTROL_ARMS = ("identity", "reuse_norope", "recompute_again", "reuse_first_user")
+CANDIDATE_ARMS = ("recompute", "reuse", "reuse_first_user")
+
+
+@dataclass
+class RunConfig:
+    dataset: Dataset
+    out: Path
+    arms: list[str]
+    model_name: str
+    limit: int | None = None
+    extra_manifest: dict[str, Any] = field(default_factory=dict)
+
+
+def git_revision() -> str | None:
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_identity(cfg: RunConfig, backend: TransformersBackend) -> dict[str, Any]:
+    """What must not change between a run and its resumption."""
+    info = backend.info()
+    return {
+        "dataset_hash": cfg.dataset.card.content_hash,
+        "model_fingerprint": backend.fingerprint,
+        "model": cfg.model_name,
+        "backend": info["backend"],
+        "dtype": info["dtype"],
+        "arms": list(cfg.arms),
+        "decoding": backend.decoding.as_dict(),
+        "warmup_prefix_hash": backend.neutral_hash,
+    }
+
+
+def load_done(out: Path) -> dict[str, dict]:
+    """Finished case records; rewrites the file without a torn last line left by a kill."""
+    path = out / PAIRS_FILE
+    if not path.exists():
+        return {}
+    done = {obj["case_id"]: obj for _, obj in iter_jsonl(path, tolerate_torn_tail=True)}
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        good = raw[: raw.rfind(b"\n") + 1]
+        write_atomic(path, good.decode("utf-8"))
+    return done
+
+
+def check_resumable(out: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+    if not (out / MANIFEST_FILE).exists():
+        if (out / PAIRS_FILE).exists():
+            raise KvauditError(f"{out}: has {PAIRS_FILE} but no {MANIFEST_FILE}; use a new --out directory")
+        return None
+    old = read_manifest(out)
+    prev = old.get("identity", {})
+    diffs = [k for k in identity if prev.get(k) != identity[k]]
+    if diffs:
+        k = diffs[0]
+        raise KvauditError(
+            f"{out} holds a run with a different {k} ({prev.get(k)!r} vs {identity[k]!r}); "
+            "use a new --out directory instead of mixing runs"
+        )
+    return old
+
+
+class Progress:
+    """Running numbers for the progress bar."""
+
+    def __init__(self) -> None:
+        self.ttft: dict[str, list[float]] = defaultdict(list)
+        self.reused = 0
+        self.prompt_tokens = 0
+        self.flips = 0
+
+    def add(self, rec: PairRecord) -> None:
+        for name, r in rec.arms.items():
+            self.ttft[name].append(r.ttft_s)
+        if "reuse" in rec.arms:
+            self.reused += rec.arms["reuse"].tokens_reused
+            self.prompt_tokens += rec.n_prompt_tokens
+            self.flips += rec.arms["reuse"].answer != rec.arms["recompute"].answer
+
+    def postfix(self) -> dict[str, str]:
+        out = {}
+        if self.prompt_tokens:
+            out["hit"] = f"{self.reused / self.prompt_tokens:.0%}"
+            out["flips"] = str(self.flips)
+        for name in ("recompute", "reuse"):
+            if self.ttft.get(name):
+                out[f"ttft_{name}"] = f"{statistics.median(self.ttft[name]):.2f}s"
+        return out
+
+
+def run_case(backend: TransformersBackend, case: Case, cfg: RunConfig, timing: dict[str, float]) -> PairRecord:
+    segments = cfg.dataset.segments
+    prompt = assemble(case, segments, backend.tok, backend.max_prompt_tokens)
+    capture = None
+    candidates = None
+    if case.canary:
+        capture = assemble(case, segments, backend.tok, backend.max_prompt_tokens,
+                           prefix=case.canary.get("capture_prefix", ""))
+        candidates = [case.canary["value"], *case.canary.get("decoys", [])]
+    arms: dict[str, Any] = {}
+    ref_logits = None
+    order = []
+    for name in cfg.arms:
+        spec = ARMS[name]
+        if spec.leak_only and not case.canary:
+            continue
+        t0 = time.perf_counter()
+        out = backend.run_arm(prompt, spec, capture_prompt=capture,
+                              candidates=candidates if name in CANDIDATE_ARMS else None)
+        wall = time.perf_counter() - t0
+        if spec.source == "neutral":
+            timing["caching"] += out.build_s
+            wall -= out.build_s
+        bucket = name if name in ("recompute", "reuse") else "controls"
+        timing[bucket] += wall
+        if name == "recompute":
+            ref_logits = out.first_logits
+        else:
+            out.result.logit_diff_vs_recompute = float((out.first_logits - ref_logits).abs().max())
+        arms[name] = out.result
+        order.append(name)
+    return PairRecord(
+        case_id=case.id,
+        task=case.task,
+        strata=dict(case.strata),
+        n_prompt_tokens=len(prompt.ids),
+        ids_hash=prompt.ids_hash,
+        segment_ids=prompt.segment_ids,
+        segment_hashes=prompt.segment_hashes,
+        segment_spans=[tuple(s) for s in prompt.spans],
+        truncation=prompt.truncation,
+        decoding=backend.decoding.as_dict(),
+        arm_order=order,
+        arms=arms,
+        answers=list(case.answers),
+        metric=case.metric,
+        evidence=list(case.evidence),
+        canary=case.canary,
+    )
+
+
+def execute(cfg: RunConfig, backend: TransformersBackend, *, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) ``cfg`` on ``backend``; returns the final manifest."""
+    import torch
+    from tqdm import tqdm
+
+    out = cfg.out
+    out.mkdir(parents=True, exist_ok=True)
+    identity = run_identity(cfg, backend)
+    old = check_resumable(out, identity)
+    done = load_done(out)
+    cases = cfg.dataset.cases[: cfg.limit] if cfg.limit else cfg.dataset.cases
+    todo = [c for c in cases if c.id not in done]
+    info = backend.info()
+    manifest: dict[str, Any] = {
+        "kvaudit_version": __import__("kvaudit").__version__,
+        "identity": identity,
+        "backend": info,
+        "model": {"name": cfg.model_name, "fingerprint": backend.fingerprint, "dtype": info["dtype"]},
+        "threads": torch.get_num_threads(),
+        "decoding": backend.decoding.as_dict(),
+        "arms": list(cfg.arms),
+        "arm_reasons": {a: ARMS[a].why for a in cfg.arms},
+        "dataset": {
+            "path": str(cfg.dataset.path),
+            "hash": cfg.dataset.card.content_hash,
+            "generator": cfg.dataset.card.generator,
+            "n_cases": len(cases),
+            "coverage": cfg.dataset.card.coverage,
+        },
+        "warmup_prefix": {"system": "neutral", "ids_hash": backend.neutral_hash},
+        "cache_budget_bytes": backend.cache.capacity_bytes,
+        "git_revision": git_revision(),
+        "sessions": (old or {}).get("sessions", []),
+        **cfg.extra_manifest,
+    }
+    session: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cases_before": len(done)}
+    manifest["sessions"].append(session)
+    manifest["status"] = "running"
+    write_json(out / MANIFEST_FILE, manifest)
+
+    timing: dict[str, float] = defaultdict(float)
+    prog = Progress()
+    t_start = time.perf_counter()
+    bar = tqdm(total=len(cases), initial=len(cases) - len(todo), unit="case", disable=not progress,
+               dynamic_ncols=True)
+    with open(out / PAIRS_FILE, "a", encoding="utf-8") as f:
+        for case in todo:
+            rec = run_case(backend, case, cfg, timing)
+            f.write(json.dumps(asdict(rec), sort_keys=True, ensure_ascii=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            prog.add(rec)
+            bar.update(1)
+            bar.set_postfix(prog.postfix(), refresh=False)
+    bar.close()
+    stats = backend.cache.stats
+    session.update({
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "cases_run": len(todo),
+        "wall_s": time.perf_counter() - t_start,
+        "timing_s": {k: round(v, 4) for k, v in sorted(timing.items())},
+        "segment_cache": asdict(stats),
+        "unique_segments_seen": len({sid for c in todo for sid in c.segment_ids}),
+    })
+    manifest["timing_s"] = _sum_timings(manifest["sessions"])
+    manifest["status"] = "complete" if len(load_done(out)) >= len(cases) else "partial"
+    write_json(out / MANIFEST_FILE, manifest)
+    return manifest
+
+
+def _sum_timings(sessions: list[dict]) -> dict[str, float]:
+    total: dict[str, float] = defaultdict(float)
+    for s in sessions:
+        for k, v in s.get("timing_s", {}).items():
+            total[k] += v
+        total["wall"] += s.get("wall_s", 0.0)
+    return {k: round(v, 4) for k, v in sorted(total.items())}

@@ -1,0 +1,252 @@
+"""The transformers backend: every arm of one prompt on a Hugging Face causal LM.
+
+All arms start from the same :class:`~kvaudit.runners.prompt.Prompt`. Recompute arms prefill
+every id. Reuse arms prefill the head fresh, take each segment's KV from a store (re-rotated to
+its new position when the arm says so), and prefill the tail on top; no fresh tokens sit between
+segments. Time to first token covers everything from cache lookup to the first token's argmax;
+building segment KV (the one-time warm-up) is timed on its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from kvaudit.errors import KvauditError
+from kvaudit.runners.arms import ArmSpec
+from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
+from kvaudit.runners.rope import RopeSpec
+from kvaudit.runners.segment_cache import SegmentCache, SegmentKey, SegmentKV
+from kvaudit.schema import ArmResult, ids_hash
+
+
+@dataclass(frozen=True)
+class Decoding:
+    max_new_tokens: int = 24
+    strategy: str = "greedy"
+    top_k_logits: int = 5
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ArmOutput:
+    result: ArmResult
+    first_logits: torch.Tensor
+    build_s: float  # segment KV built for this arm (one-time caching cost, not in TTFT)
+
+
+class TransformersBackend:
+    name = "transformers"
+
+    def __init__(self, model: Any, tokenizer: Any, fingerprint: str, *, decoding: Decoding | None = None,
+                 cache_bytes: int = 2 << 30, device: str | None = None):
+        self.model = model
+        self.tok = Tokenizer(tokenizer)
+        self.fingerprint = fingerprint
+        self.decoding = decoding or Decoding()
+        self.rope = RopeSpec.from_model(model)
+        self.device = torch.device(device) if device else next(model.parameters()).device
+        self.cache = SegmentCache(cache_bytes)
+        self.neutral_head = neutral_head_ids(self.tok)
+        self.neutral_hash = ids_hash(self.neutral_head)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        eos = model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos = {int(e) for e in eos if e is not None} | (
+            {int(tokenizer.eos_token_id)} if tokenizer.eos_token_id is not None else set()
+        )
+        max_pos = int(getattr(model.config, "max_position_embeddings", 4096))
+        self.max_prompt_tokens = max_pos - self.decoding.max_new_tokens
+        if self.rope.sliding_window:
+            self.max_prompt_tokens = min(self.max_prompt_tokens, self.rope.sliding_window)
+
+    # ------------------------------------------------------------------ low level
+
+    def info(self) -> dict[str, Any]:
+        import transformers
+
+        cfg = self.model.config
+        return {
+            "backend": self.name,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "threads": torch.get_num_threads(),
+            "device": str(self.device),
+            "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
+            "attn_implementation": getattr(cfg, "_attn_implementation", None),
+            "rope_type": self.rope.rope_type,
+            "model_type": cfg.model_type,
+            "num_layers": cfg.num_hidden_layers,
+            "num_kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+            "head_dim": self.rope.head_dim,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "neutral_head_hash": self.neutral_hash,
+        }
+
+    def new_cache(self, layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:
+        from transformers import DynamicCache
+
+        if layers is None:
+            return DynamicCache()
+        return DynamicCache(ddp_cache_data=layers)
+
+    @torch.inference_mode()
+    def forward(self, ids: list[int], start: int, cache: Any, all_logits: bool = False) -> torch.Tensor:
+        """Run ``ids`` at positions ``start..`` on top of ``cache`` (updated in place)."""
+        x = torch.tensor([ids], device=self.device)
+        pos = torch.arange(start, start + len(ids), device=self.device).unsqueeze(0)
+        out = self.model(input_ids=x, position_ids=pos, use_cache=True,
+                         logits_to_keep=0 if all_logits else 1, **{self._cache_kw: cache})
+        return out.logits[0].float()
+
+    @staticmethod
+    def truncate(cache: Any, length: int) -> None:
+        # A negative crop removes that many tokens in every transformers version we support.
+        extra = cache.get_seq_length() - length
+        if extra > 0:
+            cache.crop(-extra)
+
+    @staticmethod
+    def stacked_kv(cache: Any, start: int = 0, end: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``cache`` tokens [start, end) as [layers, heads, tokens, dim]."""
+        ks = torch.stack([layer.keys[0, :, start:end] for layer in cache.layers])
+        vs = torch.stack([layer.values[0, :, start:end] for layer in cache.layers])
+        return ks, vs
+
+    @torch.inference_mode()
+    def capture(self, ids: list[int], spans: list[tuple[int, int]]) -> list[SegmentKV]:
+        """One forward over ``ids`` from position 0; keep the KV of each span."""
+        t0 = time.perf_counter()
+        cache = self.new_cache()
+        self.forward(ids[: max(e for _, e in spans)], 0, cache)
+        ks, vs = self.stacked_kv(cache)
+        build_s = (time.perf_counter() - t0) / len(spans)
+        out = []
+        for s, e in spans:
+            entry = SegmentKV(ks[:, :, s:e].clone(), vs[:, :, s:e].clone(), start=s, build_s=build_s)
+            entry.compute_fingerprint()
+            out.append(entry)
+        return out
+
+    # ------------------------------------------------------------------ segment stores
+
+    def neutral_entry(self, unit_ids: list[int]) -> tuple[SegmentKV, float]:
+        """The neutral warm-up KV of one segment unit, built once and then served from the cache."""
+        key = SegmentKey(self.fingerprint, ids_hash(unit_ids), self.neutral_hash, "neutral")
+        entry = self.cache.get(key)
+        if entry is not None:
+            return entry, 0.0
+        h = len(self.neutral_head)
+        (entry,) = self.capture(self.neutral_head + list(unit_ids), [(h, h + len(unit_ids))])
+        self.cache.put(key, entry)
+        return entry, entry.build_s
+
+    def segment_entries(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None) -> tuple[list[SegmentKV], float]:
+        if spec.source == "neutral":
+            built = [self.neutral_entry(prompt.unit_ids(i)) for i in range(len(prompt.spans))]
+            return [e for e, _ in built], sum(b for _, b in built)
+        if spec.source == "in_context":
+            src = prompt
+        elif spec.source == "first_user":
+            if capture_prompt is None:
+                raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
+            src = capture_prompt
+        else:
+            raise KvauditError(f"unknown segment source {spec.source!r}")
+        entries = self.capture(src.ids, src.spans)
+        return entries, sum(e.build_s for e in entries)
+
+    # ------------------------------------------------------------------ arms
+
+    @torch.inference_mode()
+    def prefill(self, prompt: Prompt, spec: ArmSpec, entries: list[SegmentKV]) -> tuple[Any, torch.Tensor, int]:
+        """Prefill ``prompt`` under ``spec``; returns (cache, first-token logits, tokens reused)."""
+        cache = self.new_cache()
+        if spec.source is None:
+            logits = self.forward(prompt.ids, 0, cache)
+            return cache, logits[-1], 0
+        self.forward(prompt.ids[: prompt.head_len], 0, cache)
+        head_k, head_v = self.stacked_kv(cache)
+        ks, vs = [head_k], [head_v]
+        for (s, _), entry in zip(prompt.spans, entries):
+            delta = s - entry.start if spec.rerotate else 0
+            ks.append(self.rope.rotate(entry.keys, delta))
+            vs.append(entry.values)
+        k_all = torch.cat(ks, dim=2).unsqueeze(1)
+        v_all = torch.cat(vs, dim=2).unsqueeze(1)
+        cache = self.new_cache([(k_all[i], v_all[i]) for i in range(k_all.shape[0])])
+        tail = prompt.ids[prompt.tail_start:]
+        logits = self.forward(tail, prompt.tail_start, cache)
+        return cache, logits[-1], sum(e.n_tokens for e in entries)
+
+    @torch.inference_mode()
+    def decode(self, cache: Any, first_logits: torch.Tensor, start: int) -> list[int]:
+        out: list[int] = []
+        nxt = int(torch.argmax(first_logits))
+        pos = start
+        for _ in range(self.decoding.max_new_tokens):
+            if nxt in self.eos:
+                break
+            out.append(nxt)
+            logits = self.forward([nxt], pos, cache)
+            pos += 1
+            nxt = int(torch.argmax(logits[-1]))
+        return out
+
+    @torch.inference_mode()
+    def candidate_logprobs(self, cache: Any, first_logits: torch.Tensor, start: int,
+                           candidates: list[str]) -> dict[str, float]:
+        """Teacher-forced log-probability of each candidate as the whole answer."""
+        self.truncate(cache, start)
+        first_lp = torch.log_softmax(first_logits, -1)
+        out = {}
+        for cand in candidates:
+            ids = self.tok.encode(cand)
+            lp = float(first_lp[ids[0]])
+            if len(ids) > 1:
+                logits = self.forward(ids[:-1], start, cache, all_logits=True)
+                lps = torch.log_softmax(logits, -1)
+                lp += float(sum(lps[i, ids[i + 1]] for i in range(len(ids) - 1)))
+                self.truncate(cache, start)
+            out[cand] = lp
+        return out
+
+    def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
+                candidates: list[str] | None = None) -> ArmOutput:
+        entries, build_s = ([], 0.0) if spec.source is None else self.segment_entries(prompt, spec, capture_prompt)
+        t0 = time.perf_counter()
+        cache, first_logits, reused = self.prefill(prompt, spec, entries)
+        top = torch.topk(first_logits, self.decoding.top_k_logits)
+        ttft = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        answer_ids = self.decode(cache, first_logits, len(prompt.ids))
+        decode_s = time.perf_counter() - t1
+        canary = None
+        if candidates:
+            canary = self.candidate_logprobs(cache, first_logits, len(prompt.ids), candidates)
+        vals = [float(v) for v in top.values]
+        result = ArmResult(
+            arm=spec.name,
+            answer=self.tok.tok.decode(answer_ids, skip_special_tokens=True).strip(),
+            answer_ids=answer_ids,
+            top_k=[(int(i), round(v, 5)) for i, v in zip(top.indices.tolist(), vals)],
+            margin=vals[0] - vals[1],
+            ttft_s=ttft,
+            decode_s=decode_s,
+            tokens_reused=reused,
+            tokens_computed=len(prompt.ids) - reused,
+            ids_hash=ids_hash(prompt.ids),
+            segment_hashes=[ids_hash(prompt.unit_ids(i)) for i in range(len(prompt.spans))],
+            truncation=dict(prompt.truncation),
+            decoding=self.decoding.as_dict(),
+            segment_kv_fingerprints={sid: e.fingerprint for sid, e in zip(prompt.segment_ids, entries)},
+            canary_logprobs=canary,
+        )
+        return ArmOutput(result=result, first_logits=first_logits, build_s=build_s)

@@ -1,0 +1,47 @@
+"""Shared fixtures: a tiny random Llama (fast engine tests) and one real SmolLM2 run per session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "kvaudit" / "data" / "example"
+ALL_ARMS = "recompute,reuse,identity,reuse_norope,recompute_again,reuse_first_user"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm2_backend():
+    """The real default model (converted once into $KVAUDIT_CACHE), fp32 on CPU."""
+    from kvaudit.runners.session import open_backend
+
+    return open_backend("smollm2", max_new_tokens=16)
+
+
+@pytest.fixture(scope="session")
+def smollm2_run(smollm2_backend, tmp_path_factory) -> Path:
+    """A real run of the example dataset under every arm; copy it before tampering."""
+    from kvaudit.runners.arms import parse_arms
+    from kvaudit.runners.runner import RunConfig, execute
+    from kvaudit.schema import read_dataset
+
+    out = tmp_path_factory.mktemp("smollm2_run") / "run"
+    cfg = RunConfig(dataset=read_dataset(EXAMPLE), out=out, arms=parse_arms(ALL_ARMS), model_name="smollm2")
+    execute(cfg, smollm2_backend, progress=False)
+    return out
+
+
+@pytest.fixture
+def run_copy(smollm2_run, tmp_path) -> Path:
+    """A private copy of the real run that a test may tamper with."""
+    dst = tmp_path / "run"
+    shutil.copytree(smollm2_run, dst)
+    return dst
