@@ -376,8 +376,8 @@ def read_pairs(run_dir: str | os.PathLike) -> list[PairRecord]:
     for n, obj in iter_jsonl(path, tolerate_torn_tail=True):
         try:
             out.append(pair_from_dict(obj))
-        except TypeError as e:
-            raise DatasetError(f"{path}, line {n}: malformed pair record ({e})") from None
+        except (TypeError, KeyError, AttributeError) as e:
+            raise DatasetError(f"{path}, line {n}: malformed pair record (field {e})") from None
     return out
 
 

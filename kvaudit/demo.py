@@ -1,0 +1,63 @@
+"""`kvaudit demo`: a full audit of the default model on the built-in Boxoffice dataset.
+
+generate -> run (all arms) -> audit -> report -> gate, ending with the path of the HTML report.
+Rerunning resumes the run where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DEMO_ARMS = "recompute,reuse,identity,reuse_norope,recompute_again,reuse_first_user"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, default=Path("runs/demo"), help="demo directory (default runs/demo)")
+    p.add_argument("--cases", type=int, default=40, help="Boxoffice cases to generate and run (default 40)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dataset", type=Path, default=None,
+                   help="run this dataset instead of generating Boxoffice cases")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _step(title: str) -> None:
+    print(f"\n=== {title} ===", flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvaudit.cli import main
+
+    out: Path = args.out
+    dataset = args.dataset
+    if dataset is None:
+        dataset = out / "dataset"
+        _step(f"generate {args.cases} Boxoffice cases -> {dataset}")
+        code = main(["generate", "boxoffice", "--out", str(dataset), "--cases", str(args.cases),
+                     "--seed", str(args.seed)])
+        if code:
+            return code
+    run_dir = out / "run"
+    _step(f"run {DEMO_ARMS} -> {run_dir}")
+    run_args = ["run", "--dataset", str(dataset), "--out", str(run_dir), "--arms", DEMO_ARMS,
+                "--model", args.model]
+    if args.no_progress:
+        run_args.append("--no-progress")
+    code = main(run_args)
+    if code:
+        return code
+    _step("audit")
+    audit_code = main(["audit", str(run_dir)])
+    _step("report")
+    code = main(["report", str(run_dir)])
+    if code:
+        return code
+    _step("gate")
+    gate_code = main(["gate", str(run_dir)])
+    report = (run_dir / "report.html").resolve()
+    print(f"\nHTML report: {report}")
+    print(f"audit {'passed' if audit_code == 0 else 'FAILED'}; gate "
+          f"{'passed' if gate_code == 0 else 'failed' if gate_code == 1 else 'could not judge'}")
+    # The demo succeeded if it produced a report; the verdicts are its findings, not errors.
+    return 0 if audit_code in (0, 1) and gate_code in (0, 1) else 2
