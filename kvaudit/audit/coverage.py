@@ -75,14 +75,7 @@ def compute_coverage(segments: dict[str, Segment], cases: list[Case],
     per-segment figures. The result is JSON-ready and deterministic.
     """
     count = count_tokens or (lambda t: len(t.split()))
-    seg_tokens: dict[str, int] = {}
     str_tokens: dict[str, int] = {}
-
-    def ntok_seg(sid: str) -> int:
-        n = seg_tokens.get(sid)
-        if n is None:
-            n = seg_tokens[sid] = count(segments[sid].text)
-        return n
 
     def ntok_str(s: str) -> int:
         n = str_tokens.get(s)
@@ -92,15 +85,12 @@ def compute_coverage(segments: dict[str, Segment], cases: list[Case],
                 str_tokens.clear()
         return n
 
-    refs: Counter[str] = Counter()
-    slots: dict[str, set[int]] = defaultdict(set)
-    offsets: dict[str, set[int]] = defaultdict(set)
-    orders: dict[str, set[tuple[str, ...]]] = defaultdict(set)
-    contexts: dict[str, set[tuple]] = defaultdict(set)
+    # per segment: [references, slots, offsets, orders, contexts, token count]
+    per_seg: dict[str, list] = {}
+    heads: dict[tuple[str, str], int] = {}
     doc_sets: dict[frozenset, set[tuple[str, ...]]] = defaultdict(set)
     tasks: Counter[str] = Counter()
     strata: dict[str, Counter[str]] = defaultdict(Counter)
-    systems: set[str] = set()
     region_tokens: list[int] = []
     prompt_tokens: list[int] = []
     n_occ = never_cached = foreign = 0
@@ -110,25 +100,30 @@ def compute_coverage(segments: dict[str, Segment], cases: list[Case],
         tasks[case.task] += 1
         for k, v in case.strata.items():
             strata[k][str(v)] += 1
-        systems.add(case.system)
+        head = heads.setdefault((case.system, case.prefix), len(heads))
         doc_sets[frozenset(order)].add(order)
         off = 0
         for k, sid in enumerate(order):
-            n_occ += 1
-            refs[sid] += 1
-            slots[sid].add(k)
-            offsets[sid].add(off)
-            orders[sid].add(order)
-            contexts[sid].add((case.system, case.prefix, order[:k]))
-            if off != 0:
+            rec = per_seg.get(sid)
+            if rec is None:
+                rec = per_seg[sid] = [0, set(), set(), set(), set(), count(segments[sid].text)]
+            rec[0] += 1
+            rec[1].add(k)
+            rec[2].add(off)
+            rec[3].add(order)
+            rec[4].add((head, order[:k]))
+            if off:
                 never_cached += 1
-            if k > 0 or case.prefix:
+            if k or case.prefix:
                 foreign += 1
-            off += ntok_seg(sid)
+            off += rec[5]
+        n_occ += len(order)
         region_tokens.append(off)
         prompt_tokens.append(off + ntok_str(case.system) + ntok_str(case.prefix)
                              + ntok_str(case.question))
 
+    refs = {s: r[0] for s, r in per_seg.items()}
+    systems = {sys_ for sys_, _ in heads}
     used = sorted(refs)
     hist = Counter(refs_bucket(refs[s]) for s in used)
     warnings = []
@@ -144,17 +139,17 @@ def compute_coverage(segments: dict[str, Segment], cases: list[Case],
         "token_unit": "whitespace words" if count_tokens is None else "tokenizer tokens",
         "refs_per_segment": _summary(refs[s] for s in used),
         "refs_histogram": [{"refs": b, "segments": hist[b]} for b in sorted(hist, key=_bucket_lo)],
-        "distinct_slots_per_segment": _summary(len(slots[s]) for s in used),
-        "distinct_offsets_per_segment": _summary(len(offsets[s]) for s in used),
-        "distinct_orders_per_segment": _summary(len(orders[s]) for s in used),
-        "distinct_contexts_per_segment": _summary(len(contexts[s]) for s in used),
+        "distinct_slots_per_segment": _summary(len(per_seg[s][1]) for s in used),
+        "distinct_offsets_per_segment": _summary(len(per_seg[s][2]) for s in used),
+        "distinct_orders_per_segment": _summary(len(per_seg[s][3]) for s in used),
+        "distinct_contexts_per_segment": _summary(len(per_seg[s][4]) for s in used),
         "never_cached_position_share": round(never_cached / n_occ, 4) if n_occ else 0.0,
         "foreign_context_share": round(foreign / n_occ, 4) if n_occ else 0.0,
         "distinct_orders": sum(len(v) for v in doc_sets.values()),
         "distinct_doc_sets": len(doc_sets),
         "doc_sets_with_several_orders": sum(1 for v in doc_sets.values() if len(v) > 1),
         "distinct_system_prompts": len(systems),
-        "distinct_prefixes": len({c.prefix for c in cases}),
+        "distinct_prefixes": len({p for _, p in heads}),
         "leak_probes": sum(1 for c in cases if c.canary),
         "doc_region_tokens": _range(region_tokens),
         "prompt_tokens_estimate": _range(prompt_tokens),

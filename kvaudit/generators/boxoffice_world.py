@@ -14,13 +14,16 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvaudit.generators._common import NameGen
+from kvaudit.generators._common import NameGen, pick
 
 GENRES = {  # genre -> plural used in questions
     "comedy": "comedies", "drama": "dramas", "thriller": "thrillers", "western": "westerns",
     "musical": "musicals", "horror": "horror films", "romance": "romances",
     "mystery": "mysteries",
 }
+NAME_FACTS = ("title", "director", "lead", "studio", "name", "birthplace", "city", "sequel_of")
+STATED_FACTS = ("title", "name", "director", "lead", "studio", "year", "gross_musd", "runtime_min",
+                "born", "birthplace", "founded", "city", "genre", "sequel_of")
 _ADJ = ("Glass", "Silent", "Crimson", "Hollow", "Last", "Paper", "Northern", "Quiet", "Iron",
         "Velvet", "Burning", "Distant", "Amber", "Broken", "Golden", "Pale", "Restless", "Salt",
         "Winter", "Copper", "Hidden", "Wandering", "Bitter", "Lantern", "Second", "Marble",
@@ -101,6 +104,7 @@ class Doc:
     words: int
     len_class: str
     facts: dict[str, Any] = field(default_factory=dict)
+    names: tuple[str, ...] = ()  # lower-cased name-like facts, for ambiguity checks
 
 
 @dataclass
@@ -262,26 +266,31 @@ class World:
             if s in used:
                 continue
             used.add(s)
-            body.insert(rng.randint(0, len(body)), s)
-            words += len(s.split())
+            body.insert(int(rng.random() * (len(body) + 1)), s)
+            words += s.count(" ") + 1
         text = " ".join([head, *body])
-        return Doc(text, len(text.split()), ("short", "medium", "long")[cls], facts)
+        for k in STATED_FACTS:  # every structured fact must be checkable in the text
+            v = facts.get(k)
+            if v is not None and str(v) not in text:
+                raise RuntimeError(f"document of {eid} does not state its {k} {v!r}")
+        names = tuple(str(facts[k]).lower() for k in NAME_FACTS if facts.get(k))
+        return Doc(text, len(text.split()), ("short", "medium", "long")[cls], facts, names)
 
     @staticmethod
     def _film_filler(rng: random.Random) -> str:
         if rng.random() < 0.5:
-            return rng.choice(_FILM_FILLER_FREE)
-        return (f"{rng.choice(_FILM_FILLER_SUBJ)} {rng.choice(_FILM_FILLER_VERB)} "
-                f"{rng.choice(_FILM_FILLER_OBJ)}.")
+            return pick(rng, _FILM_FILLER_FREE)
+        return (f"{pick(rng, _FILM_FILLER_SUBJ)} {pick(rng, _FILM_FILLER_VERB)} "
+                f"{pick(rng, _FILM_FILLER_OBJ)}.")
 
     @staticmethod
     def _person_filler(rng: random.Random) -> str:
         if rng.random() < 0.5:
-            return rng.choice(_PERSON_FILLER)
-        return f"{rng.choice(_PERSON_SUBJ)} {rng.choice(_PERSON_VERB)} {rng.choice(_PERSON_OBJ)}."
+            return pick(rng, _PERSON_FILLER)
+        return f"{pick(rng, _PERSON_SUBJ)} {pick(rng, _PERSON_VERB)} {pick(rng, _PERSON_OBJ)}."
 
     @staticmethod
     def _studio_filler(rng: random.Random) -> str:
         if rng.random() < 0.5:
-            return rng.choice(_STUDIO_FILLER)
-        return f"{rng.choice(_STUDIO_SUBJ)} {rng.choice(_STUDIO_VERB)} {rng.choice(_STUDIO_OBJ)}."
+            return pick(rng, _STUDIO_FILLER)
+        return f"{pick(rng, _STUDIO_SUBJ)} {pick(rng, _STUDIO_VERB)} {pick(rng, _STUDIO_OBJ)}."

@@ -42,6 +42,7 @@ from kvaudit.generators._common import (
     make_token_counter,
     new_order,
     parse_weights,
+    paused_gc,
     position_label,
     target_slot,
 )
@@ -572,5 +573,7 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    build(args, make_token_counter(args.tokenizer))
+    count_tokens = make_token_counter(args.tokenizer)
+    with paused_gc():
+        build(args, count_tokens)
     return 0

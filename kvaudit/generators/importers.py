@@ -35,6 +35,7 @@ from kvaudit.generators._common import (
     len_bucket,
     make_prefix,
     make_token_counter,
+    paused_gc,
     position_label,
 )
 from kvaudit.generators.corpus import chunk_text
@@ -249,5 +250,7 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    build(args, make_token_counter(args.tokenizer))
+    count_tokens = make_token_counter(args.tokenizer)
+    with paused_gc():
+        build(args, count_tokens)
     return 0
