@@ -4,15 +4,18 @@ Definition::
 
     token hit rate = (sum over requests of hit tokens) / (sum over requests of prompt tokens)
 
-A request's *hit tokens* are the prompt tokens whose KV the request loaded from a cache that
-already held it when the request arrived, instead of prefilling them itself. Tokens that a
-warm-up forward computed *because* this request missed are misses (the simulator counts them as
-``warmup_tokens``). The rate is token-weighted over the whole set of requests: it is not a mean of
-per-request ratios, so long prompts weigh more, exactly as they do in prefill time.
+A request's *hit tokens* are the prompt tokens whose KV the request loaded from a cache instead
+of prefilling them in its own forward. The simulator counts a hit only when the cache held the
+KV when the request arrived: tokens that a warm-up forward computed *because* this request missed
+are misses (counted as ``warmup_tokens``). The rate is token-weighted over the whole set of
+requests: it is not a mean of per-request ratios, so long prompts weigh more, exactly as they do
+in prefill time.
 
 A run directory records the same quantities per case: ``ArmResult.tokens_reused`` (hit tokens)
 and ``PairRecord.n_prompt_tokens``; :func:`run_hit_rate` turns them into this rate so simulated
-and measured rates can sit side by side in one report.
+and measured rates can sit side by side in one report. A runner that warms each segment before
+the case, outside the timed prefill, counts those tokens as reused: its rate is then the
+simulator's rate for a cache warmed ahead of time (no cold misses), an upper bound.
 """
 
 from __future__ import annotations
