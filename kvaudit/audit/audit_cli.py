@@ -1,0 +1,77 @@
+"""`kvaudit audit RUN`: prove that only the reuse differs between the arms of a run.
+
+Runs every check of :mod:`kvaudit.audit.checks` on a run directory, writes ``RUN/audit.json``
+(``{"passed": bool, "checks": [{"name", "passed", "required", "detail", "failing_cases",
+"warning"}]}``), prints a table, and returns 0 when every required check passes, 1 otherwise.
+Missing or corrupt run files raise a user error (exit 2 through the dispatcher).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+from kvaudit.audit.checks import CheckResult, load_run, run_checks
+from kvaudit.errors import KvauditError
+from kvaudit.schema import AUDIT_FILE, write_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN", help="run directory written by `kvaudit run`")
+    parser.add_argument("--identity-tol", type=float, default=None, metavar="LOGITS",
+                        help="max first-token logit difference of the identity arm vs recompute "
+                             "(default: 1e-4 for float32, 1.0 for bfloat16, 0.25 for float16)")
+    parser.add_argument("--dataset", metavar="DIR", default=None,
+                        help="the run's dataset, for reuse-dynamics coverage (default: the path in "
+                             "the manifest, when it is still there and unchanged)")
+
+
+def audit(run_dir: str | Path, *, identity_tol: float | None = None,
+          dataset_dir: str | Path | None = None) -> dict[str, Any]:
+    """Audit ``run_dir``, write ``audit.json`` there and return its content."""
+    if identity_tol is not None and not (math.isfinite(identity_tol) and identity_tol >= 0):
+        raise KvauditError(f"--identity-tol must be a non-negative number, got {identity_tol}")
+    run = load_run(run_dir, dataset_dir)
+    checks = run_checks(run, identity_tol)
+    result = {"passed": all(c.passed for c in checks if c.required),
+              "checks": [asdict(c) for c in checks]}
+    write_json(run.path / AUDIT_FILE, result)
+    return result
+
+
+def _status(c: CheckResult | dict) -> str:
+    d = c if isinstance(c, dict) else asdict(c)
+    if not d["passed"]:
+        return "FAIL" if d["required"] else "fail"
+    return "WARN" if d["warning"] else "PASS"
+
+
+def print_table(result: dict[str, Any], path: Path, out: TextIO | None = None) -> None:
+    """One line per check (status, required, detail), then its warning and failing cases."""
+    out = out or sys.stdout
+    width = max(len(c["name"]) for c in result["checks"])
+    print(f"{'check':<{width}}  result  required  detail", file=out)
+    for c in result["checks"]:
+        req = "yes" if c["required"] else "no"
+        print(f"{c['name']:<{width}}  {_status(c):<6}  {req:<8}  {c['detail']}", file=out)
+        pad = " " * (width + 2)
+        if c["warning"]:
+            print(f"{pad}warning: {c['warning']}", file=out)
+        if c["failing_cases"]:
+            shown = ", ".join(c["failing_cases"][:10])
+            more = f" (+{len(c['failing_cases']) - 10} more)" if len(c["failing_cases"]) > 10 else ""
+            print(f"{pad}failing cases: {shown}{more}", file=out)
+    failed = [c["name"] for c in result["checks"] if c["required"] and not c["passed"]]
+    n_warn = sum(1 for c in result["checks"] if c["warning"])
+    verdict = "PASSED" if result["passed"] else f"FAILED ({', '.join(failed)})"
+    print(f"\naudit {verdict}; {n_warn} warning(s); written to {path / AUDIT_FILE}", file=out)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = audit(args.run_dir, identity_tol=args.identity_tol, dataset_dir=args.dataset)
+    print_table(result, Path(args.run_dir))
+    return 0 if result["passed"] else 1

@@ -1,0 +1,314 @@
+"""`kvaudit audit RUN` on a real SmolLM2 run: passes untouched, fails naming check and case when tampered."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import kvaudit
+from kvaudit.audit import checks
+from kvaudit.cli import main
+from kvaudit.schema import read_pairs, write_json, write_jsonl
+
+pytestmark = pytest.mark.slow  # the session fixture runs the real model once
+
+EXAMPLE = Path(kvaudit.__file__).parent / "data" / "example"
+REQUIRED = {"records", "same_inputs", "one_configuration", "identity_control", "reuse_happened",
+            "history_independence", "leak_probes"}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def load_rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "pairs.jsonl").read_text().splitlines() if line.strip()]
+
+
+def save_rows(run: Path, rows: list[dict]) -> None:
+    write_jsonl(run / "pairs.jsonl", rows)
+
+
+def edit_manifest(run: Path, fn: Callable[[dict], None]) -> None:
+    m = json.loads((run / "manifest.json").read_text())
+    fn(m)
+    write_json(run / "manifest.json", m)
+
+
+def audit(run: Path, *extra: str) -> tuple[int, dict | None]:
+    rc = main(["audit", str(run), *extra])
+    path = run / "audit.json"
+    return rc, json.loads(path.read_text()) if path.exists() else None
+
+
+def by_name(result: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in result["checks"]}
+
+
+def row(rows: list[dict], case_id: str) -> dict:
+    return next(r for r in rows if r["case_id"] == case_id)
+
+
+def assert_fails(run: Path, check: str, case: str | None) -> dict:
+    rc, result = audit(run)
+    assert rc == 1
+    assert result is not None and result["passed"] is False
+    c = by_name(result)[check]
+    assert c["passed"] is False and c["required"] is True
+    if case is not None:
+        assert case in c["failing_cases"]
+        assert case in c["detail"]
+    return result
+
+
+# --------------------------------------------------------------------------- the real run
+
+
+def test_untampered_run_passes(run_copy, capsys):
+    rc, result = audit(run_copy)
+    assert rc == 0
+    assert result["passed"] is True
+    checks_ = by_name(result)
+    assert REQUIRED | {"noise_floor", "coverage"} == set(checks_)
+    for name in REQUIRED:
+        assert checks_[name]["required"] and checks_[name]["passed"], checks_[name]
+        assert checks_[name]["failing_cases"] == []
+    for c in result["checks"]:
+        assert set(c) == {"name", "passed", "required", "detail", "failing_cases", "warning"}
+    # the noise floor and the leak probes report numbers, not just a verdict
+    assert "recompute_again flips 0 of 8" in checks_["noise_floor"]["detail"]
+    assert "tolerance 0.0001 for float32" in checks_["identity_control"]["detail"]
+    assert "1 probes" in checks_["leak_probes"]["detail"]
+    out = capsys.readouterr().out
+    assert "audit PASSED" in out and "identity_control" in out
+
+
+def test_real_run_has_what_the_checks_rely_on(smollm2_run):
+    """Guards against a vacuous pass: the run really holds the arms and numbers checked."""
+    pairs = read_pairs(smollm2_run)
+    assert len(pairs) == 8
+    for p in pairs:
+        assert {"recompute", "reuse", "identity", "reuse_norope", "recompute_again"} <= set(p.arms)
+        assert p.arms["reuse"].tokens_reused > 0
+        assert set(p.arms["reuse"].segment_kv_fingerprints) == set(p.segment_ids)
+        assert p.arms["identity"].logit_diff_vs_recompute < checks.DEFAULT_TOL
+    assert sum(1 for p in pairs if p.canary) == 1
+
+
+# --------------------------------------------------------------------------- tampering
+
+
+def tamper_ids_hash(rows):
+    row(rows, "ex-03")["arms"]["reuse"]["ids_hash"] = "0" * 32
+
+
+def tamper_segment_hash(rows):
+    row(rows, "ex-02")["arms"]["identity"]["segment_hashes"][1] = "f" * 32
+
+
+def tamper_arm_decoding(rows):
+    row(rows, "ex-04")["arms"]["reuse_norope"]["decoding"]["max_new_tokens"] = 32
+
+
+def tamper_truncation(rows):
+    row(rows, "ex-01")["arms"]["reuse"]["truncation"]["truncated"] = True
+
+
+def tamper_zero_reuse(rows):
+    arm = row(rows, "ex-05")["arms"]["reuse"]
+    arm["tokens_computed"] += arm["tokens_reused"]  # a consistent silent miss, not a bookkeeping slip
+    arm["tokens_reused"] = 0
+
+
+def tamper_identity_logits(rows):
+    row(rows, "ex-06")["arms"]["identity"]["logit_diff_vs_recompute"] = 3e-4
+
+
+def tamper_identity_answer(rows):
+    row(rows, "ex-07")["arms"]["identity"]["answer"] = "Something else entirely."
+
+
+def tamper_kv_fingerprint(rows):
+    fps = row(rows, "ex-02")["arms"]["reuse"]["segment_kv_fingerprints"]
+    fps[next(iter(fps))] = "0123456789abcdef01234567"
+
+
+def tamper_missing_arm(rows):
+    del row(rows, "ex-08")["arms"]["reuse_first_user"]
+    row(rows, "ex-08")["arm_order"].remove("reuse_first_user")
+
+
+def tamper_duplicate(rows):
+    rows.append(dict(row(rows, "ex-01")))
+
+
+@pytest.mark.parametrize("tamper, check, case", [
+    (tamper_ids_hash, "same_inputs", "ex-03"),
+    (tamper_segment_hash, "same_inputs", "ex-02"),
+    (tamper_arm_decoding, "same_inputs", "ex-04"),
+    (tamper_truncation, "same_inputs", "ex-01"),
+    (tamper_zero_reuse, "reuse_happened", "ex-05"),
+    (tamper_identity_logits, "identity_control", "ex-06"),
+    (tamper_identity_answer, "identity_control", "ex-07"),
+    (tamper_kv_fingerprint, "history_independence", "ex-02"),
+    (tamper_missing_arm, "records", "ex-08"),
+    (tamper_duplicate, "records", "ex-01"),
+], ids=lambda x: getattr(x, "__name__", str(x)))
+def test_tampered_run_fails_naming_check_and_case(run_copy, capsys, tamper, check, case):
+    rows = load_rows(run_copy)
+    tamper(rows)
+    save_rows(run_copy, rows)
+    result = assert_fails(run_copy, check, case)
+    # only the tampered case is blamed
+    assert by_name(result)[check]["failing_cases"] == [case]
+    out = capsys.readouterr().out
+    assert "audit FAILED" in out and check in out and case in out
+
+
+def test_silent_zero_hit_run_fails_on_every_case(run_copy):
+    rows = load_rows(run_copy)
+    for r in rows:
+        for name, arm in r["arms"].items():
+            if name != "recompute" and name != "recompute_again":
+                arm["tokens_computed"] += arm["tokens_reused"]
+                arm["tokens_reused"] = 0
+    save_rows(run_copy, rows)
+    result = assert_fails(run_copy, "reuse_happened", None)
+    assert sorted(by_name(result)["reuse_happened"]["failing_cases"]) == sorted(r["case_id"] for r in rows)
+
+
+def test_pair_decoding_differing_from_the_manifest_fails_configuration(run_copy):
+    rows = load_rows(run_copy)
+    r = row(rows, "ex-02")
+    for d in [r["decoding"], *(a["decoding"] for a in r["arms"].values())]:
+        d["strategy"] = "sample"
+    save_rows(run_copy, rows)
+    result = assert_fails(run_copy, "one_configuration", "ex-02")
+    assert by_name(result)["same_inputs"]["passed"]  # consistent within the pair, not with the run
+
+
+def test_two_model_fingerprints_fail_configuration(run_copy):
+    edit_manifest(run_copy, lambda m: m["model"].update(fingerprint="deadbeef"))
+    result = assert_fails(run_copy, "one_configuration", None)
+    assert "model.fingerprint" in by_name(result)["one_configuration"]["detail"]
+
+
+def test_bfloat16_run_uses_the_documented_looser_tolerance(run_copy):
+    rows = load_rows(run_copy)
+    row(rows, "ex-06")["arms"]["identity"]["logit_diff_vs_recompute"] = 0.5
+    save_rows(run_copy, rows)
+    assert_fails(run_copy, "identity_control", "ex-06")  # float32: 0.5 is far beyond 1e-4
+
+    def to_bf16(m):
+        m["identity"]["dtype"] = m["model"]["dtype"] = m["backend"]["dtype"] = "bfloat16"
+
+    edit_manifest(run_copy, to_bf16)
+    rc, result = audit(run_copy)
+    c = by_name(result)["identity_control"]
+    assert rc == 0 and c["passed"]
+    assert "tolerance 1 for bfloat16" in c["detail"] and "low-precision" in c["detail"]
+    rc, result = audit(run_copy, "--identity-tol", "0.1")
+    assert rc == 1 and by_name(result)["identity_control"]["failing_cases"] == ["ex-06"]
+
+
+def test_noise_floor_warns_but_does_not_fail(run_copy):
+    rows = load_rows(run_copy)
+    for r in rows:  # recompute_again flips exactly where reuse flips: reuse is within the noise
+        r["arms"]["recompute_again"]["answer"] = r["arms"]["reuse"]["answer"]
+    save_rows(run_copy, rows)
+    rc, result = audit(run_copy)
+    c = by_name(result)["noise_floor"]
+    assert rc == 0 and result["passed"]
+    assert c["required"] is False and "within the noise floor" in c["warning"]
+    assert "recompute_again flips 8 of 8" in c["detail"]
+
+
+def test_neutral_exposure_beyond_chance_fails_leak_check(run_copy):
+    rows = load_rows(run_copy)
+    probe = row(rows, "ex-08")
+    for i in range(8):  # eight probes where the true name gains 2 nats under neutral reuse
+        new = json.loads(json.dumps(probe))
+        new["case_id"] = f"leak-{i}"
+        new["arms"]["reuse"]["canary_logprobs"][new["canary"]["value"]] += 2.0
+        rows.append(new)
+    save_rows(run_copy, rows)
+    result = assert_fails(run_copy, "leak_probes", "leak-0")
+    c = by_name(result)["leak_probes"]
+    assert "ex-08" not in c["failing_cases"] and len(c["failing_cases"]) == 8
+    assert "sign test" in c["detail"]
+    # the in-module fallback agrees with the report's leak summary on the same pairs
+    from kvaudit.reports.leaks import leak_summary
+
+    pairs = read_pairs(run_copy)
+    ours, theirs = checks.leak_summary_fallback(pairs), leak_summary(pairs)
+    assert ours["neutral_exposure_beyond_chance"] is theirs["neutral_exposure_beyond_chance"] is True
+    assert ours["exposure"]["neutral"]["sign_test_p"] == pytest.approx(theirs["exposure"]["neutral"]["sign_test_p"])
+
+
+def test_coverage_below_minimums_warns(run_copy):
+    def low(m):
+        m["dataset"]["path"] = str(run_copy / "gone")  # so the card's coverage is what is read
+        m["dataset"]["coverage"] = {"refs_per_segment": {"mean": 1.2}, "never_cached_position_share": 0.1}
+
+    edit_manifest(run_copy, low)
+    rc, result = audit(run_copy)
+    c = by_name(result)["coverage"]
+    assert rc == 0 and c["passed"] and not c["required"]
+    assert "references per segment 1.2 < 2" in c["warning"] and "0.1 < 0.5" in c["warning"]
+
+
+def test_coverage_from_dataset_option(run_copy):
+    rc, result = audit(run_copy, "--dataset", str(EXAMPLE))
+    c = by_name(result)["coverage"]
+    assert rc == 0 and c["detail"].startswith(f"computed from {EXAMPLE}") and c["warning"] is None
+
+
+# --------------------------------------------------------------------------- bad input => exit 2
+
+
+def test_corrupt_pairs_is_a_clear_error(run_copy, capsys):
+    lines = (run_copy / "pairs.jsonl").read_text().splitlines(keepends=True)
+    lines[2] = lines[2][: len(lines[2]) // 2] + "\n"
+    (run_copy / "pairs.jsonl").write_text("".join(lines))
+    assert main(["audit", str(run_copy)]) == 2
+    err = capsys.readouterr().err
+    assert "pairs.jsonl, line 3" in err and "Traceback" not in err
+    assert not (run_copy / "audit.json").exists()
+
+
+def test_wrong_field_type_is_a_clear_error(run_copy, capsys):
+    rows = load_rows(run_copy)
+    row(rows, "ex-04")["arms"]["reuse"]["tokens_reused"] = "93"
+    save_rows(run_copy, rows)
+    assert main(["audit", str(run_copy)]) == 2
+    err = capsys.readouterr().err
+    assert "line 4" in err and "arm 'reuse'" in err and "'tokens_reused'" in err
+
+
+def test_missing_manifest_is_a_clear_error(run_copy, capsys):
+    (run_copy / "manifest.json").unlink()
+    assert main(["audit", str(run_copy)]) == 2
+    assert "manifest.json" in capsys.readouterr().err
+
+
+def test_missing_run_dir_and_wrong_dataset_are_clear_errors(run_copy, tmp_path, capsys):
+    assert main(["audit", str(tmp_path / "nowhere")]) == 2
+    assert "run directory not found" in capsys.readouterr().err
+    other = tmp_path / "other"
+    shutil.copytree(EXAMPLE, other)
+    with open(other / "cases.jsonl", "a") as f:
+        f.write("\n")
+    assert main(["audit", str(run_copy), "--dataset", str(other)]) == 2
+    assert "differs from the run's dataset hash" in capsys.readouterr().err
+
+
+def test_torn_last_line_is_ignored_and_reported_as_partial(run_copy):
+    text = (run_copy / "pairs.jsonl").read_text()
+    last = text.rstrip("\n").rsplit("\n", 1)[1]
+    (run_copy / "pairs.jsonl").write_text(text[: len(text) - len(last) - 1] + last[:50])
+    rc, result = audit(run_copy)
+    c = by_name(result)["records"]
+    assert rc == 0 and c["passed"] and "7 of 8 cases" in c["warning"]
