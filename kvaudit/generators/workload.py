@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
-from dataclasses import asdict, dataclass
+import tempfile
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -200,10 +202,11 @@ def workload_lines(trace: Trace, params: WorkloadParams):
 
 
 def write_workload(path: str | Path, trace: Trace, params: WorkloadParams) -> None:
-    """Write the workload JSONL atomically (temp file, then rename)."""
-    import os
-    import tempfile
+    """Write the workload JSONL atomically (temp file, then rename).
 
+    Streams line by line instead of using ``kvaudit.schema.write_atomic``, which takes the whole
+    text: a million requests are 680 MB of JSON.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -242,8 +245,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def params_from_args(args: argparse.Namespace) -> WorkloadParams:
-    names = WorkloadParams.__dataclass_fields__
-    return WorkloadParams(**{k: getattr(args, k) for k in names})
+    return WorkloadParams(**{f.name: getattr(args, f.name) for f in fields(WorkloadParams)})
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kvaudit.simulator.trace import DOCUMENT, KINDS, Trace
+from kvaudit.simulator.trace import KINDS, Trace
 
 CAPTURE_MODES = ("neutral", "first-user")
 
@@ -31,9 +31,7 @@ def simulate_segment(trace: Trace, capacity_tokens: int, capture: str = "neutral
     """Hit tokens and warm-up tokens per request under segment caching."""
     if capture not in CAPTURE_MODES:
         raise ValueError(f"capture must be one of {CAPTURE_MODES}, got {capture!r}")
-    codes = [KINDS.index(k) for k in kinds]
-    cacheable = np.isin(trace.kind, codes) if codes != [DOCUMENT] else trace.kind == DOCUMENT
-    idx = np.flatnonzero(cacheable)
+    idx = np.flatnonzero(np.isin(trace.kind, [KINDS.index(k) for k in kinds]))
     # Per request, the slice of `idx` holding its cacheable pieces.
     bounds = np.searchsorted(idx, trace.offsets).tolist()
     content = trace.content[idx].tolist()
