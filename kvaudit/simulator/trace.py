@@ -13,8 +13,8 @@ count); ``tokens`` is a positive integer. ``timestamp`` (seconds, optional) is i
 requests are simulated in file order. Extra fields are ignored, so a serving log can be used as
 is once it carries these.
 
-A valid file is read with pyarrow (fast); on any problem it is re-read line by line so the error
-names the file, line and field.
+A valid file is read with pyarrow (fast; installed with ``datasets``); on any problem, or without
+pyarrow, it is read line by line, and errors name the file, line and field.
 """
 
 from __future__ import annotations
