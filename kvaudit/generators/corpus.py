@@ -385,13 +385,14 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
         want = {f: max(1, (bases[f] + 1) // 2) for f in kinds}
     free = list(range(len(chunks)))
     random.Random(f"{seed}:needle-chunks").shuffle(free)
-    budget = max(2, len(chunks) // 3)
+    widths = {"needle": 1, "multi_hop_bridge": 2}
+    budget = max(len(chunks) // 3, sum(widths[f] for f in kinds))
     needles: dict[str, list[Needle]] = {f: [] for f in kinds}
     texts = list(chunks)
     i = 0
     while pending := [f for f in kinds if len(needles[f]) < want[f]]:
         family = pending[i % len(pending)]
-        width = 2 if family == "multi_hop_bridge" else 1
+        width = widths[family]
         if len(free) < width or budget < width:
             missing = [f for f in kinds if not needles[f]]
             if missing:

@@ -1,0 +1,171 @@
+"""Corpus generator: loading every input kind, chunking, needles, determinism, clear errors."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from kvaudit import cli
+from kvaudit.errors import KvauditError
+from kvaudit.generators import corpus
+from kvaudit.schema import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
+
+WORDS = ("river stone market harvest council library bridge winter trade road mountain village "
+         "school music water history people city").split()
+
+
+def _prose(seed: int, paragraphs: int = 4) -> str:
+    r = random.Random(seed)
+    paras = []
+    for _ in range(paragraphs):
+        sents = [" ".join(r.choice(WORDS) for _ in range(r.randint(6, 12))).capitalize() + "."
+                 for _ in range(r.randint(2, 4))]
+        paras.append(" ".join(sents))
+    return "\n\n".join(paras)
+
+
+@pytest.fixture
+def folder(tmp_path) -> Path:
+    d = tmp_path / "corpus"
+    (d / "sub").mkdir(parents=True)
+    for i in range(6):
+        (d / f"doc{i}.txt").write_text(_prose(i), encoding="utf-8")
+    (d / "notes.md").write_text("# Notes\n\n" + _prose(10), encoding="utf-8")
+    rows = [{"text": _prose(20 + i), "id": i} for i in range(3)] + [{"text": "   ", "id": 9}]
+    (d / "sub" / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "sub" / "image.png").write_bytes(b"\x89PNG")
+    (d / ".hidden.txt").write_text("secret")
+    return d
+
+
+def _gen(src: Path, out: Path, *extra: str) -> int:
+    return cli.main(["generate", "corpus", str(src), "--out", str(out), *extra])
+
+
+def test_folder_dataset_counts_and_determinism(folder, tmp_path, capsys):
+    assert _gen(folder, tmp_path / "a") == 0
+    assert _gen(folder, tmp_path / "b") == 0
+    for f in (SEGMENTS_FILE, CASES_FILE, CARD_FILE):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes()
+    assert "coverage: 48 cases" in capsys.readouterr().out
+    ds = read_dataset(tmp_path / "a")
+    c = ds.card.counts
+    assert c["documents_read"] == 10  # 6 txt + 1 md + 3 jsonl rows
+    assert c["skipped"] == {"empty_documents": 1, "hidden_files": 1, "unsupported_files": 1}
+    assert ds.card.params["chunking"]["rule"] == "paragraph"
+    assert {x.task for x in ds.cases} == {"needle", "multi_hop_bridge", "agreement"}
+    assert ds.card.coverage["refs_per_segment"]["share_gt1"] > 0.5
+
+
+def test_every_case_is_answerable(folder, tmp_path):
+    assert _gen(folder, tmp_path / "a", "--cases", "120", "--seed", "5") == 0
+    ds = read_dataset(tmp_path / "a")
+    for case in ds.cases:
+        texts = [ds.segments[s].text for s in case.segment_ids]
+        assert set(case.evidence) <= set(case.segment_ids)
+        if case.task == "agreement":
+            assert case.answers == [] and case.metric == "agreement"
+            continue
+        (ans,) = case.answers
+        holder = ds.segments[case.evidence[-1]].text
+        assert ans in holder
+        key = re.search(r"the (\w+) (archive|lighthouse|bridge)", case.question).group(0)
+        # the question's key names exactly one chunk in the prompt: no distractor answers it
+        assert sum(key.lower() in t.lower() for t in texts) == 1
+        assert ds.segments[case.evidence[0]].tags["needle"] == case.task
+        if case.task == "multi_hop_bridge":
+            first, second = (ds.segments[s].text for s in case.evidence)
+            person = re.search(rf"The keeper of {key} is ([A-Z]\w+ [A-Z]\w+)\.", first).group(1)
+            assert f"{person} was born in {ans}." in second
+            assert ans not in first
+        assert case.metric == ("em" if ans.isdigit() else "contains")
+
+
+def test_chunking_rules():
+    text = "One two three.\n\nFour five.\n\n" + " ".join(["w"] * 25)
+    assert corpus.chunk_text(text, "paragraph", 10) == [
+        "One two three.\n\nFour five.", " ".join(["w"] * 10), " ".join(["w"] * 10),
+        " ".join(["w"] * 5)]
+    assert corpus.chunk_text(text, "words", 4)[0] == "One two three. Four"
+    # the same text always gives the same chunks, whatever surrounds the call
+    assert corpus.chunk_text(text, "paragraph", 10) == corpus.chunk_text(text, "paragraph", 10)
+    with pytest.raises(KvauditError):
+        corpus.chunk_text(text, "sentences", 10)
+
+
+def test_word_windows_rule_is_recorded(folder, tmp_path):
+    assert _gen(folder, tmp_path / "w", "--chunk", "words", "--chunk-words", "40") == 0
+    ds = read_dataset(tmp_path / "w")
+    assert ds.card.params["chunking"]["rule"] == "words"
+    assert max(s.tags["words"] for s in ds.segments.values()) <= 40 + 12  # plus a needle
+
+
+def test_parquet_and_saved_dataset(tmp_path):
+    import datasets
+    import pandas as pd
+
+    texts = [_prose(i, 3) for i in range(8)]
+    pq = tmp_path / "p" / "data.parquet"
+    pq.parent.mkdir()
+    pd.DataFrame({"body": texts}).to_parquet(pq)
+    assert _gen(pq.parent, tmp_path / "o1", "--text-field", "body", "--cases", "20") == 0
+    assert read_dataset(tmp_path / "o1").card.counts["documents_read"] == 8
+
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts})}).save_to_disk(saved)
+    assert _gen(saved, tmp_path / "o2", "--cases", "20") == 0
+    a = (tmp_path / "o1" / SEGMENTS_FILE).read_bytes()
+    b = (tmp_path / "o2" / SEGMENTS_FILE).read_bytes()
+    # same texts and seed: same chunk texts (sources differ)
+    assert [json.loads(x)["text"] for x in a.splitlines()] == [json.loads(x)["text"] for x in b.splitlines()]
+
+
+def _err(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_empty_folder(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.csv").write_text("x")
+    assert _gen(tmp_path / "empty", tmp_path / "o") == 2
+    err = _err(capsys)
+    assert str(tmp_path / "empty") in err and "no .txt" in err and "1 other files" in err
+
+
+def test_undecodable_file_is_named(folder, tmp_path, capsys):
+    (folder / "bad.txt").write_bytes(b"caf\xe9 latin-1 text")
+    assert _gen(folder, tmp_path / "o") == 2
+    err = _err(capsys)
+    assert "bad.txt" in err and "not UTF-8" in err
+
+
+def test_too_long_document_is_named_or_counted(folder, tmp_path, capsys):
+    (folder / "long.txt").write_text(" ".join(["word"] * 700) + ".")
+    assert _gen(folder, tmp_path / "o", "--max-doc-tokens", "500") == 2
+    err = _err(capsys)
+    assert "long.txt" in err and "700 words" in err and "--max-doc-tokens 500" in err
+    assert _gen(folder, tmp_path / "o", "--max-doc-tokens", "500", "--on-long", "skip") == 0
+    assert read_dataset(tmp_path / "o").card.counts["skipped"]["too_long_documents"] == 1
+
+
+def test_jsonl_without_the_text_field(tmp_path, capsys):
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "a.jsonl").write_text('{"body": "hello there"}\n')
+    assert _gen(tmp_path / "c", tmp_path / "o") == 2
+    err = _err(capsys)
+    assert "a.jsonl, line 1" in err and "'text'" in err and "body" in err
+
+
+def test_missing_path_and_tiny_corpus(tmp_path, capsys):
+    assert _gen(tmp_path / "nope", tmp_path / "o") == 2
+    assert "no such file or folder" in _err(capsys)
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "a.txt").write_text("Just one short paragraph with a few words in it.")
+    assert _gen(tmp_path / "t", tmp_path / "o") == 2
+    assert "usable chunk" in _err(capsys)
