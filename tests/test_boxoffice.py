@@ -231,3 +231,23 @@ def test_bad_options_are_clear_errors(tmp_path, capsys, args, msg):
 def test_generate_api_raises_kvaudit_error():
     with pytest.raises(KvauditError):
         boxoffice.generate(knobs=ReuseKnobs(cases=0))
+
+
+def test_tokenizer_option_counts_with_the_model_tokenizer(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from kvaudit.runners import models
+
+    calls = []
+
+    def fake_tokenizer(text, add_special_tokens=True):
+        calls.append(add_special_tokens)
+        return SimpleNamespace(input_ids=list(text))  # one "token" per character
+
+    monkeypatch.setattr(models, "load_tokenizer", lambda name: fake_tokenizer)
+    ds = read_dataset(_gen(tmp_path, "t", "--cases", "10", "--tokenizer", "smollm2"))
+    cov = ds.card.coverage
+    assert ds.card.params["tokenizer"] == "smollm2" and cov["token_unit"] == "tokenizer tokens"
+    assert calls and not any(calls)
+    # character counts: the shortest document region is longer than any word count could be
+    assert cov["doc_region_tokens"]["min"] > 2 * 150

@@ -325,12 +325,7 @@ def _word_in(needle: str, hay: str) -> bool:
     return re.search(rf"(?<!\w){re.escape(needle.lower())}(?!\w)", hay.lower()) is not None
 
 
-def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None,
-             opts: CorpusOptions | None = None, count_tokens: TokenCounter | None = None,
-             ) -> tuple[dict[str, Segment], list[Case], dict[str, Any], dict[str, Any]]:
-    """Build a dataset from the corpus at ``path``: ``(segments, cases, params, counts)``."""
-    knobs, opts = knobs or ReuseKnobs(), opts or CorpusOptions()
-    knobs.validate()
+def _validate(opts: CorpusOptions) -> None:
     if opts.chunk not in CHUNK_RULES:
         raise KvauditError(f"--chunk must be one of {', '.join(CHUNK_RULES)}")
     if not 1 <= opts.min_chunk_words <= opts.chunk_words:
@@ -339,73 +334,179 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
         raise KvauditError("--number-metric must be em or contains")
     if opts.on_long not in ("error", "skip"):
         raise KvauditError("--on-long must be error or skip")
-    weights = parse_weights(opts.families, FAMILIES, "--families")
-    count = count_tokens or count_words
-    skipped: Counter = Counter()
-    docs = load_corpus(path, opts.text_field, opts.split, skipped)
+    if opts.needles < 0 or opts.max_doc_tokens < 1:
+        raise KvauditError("--needles must be >= 0 and --max-doc-tokens >= 1")
 
+
+def chunk_corpus(docs: list[SourceDoc], opts: CorpusOptions, count_tokens: TokenCounter | None,
+                 skipped: Counter) -> tuple[list[str], list[str], int]:
+    """Distinct chunks, their source ids, and how many documents were used.
+
+    A document over ``max_doc_tokens`` is an error naming it (or skipped and counted with
+    ``on_long="skip"``); short and duplicate chunks are counted in ``skipped``.
+    """
+    count = count_tokens or count_words
+    unit = "tokens" if count_tokens else "words"
     chunks: list[str] = []
     sources: list[str] = []
-    index: dict[str, int] = {}
-    n_docs_used = 0
+    seen: set[str] = set()
+    used = 0
     for d in docs:
         n = count(d.text)
         if n > opts.max_doc_tokens:
             if opts.on_long == "error":
-                raise KvauditError(
-                    f"{d.source}: document has {n} {'tokens' if count_tokens else 'words'}, over "
-                    f"--max-doc-tokens {opts.max_doc_tokens} (raise it, or pass --on-long skip)")
+                raise KvauditError(f"{d.source}: document has {n} {unit}, over --max-doc-tokens "
+                                   f"{opts.max_doc_tokens} (raise it, or pass --on-long skip)")
             skipped["too_long_documents"] += 1
             continue
-        n_docs_used += 1
+        used += 1
         for c in chunk_text(d.text, opts.chunk, opts.chunk_words):
             if count_words(c) < opts.min_chunk_words:
                 skipped["short_chunks"] += 1
-            elif c in index:
+            elif c in seen:
                 skipped["duplicate_chunks"] += 1
             else:
-                index[c] = len(chunks)
+                seen.add(c)
                 chunks.append(c)
                 sources.append(d.source)
-    if len(chunks) < 2:
-        raise KvauditError(f"{path}: only {len(chunks)} usable chunk(s) after chunking "
-                           f"(skipped: {dict(sorted(skipped.items()))}); at least 2 are needed")
+    return chunks, sources, used
 
-    rng = random.Random(f"{seed}:corpus")
-    names = NameGen(random.Random(f"{seed}:names"))
-    counts_f = allocate(knobs.cases, weights)
-    n_var = {f: min(round(t * knobs.reorder_share), max(t - 1, 0)) for f, t in counts_f.items()}
-    bases = {f: counts_f[f] - n_var[f] for f in FAMILIES if f in counts_f}
-    # Planted needles: by default about one per two cases of each needle family (each is asked
-    # about twice on average), within a third of the chunks so plain chunks remain as distractors.
-    kinds = [f for f in ("needle", "multi_hop_bridge") if bases.get(f, 0) > 0]
-    if opts.needles:
-        want = allocate(opts.needles, {f: bases[f] for f in kinds}) if kinds else {}
-    else:
-        want = {f: max(1, (bases[f] + 1) // 2) for f in kinds}
+
+_WIDTH = {"needle": 1, "multi_hop_bridge": 2}
+
+
+def plant_needles(chunks: list[str], want: dict[str, int], *, seed: int, number_metric: str,
+                  where: str) -> tuple[list[str], dict[str, list[Needle]]]:
+    """Insert ``want[family]`` needles into seeded random chunks: ``(texts, needles)``.
+
+    At most a third of the chunks get a needle (but at least one needle per family), so plain
+    chunks remain as distractors; families take turns so a shortfall is shared.
+    """
+    kinds = [f for f in _WIDTH if want.get(f)]
     free = list(range(len(chunks)))
     random.Random(f"{seed}:needle-chunks").shuffle(free)
-    widths = {"needle": 1, "multi_hop_bridge": 2}
-    budget = max(len(chunks) // 3, sum(widths[f] for f in kinds))
+    budget = max(len(chunks) // 3, sum(_WIDTH[f] for f in kinds))
+    names = NameGen(random.Random(f"{seed}:names"))
     needles: dict[str, list[Needle]] = {f: [] for f in kinds}
     texts = list(chunks)
     i = 0
     while pending := [f for f in kinds if len(needles[f]) < want[f]]:
         family = pending[i % len(pending)]
-        width = widths[family]
+        width = _WIDTH[family]
         if len(free) < width or budget < width:
             missing = [f for f in kinds if not needles[f]]
             if missing:
-                raise KvauditError(f"{path}: too few chunks ({len(chunks)}) to plant needles for "
+                raise KvauditError(f"{where}: too few chunks ({len(chunks)}) to plant needles for "
                                    f"{', '.join(missing)} cases; drop it with --families")
             break
         held = tuple(free.pop() for _ in range(width))
         budget -= width
-        nd = make_needle(random.Random(f"{seed}:needle:{i}"), names, family, held, opts.number_metric)
+        nd = make_needle(random.Random(f"{seed}:needle:{i}"), names, family, held, number_metric)
         for c, sentence in zip(held, nd.sentences, strict=True):
             texts[c] = _insert(random.Random(f"{seed}:insert:{c}"), texts[c], sentence)
         needles[family].append(nd)
         i += 1
+    return texts, needles
+
+
+Draft = tuple[str, Any, list[int]]  # (family, Needle or (question, slot), chunk order)
+
+
+class _Drafter:
+    """Draws needle, bridge and agreement cases over planted chunks with the reuse knobs."""
+
+    def __init__(self, texts: list[str], needles: dict[str, list[Needle]], knobs: ReuseKnobs,
+                 seed: int):
+        self.texts, self.needles, self.k = texts, needles, knobs
+        self.chunk_pick = ZipfPicker(len(texts), knobs.zipf, random.Random(f"{seed}:zipf:chunks"))
+        self.needle_pick = {f: ZipfPicker(len(v), knobs.zipf, random.Random(f"{seed}:zipf:{f}"))
+                            for f, v in needles.items()}
+
+    def _others(self, r: random.Random, taken: tuple[int, ...], k: int) -> list[int]:
+        """``k`` distractor chunks outside ``taken``, Zipf-skewed so distractors recur too."""
+        out: list[int] = []
+        seen = set(taken)
+        for _ in range(50 * k):
+            if len(out) == k:
+                break
+            c = self.chunk_pick.pick(r)
+            if c not in seen:
+                out.append(c)
+                seen.add(c)
+        rest = [c for c in range(len(self.texts)) if c not in seen]
+        r.shuffle(rest)
+        return out + rest[: k - len(out)]
+
+    def draft(self, family: str, r: random.Random, target: str) -> Draft:
+        n_chunks = len(self.texts)
+        if family == "agreement":
+            n = min(self.k.n_docs(r, None), n_chunks)
+            first = self.chunk_pick.pick(r)
+            order = [first, *self._others(r, (first,), n - 1)]
+            r.shuffle(order)
+            return family, (r.choice(_AGREEMENT_QUESTIONS), r.randrange(len(order))), order
+        nd = self.needles[family][self.needle_pick[family].pick(r)]
+        n = min(self.k.n_docs(r, target, at_least=len(nd.chunks)), n_chunks)
+        holder, rest = nd.chunks[-1], list(nd.chunks[:-1])
+        order = arrange(r, holder, rest + self._others(r, nd.chunks, n - len(nd.chunks)),
+                        target_slot(r, target, n))
+        return family, nd, order
+
+    def answerable(self, d: Draft) -> bool:
+        """False if another chunk in the prompt also names the key or the answer (redraw);
+        raises ``RuntimeError`` if the planted sentences are not where they should be (a bug)."""
+        family, nd, order = d
+        if family == "agreement":
+            return True
+        texts = self.texts
+        for c, sentence in zip(nd.chunks, nd.sentences, strict=True):
+            if sentence not in texts[c] or c not in order:
+                raise RuntimeError(f"needle sentence missing from chunk {c}")
+        if nd.answer not in texts[nd.chunks[-1]]:
+            raise RuntimeError("needle answer missing from its chunk")
+        if nd.link and not all(nd.link in texts[c] for c in nd.chunks):
+            raise RuntimeError("bridge link missing from a hop")
+        if any(_word_in(nd.key, texts[c]) or _word_in(nd.answer, texts[c])
+               for c in order if c not in nd.chunks):
+            return False
+        return sum(_word_in(nd.key, texts[c]) for c in nd.chunks) == 1
+
+    @staticmethod
+    def realize(d: Draft) -> tuple[str, list[str], str, list[int], int | None]:
+        """``(question, answers, metric, evidence chunks, answer-holding chunk)``."""
+        family, item, order = d
+        if family == "agreement":
+            q, slot = item
+            ordinal = "last" if slot == len(order) - 1 and slot > 0 else _ORDINALS[min(slot, 7)]
+            return q.format(ordinal=ordinal), [], "agreement", list(order), None
+        return item.question, [item.answer], item.metric, list(item.chunks), item.chunks[-1]
+
+
+def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None,
+             opts: CorpusOptions | None = None, count_tokens: TokenCounter | None = None,
+             ) -> tuple[dict[str, Segment], list[Case], dict[str, Any], dict[str, Any]]:
+    """Build a dataset from the corpus at ``path``: ``(segments, cases, params, counts)``."""
+    knobs, opts = knobs or ReuseKnobs(), opts or CorpusOptions()
+    knobs.validate()
+    _validate(opts)
+    weights = parse_weights(opts.families, FAMILIES, "--families")
+    skipped: Counter = Counter()
+    docs = load_corpus(path, opts.text_field, opts.split, skipped)
+    chunks, sources, n_used = chunk_corpus(docs, opts, count_tokens, skipped)
+    if len(chunks) < 2:
+        raise KvauditError(f"{path}: only {len(chunks)} usable chunk(s) after chunking "
+                           f"(skipped: {dict(sorted(skipped.items()))}); at least 2 are needed")
+
+    per_family = allocate(knobs.cases, weights)
+    n_var = {f: min(round(t * knobs.reorder_share), max(t - 1, 0)) for f, t in per_family.items()}
+    bases = {f: t - n_var[f] for f, t in per_family.items()}
+    kinds = [f for f in _WIDTH if bases.get(f, 0) > 0]
+    if opts.needles:
+        want = allocate(opts.needles, {f: bases[f] for f in kinds}) if kinds else {}
+    else:  # about one needle per two cases, so each is asked about twice on average
+        want = {f: max(1, (bases[f] + 1) // 2) for f in kinds}
+    texts, needles = plant_needles(chunks, want, seed=seed, number_metric=opts.number_metric,
+                                   where=str(path))
     planted = {c: nd.family for v in needles.values() for nd in v for c in nd.chunks}
     sids = [segment_id(t) for t in texts]
     segments = {}
@@ -415,74 +516,16 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
             tags["needle"] = planted[c]
         segments[sid] = Segment(sid, t, source=sources[c], tags=tags)
 
-    chunk_pick = ZipfPicker(len(chunks), knobs.zipf, random.Random(f"{seed}:zipf:chunks"))
-    needle_pick = {f: ZipfPicker(len(v), knobs.zipf, random.Random(f"{seed}:zipf:{f}"))
-                   for f, v in needles.items()}
-
-    def others(r: random.Random, taken: tuple[int, ...], k: int) -> list[int]:
-        out: list[int] = []
-        seen = set(taken)
-        for _ in range(50 * k):
-            if len(out) == k:
-                break
-            c = chunk_pick.pick(r)
-            if c not in seen:
-                out.append(c)
-                seen.add(c)
-        rest = [c for c in range(len(chunks)) if c not in seen]
-        r.shuffle(rest)
-        return out + rest[: k - len(out)]
-
-    def draft(family: str, r: random.Random, target: str) -> tuple[str, Any, list[int]]:
-        if family == "agreement":
-            n = min(knobs.n_docs(r, None), len(chunks))
-            first = chunk_pick.pick(r)
-            order = [first, *others(r, (first,), n - 1)]
-            r.shuffle(order)
-            q = r.choice(_AGREEMENT_QUESTIONS)
-            return family, (q, r.randrange(len(order))), order
-        nd = needles[family][needle_pick[family].pick(r)]
-        n = min(knobs.n_docs(r, target, at_least=len(nd.chunks)), len(chunks))
-        holder, rest = nd.chunks[-1], list(nd.chunks[:-1])
-        order = arrange(r, holder, rest + others(r, nd.chunks, n - len(nd.chunks)),
-                        target_slot(r, target, n))
-        return family, nd, order
-
-    def check(family: str, item: Any, order: list[int]) -> bool:
-        """Answerability: False if ambiguous (redraw); raises on a generator bug."""
-        if family == "agreement":
-            return True
-        nd: Needle = item
-        for c, sentence in zip(nd.chunks, nd.sentences, strict=True):
-            if sentence not in texts[c] or c not in order:
-                raise RuntimeError(f"needle sentence missing from chunk {c}")
-        if nd.answer not in texts[nd.chunks[-1]]:
-            raise RuntimeError("needle answer missing from its chunk")
-        if nd.link and not all(nd.link in texts[c] for c in nd.chunks):
-            raise RuntimeError("bridge link missing from a hop")
-        for c in order:
-            if c in nd.chunks:
-                continue
-            if _word_in(nd.key, texts[c]) or _word_in(nd.answer, texts[c]):
-                return False
-        return sum(_word_in(nd.key, texts[c]) for c in nd.chunks) == 1
-
-    def realize(family: str, item: Any, order: list[int]) -> tuple[str, list[str], str, list[int], int | None]:
-        if family == "agreement":
-            q, slot = item
-            ordinal = "last" if slot == len(order) - 1 and slot > 0 else _ORDINALS[min(slot, 7)]
-            return q.format(ordinal=ordinal), [], "agreement", list(order), None
-        nd = item
-        return nd.question, [nd.answer], nd.metric, list(nd.chunks), nd.chunks[-1]
-
-    drafts: list[tuple[str, Any, list[int]]] = []
-    for fi, family in enumerate(f for f in FAMILIES if counts_f.get(f)):
+    drafter = _Drafter(texts, needles, knobs, seed)
+    rng = random.Random(f"{seed}:corpus")
+    drafts: list[Draft] = []
+    for fi, family in enumerate(f for f in FAMILIES if per_family.get(f)):
         family_bases = []
         for j in range(bases[family]):
             target = knobs.positions[(j + fi) % len(knobs.positions)]
             for _ in range(50):
-                d = draft(family, rng, target)
-                if check(*d):
+                d = drafter.draft(family, rng, target)
+                if drafter.answerable(d):
                     family_bases.append(d)
                     break
             else:
@@ -495,14 +538,14 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
     rng.shuffle(drafts)
 
     cases = []
-    for k, (family, item, order) in enumerate(drafts):
-        question, answers, metric, evidence, holder = realize(family, item, order)
+    for k, d in enumerate(drafts):
+        family, _, order = d
+        question, answers, metric, evidence, holder = drafter.realize(d)
         system, sys_label, prefix, prefix_label = knobs.context(rng)
-        ev_words = [count_words(texts[c]) for c in evidence]
+        ev_words = sum(count_words(texts[c]) for c in evidence) / len(evidence)
         strata: dict[str, Any] = {
             "n_docs": len(order),
-            "doc_len_bucket": len_bucket(sum(ev_words) / len(ev_words), opts.min_chunk_words,
-                                         opts.chunk_words),
+            "doc_len_bucket": len_bucket(ev_words, opts.min_chunk_words, opts.chunk_words),
             "prefix_variant": prefix_label, "system_variant": sys_label,
         }
         if holder is not None:
@@ -515,7 +558,7 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
         ))
     used = {c for _, _, order in drafts for c in order}
     counts = {
-        "documents_read": len(docs), "documents_used": n_docs_used,
+        "documents_read": len(docs), "documents_used": n_used,
         "skipped": dict(sorted(skipped.items())), "chunks": len(chunks),
         "chunks_unused_by_cases": len(chunks) - len(used),
         "needles": {f: len(v) for f, v in needles.items()},
