@@ -345,9 +345,10 @@ class Drafter:
     def _aggregate(self, rng: random.Random, target: str) -> Draft:
         order = self._films_set(rng, self.k.n_docs(rng, None, at_least=2))
         kind = rng.choice(_AGGREGATE)
-        pick = self.w.by_id[rng.choice(order)]
-        value = {"genre_count": pick.genre, "before_year": pick.year,
-                 "studio_count": self.w.by_id[pick.studio].name}[kind]
+        film = self.w.by_id[rng.choice(order)]
+        # "before year + 1" counts the picked film, so no count is trivially zero
+        value = {"genre_count": film.genre, "before_year": film.year + 1,
+                 "studio_count": self.w.by_id[film.studio].name}[kind]
         return Draft("aggregate", kind, (), order, {"value": value})
 
     def _position_probe(self, rng: random.Random, target: str) -> Draft:

@@ -260,12 +260,13 @@ class World:
         body = list(rest)
         used: set[str] = set()
         tries = 0
-        while words < target and tries < 200:
+        while words < target and tries < 400:
             tries += 1
-            s = filler(rng)
-            if s in used:
+            key, s = filler(rng)
+            # distinct topics first; long documents may later revisit one in other words
+            if s in used or (key in used and tries < 100):
                 continue
-            used.add(s)
+            used.update((key, s))
             body.insert(int(rng.random() * (len(body) + 1)), s)
             words += s.count(" ") + 1
         text = " ".join([head, *body])
@@ -276,21 +277,28 @@ class World:
         names = tuple(str(facts[k]).lower() for k in NAME_FACTS if facts.get(k))
         return Doc(text, len(text.split()), ("short", "medium", "long")[cls], facts, names)
 
+    # Fillers return (key, sentence); a document never repeats a key, so composed sentences
+    # never praise the same thing twice.
     @staticmethod
-    def _film_filler(rng: random.Random) -> str:
+    def _film_filler(rng: random.Random) -> tuple[str, str]:
         if rng.random() < 0.5:
-            return pick(rng, _FILM_FILLER_FREE)
-        return (f"{pick(rng, _FILM_FILLER_SUBJ)} {pick(rng, _FILM_FILLER_VERB)} "
-                f"{pick(rng, _FILM_FILLER_OBJ)}.")
+            s = pick(rng, _FILM_FILLER_FREE)
+            return s, s
+        obj = pick(rng, _FILM_FILLER_OBJ)
+        return obj, f"{pick(rng, _FILM_FILLER_SUBJ)} {pick(rng, _FILM_FILLER_VERB)} {obj}."
 
     @staticmethod
-    def _person_filler(rng: random.Random) -> str:
+    def _person_filler(rng: random.Random) -> tuple[str, str]:
         if rng.random() < 0.5:
-            return pick(rng, _PERSON_FILLER)
-        return f"{pick(rng, _PERSON_SUBJ)} {pick(rng, _PERSON_VERB)} {pick(rng, _PERSON_OBJ)}."
+            s = pick(rng, _PERSON_FILLER)
+            return s, s
+        obj = pick(rng, _PERSON_OBJ)
+        return obj, f"{pick(rng, _PERSON_SUBJ)} {pick(rng, _PERSON_VERB)} {obj}."
 
     @staticmethod
-    def _studio_filler(rng: random.Random) -> str:
+    def _studio_filler(rng: random.Random) -> tuple[str, str]:
         if rng.random() < 0.5:
-            return pick(rng, _STUDIO_FILLER)
-        return f"{pick(rng, _STUDIO_SUBJ)} {pick(rng, _STUDIO_VERB)} {pick(rng, _STUDIO_OBJ)}."
+            s = pick(rng, _STUDIO_FILLER)
+            return s, s
+        obj = pick(rng, _STUDIO_OBJ)
+        return obj, f"{pick(rng, _STUDIO_SUBJ)} {pick(rng, _STUDIO_VERB)} {obj}."
