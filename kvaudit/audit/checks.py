@@ -10,10 +10,11 @@ Thresholds and tests, in one place so the docs (docs/audit.md) can point here:
   ``identity`` arm and ``recompute``. 1e-4 in float32/float64 (measured here: at most 5e-5 on
   SmolLM2). In bfloat16 the identity control drifts by about 0.4 logits on SmolLM2 (its segment
   KV is computed in a different chunking than the full prefill, so it rounds differently), so
-  the default is 1.0; float16 has 3 more mantissa bits, so 0.25. Real reuse moves logits by 2-6
-  on the same model, so these still catch a broken reuse path. In float32/float64 the identity
-  answer must equal recompute's; in low precision a different answer is a warning, because the
-  documented drift can flip a greedy near-tie anywhere in the decoded answer.
+  the default is 1.0; float16 has 3 more mantissa bits, so 0.25 (extrapolated, not measured).
+  Real reuse moves logits by 2-6 on the same model, so these still catch a broken reuse path.
+  In float32/float64 the identity answer must equal recompute's; in low precision a different
+  answer is a warning, because the documented drift can flip a greedy near-tie anywhere in the
+  decoded answer.
 * **noise floor**: flips (answer differs from ``recompute``) of ``reuse`` vs of
   ``recompute_again``, compared per case with an exact one-sided McNemar test (binomial test on
   the discordant cases, scipy ``binomtest``). A warning when reuse changed answers but not
@@ -22,7 +23,8 @@ Thresholds and tests, in one place so the docs (docs/audit.md) can point here:
   ``recompute``; per probe, the true name's gain minus the decoys' mean gain; one-sided sign
   test across probes at :data:`ALPHA`. The neutral policy fails the audit when that test is
   significant and the mean is positive (same definition as
-  :func:`kvaudit.reports.leaks.leak_summary`, used when importable).
+  :func:`kvaudit.reports.leaks.leak_summary`, used when importable). With fewer than 5 probes
+  the test cannot reach p < 0.05 at all; the check then warns.
 * **coverage minimums**: :data:`MIN_REFS_PER_SEGMENT`, :data:`MIN_NEVER_CACHED_SHARE`.
 """
 
@@ -120,10 +122,27 @@ def _validate_pair(obj: dict, where: str) -> None:
         if (not isinstance(span, list) or len(span) != 2
                 or not all(isinstance(x, int) and not isinstance(x, bool) for x in span)):
             raise DatasetError(f"{where}: field 'segment_spans' must hold [start, end] integer pairs")
+    if not isinstance(obj.get("evidence", []), list):
+        raise DatasetError(f"{where}: field 'evidence' must be a list of strings")
+    _str_list(obj, ("segment_ids", "segment_hashes", "arm_order", "evidence"), where)
+    if obj.get("canary") is not None and not isinstance(obj["canary"], dict):
+        raise DatasetError(f"{where}: field 'canary' must be an object or null")
     for name, arm in obj["arms"].items():
         if not isinstance(arm, dict):
             raise DatasetError(f"{where}: field 'arms.{name}' must be an object")
-        _validate(arm, f"{where}, arm '{name}'", _ARM_TYPES, _ARM_OPTIONAL)
+        arm_where = f"{where}, arm '{name}'"
+        _validate(arm, arm_where, _ARM_TYPES, _ARM_OPTIONAL)
+        _str_list(arm, ("segment_hashes",), arm_where)
+        for key, kind in (("segment_kv_fingerprints", str), ("canary_logprobs", (int, float))):
+            values = (arm.get(key) or {}).values()
+            if any(isinstance(v, bool) or not isinstance(v, kind) for v in values):
+                raise DatasetError(f"{arm_where}: field '{key}' must map names to {_type_name(kind)}")
+
+
+def _str_list(obj: dict, names: tuple[str, ...], where: str) -> None:
+    for name in names:
+        if not all(isinstance(x, str) for x in obj.get(name, [])):
+            raise DatasetError(f"{where}: field '{name}' must be a list of strings")
 
 
 def read_run_pairs(run_dir: Path) -> list[PairRecord]:
@@ -255,7 +274,10 @@ def check_records(run: LoadedRun) -> CheckResult:
     if not isinstance(run_arms, list) or "recompute" not in run_arms:
         return CheckResult("records", False, True,
                            f"{run.path / MANIFEST_FILE}: field 'arms' must list the arms, recompute included")
-    unknown = sorted({a for a in run_arms if is_reuse_arm(str(a)) is None})
+    unknown = sorted({str(a) for a in run_arms if is_reuse_arm(str(a)) is None})
+    if unknown:
+        return CheckResult("records", False, True,
+                           f"unknown arm(s) {', '.join(unknown)}: the audit cannot check them")
     for p in run.pairs:
         want, have = set(_expected_arms(run, p)), set(p.arms)
         if want - have:
@@ -275,9 +297,6 @@ def check_records(run: LoadedRun) -> CheckResult:
     if status not in (None, "complete"):
         warnings.append(f"manifest status is {status!r}, not 'complete'")
     ok = f"{len(counts)} cases, each once, each with its arms ({', '.join(map(str, run_arms))})"
-    if unknown:
-        return CheckResult("records", False, True,
-                           f"unknown arm(s) {', '.join(unknown)}: the audit cannot check them", [])
     return _from_problems("records", True, problems, ok, "; ".join(warnings) or None)
 
 
@@ -381,6 +400,7 @@ def check_identity(run: LoadedRun, tol: float | None = None) -> CheckResult:
     """The identity arm (segment KV built in context, then reused) equals recompute."""
     name = "identity_control"
     dtype = _get(run.manifest, "identity", "dtype") or _get(run.manifest, "model", "dtype")
+    dtype = dtype if isinstance(dtype, str) else None
     tol, why = identity_tolerance(dtype, tol)
     exact = dtype in EXACT_DTYPES
     has_reuse = any(is_reuse_arm(a) and a != "identity" for p in run.pairs for a in p.arms)
@@ -674,6 +694,13 @@ def check_leak_probes(run: LoadedRun) -> CheckResult:
     if text.get("reuse", {}).get("leaks", 0) > text.get("recompute", {}).get("leaks", 0):
         warning = f"the canary appears in reuse answers: {', '.join(text['reuse'].get('cases', []))}"
     neutral = s.get("exposure", {}).get("neutral")
+    alpha = float(s.get("alpha", ALPHA))
+    # fewest probes with which a one-sided sign test can reach p < alpha (all positive)
+    min_n = math.ceil(math.log(alpha) / math.log(0.5) + 1e-9)
+    if neutral and neutral["n"] < min_n:
+        few = (f"only {neutral['n']} scored probe(s): a sign test needs at least {min_n} to "
+               f"reach p < {alpha:g}, so neutral exposure is effectively untested")
+        warning = f"{warning}; {few}" if warning else few
     if s.get("neutral_exposure_beyond_chance"):
         cases = list(neutral.get("positive_cases", [])) if neutral else []
         listed = ", ".join(cases[:MAX_LISTED]) + (f" and {len(cases) - MAX_LISTED} more"
