@@ -374,7 +374,7 @@ class Drafter:
 
 
 def auto_films(cases: int) -> int:
-    return max(20, cases // 5)
+    return max(20, cases // 8)
 
 
 def generate(*, seed: int = 0, knobs: ReuseKnobs | None = None, films: int = 0,
@@ -478,7 +478,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_reuse_arguments(p)
     g = p.add_argument_group("boxoffice world")
     g.add_argument("--films", type=int, default=0,
-                   help="films in the world (default: max(20, cases/5)); fewer films = more reuse")
+                   help="films in the world (default: max(20, cases/8)); fewer films = more reuse")
     g.add_argument("--min-words", type=int, default=60, help="shortest document, in words")
     g.add_argument("--max-words", type=int, default=150, help="longest document, in words")
     g.add_argument("--families", default=DEFAULT_FAMILIES,

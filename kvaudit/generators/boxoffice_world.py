@@ -96,6 +96,22 @@ _STUDIO_FILLER = (
 )
 
 
+def _pool(free: tuple[str, ...], subj: tuple[str, ...], verb: tuple[str, ...],
+          obj: tuple[str, ...]) -> tuple[tuple, tuple]:
+    """(free sentences, composed sentences) as (topic key, sentence, word count) triples."""
+    f = tuple((x, x, len(x.split())) for x in free)
+    c = tuple((o, f"{a} {b} {o}.", len(f"{a} {b} {o}.".split())) for a in subj for b in verb for o in obj)
+    return f, c
+
+
+_FILLERS = {
+    "film": _pool(_FILM_FILLER_FREE, _FILM_FILLER_SUBJ, _FILM_FILLER_VERB, _FILM_FILLER_OBJ),
+    "person": _pool(_PERSON_FILLER, _PERSON_SUBJ, _PERSON_VERB, _PERSON_OBJ),
+    "studio": _pool(_STUDIO_FILLER, _STUDIO_SUBJ, _STUDIO_VERB, _STUDIO_OBJ),
+}
+
+
+
 @dataclass
 class Doc:
     """One entity's document: its text, word count, length class and structured facts."""
@@ -243,32 +259,34 @@ class World:
                     f"It earned {e.gross} million dollars at the box office."]
             if e.sequel_of:
                 rest.append(f"It is a sequel to {facts['sequel_of']}.")
-            filler = self._film_filler
+            kind = "film"
         elif isinstance(e, Person):
             facts = {"kind": "person", "name": e.name, "role": e.role, "born": e.born,
                      "birthplace": e.birthplace}
             job = "film director" if e.role == "director" else "film actor"
             head = f"{e.name} is a {job}."
             rest = [f"{e.name} was born in {e.born} in {e.birthplace}."]
-            filler = self._person_filler
+            kind = "person"
         else:
             facts = {"kind": "studio", "name": e.name, "founded": e.founded, "city": e.city}
             head = f"{e.name} is a film studio based in {e.city}."
             rest = [f"The studio was founded in {e.founded}."]
-            filler = self._studio_filler
+            kind = "studio"
         words = sum(len(s.split()) for s in (head, *rest))
         body = list(rest)
+        free, composed = _FILLERS[kind]
         used: set[str] = set()
         tries = 0
         while words < target and tries < 400:
             tries += 1
-            key, s = filler(rng)
-            # distinct topics first; long documents may later revisit one in other words
+            key, s, n = pick(rng, free if rng.random() < 0.5 else composed)
+            # distinct topics first (no sentence praises the score twice); long documents may
+            # later revisit a topic in other words
             if s in used or (key in used and tries < 100):
                 continue
             used.update((key, s))
             body.insert(int(rng.random() * (len(body) + 1)), s)
-            words += s.count(" ") + 1
+            words += n
         text = " ".join([head, *body])
         for k in STATED_FACTS:  # every structured fact must be checkable in the text
             v = facts.get(k)
@@ -276,29 +294,3 @@ class World:
                 raise RuntimeError(f"document of {eid} does not state its {k} {v!r}")
         names = tuple(str(facts[k]).lower() for k in NAME_FACTS if facts.get(k))
         return Doc(text, len(text.split()), ("short", "medium", "long")[cls], facts, names)
-
-    # Fillers return (key, sentence); a document never repeats a key, so composed sentences
-    # never praise the same thing twice.
-    @staticmethod
-    def _film_filler(rng: random.Random) -> tuple[str, str]:
-        if rng.random() < 0.5:
-            s = pick(rng, _FILM_FILLER_FREE)
-            return s, s
-        obj = pick(rng, _FILM_FILLER_OBJ)
-        return obj, f"{pick(rng, _FILM_FILLER_SUBJ)} {pick(rng, _FILM_FILLER_VERB)} {obj}."
-
-    @staticmethod
-    def _person_filler(rng: random.Random) -> tuple[str, str]:
-        if rng.random() < 0.5:
-            s = pick(rng, _PERSON_FILLER)
-            return s, s
-        obj = pick(rng, _PERSON_OBJ)
-        return obj, f"{pick(rng, _PERSON_SUBJ)} {pick(rng, _PERSON_VERB)} {obj}."
-
-    @staticmethod
-    def _studio_filler(rng: random.Random) -> tuple[str, str]:
-        if rng.random() < 0.5:
-            s = pick(rng, _STUDIO_FILLER)
-            return s, s
-        obj = pick(rng, _STUDIO_OBJ)
-        return obj, f"{pick(rng, _STUDIO_SUBJ)} {pick(rng, _STUDIO_VERB)} {obj}."
