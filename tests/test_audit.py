@@ -82,6 +82,7 @@ def test_untampered_run_passes(run_copy, capsys):
     assert "recompute_again flips 0 of 8" in checks_["noise_floor"]["detail"]
     assert "tolerance 0.0001 for float32" in checks_["identity_control"]["detail"]
     assert "1 probes" in checks_["leak_probes"]["detail"]
+    assert "needs at least 5" in checks_["leak_probes"]["warning"]  # one probe cannot test exposure
     out = capsys.readouterr().out
     assert "audit PASSED" in out and "identity_control" in out
 
@@ -188,6 +189,23 @@ def test_pair_decoding_differing_from_the_manifest_fails_configuration(run_copy)
     save_rows(run_copy, rows)
     result = assert_fails(run_copy, "one_configuration", "ex-02")
     assert by_name(result)["same_inputs"]["passed"]  # consistent within the pair, not with the run
+
+
+def test_run_without_identity_arm_fails_as_unvalidated(run_copy):
+    rows = load_rows(run_copy)
+    for r in rows:
+        del r["arms"]["identity"]
+        r["arm_order"].remove("identity")
+    save_rows(run_copy, rows)
+
+    def drop(m):
+        m["arms"].remove("identity")
+        m["identity"]["arms"].remove("identity")
+
+    edit_manifest(run_copy, drop)
+    result = assert_fails(run_copy, "identity_control", None)
+    assert "identity arm not run" in by_name(result)["identity_control"]["detail"]
+    assert by_name(result)["records"]["passed"]
 
 
 def test_two_model_fingerprints_fail_configuration(run_copy):
