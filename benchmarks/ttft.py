@@ -68,14 +68,14 @@ def measure(be, size: int, repeats: int) -> tuple[int, int, float, float, float,
     case, segs = build_case(be, size, seed=size)
     prompt = assemble(case, segs, be.tok, be.max_prompt_tokens)
     reuse = ARMS["reuse"]
-    _, build_s = be.segment_entries(prompt, reuse, None)  # one-time warm-up, not timed below
+    _, build_s, _ = be.segment_entries(prompt, reuse, None)  # one-time warm-up, not timed below
 
     def recompute():
         _, logits, _ = be.prefill(prompt, ARMS["recompute"], [])
         int(torch.argmax(logits))
 
     def reused():
-        es, _ = be.segment_entries(prompt, reuse, None)
+        es, _, _ = be.segment_entries(prompt, reuse, None)
         _, logits, _ = be.prefill(prompt, reuse, es)
         int(torch.argmax(logits))
 

@@ -138,6 +138,9 @@ class ArmResult:
     ``logit_diff_vs_recompute`` is the max abs difference of the first-token logits against
     the case's ``recompute`` arm (filled in by the runner; ``None`` for recompute itself).
     ``segment_kv_fingerprints`` maps segment id to a hash of the KV bytes the arm loaded.
+    ``cache_hit_tokens`` counts reused tokens whose KV was already in the shared segment cache
+    before this case (the simulator's hit definition); ``tokens_reused`` also counts segments
+    warmed up for this case.
     ``canary_logprobs`` (leak probes only) maps candidate name to its teacher-forced
     log-probability as the answer.
     """
@@ -155,6 +158,7 @@ class ArmResult:
     truncation: dict[str, Any]
     decoding: dict[str, Any]
     decode_s: float = 0.0
+    cache_hit_tokens: int = 0
     logit_diff_vs_recompute: float | None = None
     segment_kv_fingerprints: dict[str, str] = field(default_factory=dict)
     canary_logprobs: dict[str, float] | None = None
