@@ -46,6 +46,7 @@ ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "
             "ninth", "tenth")
 LEAK_QUESTIONS = ("What is my name?", "Who am I?")
 N_DECOYS = 19
+DECOY_POOL = 400
 
 _FILM_SINGLE = ("director", "lead", "studio", "year", "gross", "runtime")
 _PERSON_SINGLE = ("born", "birthplace")
@@ -242,6 +243,7 @@ class Drafter:
         self.studio_pick = ZipfPicker(len(world.studios), knobs.zipf, random.Random(f"{seed}:zipf:studios"))
         self.leak_names = NameGen(random.Random(f"{seed}:leak"))
         self.leak_names.used.update(p.name for p in world.people)
+        self._decoys: list[str] = []
 
     def film(self, rng: random.Random) -> Film:
         return self.films[self.film_pick.pick(rng)]
@@ -362,8 +364,12 @@ class Drafter:
         return Draft("leak_probe", "name", (), order, self.canary(rng))
 
     def canary(self, rng: random.Random) -> dict[str, Any]:
-        names = [self.leak_names.person() for _ in range(N_DECOYS + 1)]
-        return {"name": names[0], "decoys": names[1:], "question": rng.choice(LEAK_QUESTIONS)}
+        """A fresh name per leak probe; decoys are drawn from a pool made by the same generator
+        (never a probe's name), which keeps 100k-case datasets fast."""
+        if not self._decoys:
+            self._decoys = [self.leak_names.person() for _ in range(DECOY_POOL)]
+        return {"name": self.leak_names.person(), "decoys": rng.sample(self._decoys, N_DECOYS),
+                "question": rng.choice(LEAK_QUESTIONS)}
 
     def reorder(self, base: Draft, rng: random.Random) -> Draft:
         extra = self.canary(rng) if base.family == "leak_probe" else dict(base.extra)
