@@ -251,3 +251,19 @@ def test_tokenizer_option_counts_with_the_model_tokenizer(tmp_path, monkeypatch)
     assert calls and not any(calls)
     # character counts: the shortest document region is longer than any word count could be
     assert cov["doc_region_tokens"]["min"] > 2 * 150
+
+
+def test_bytes_do_not_depend_on_the_string_hash_seed(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    outs = []
+    for h in ("1", "2"):
+        out = tmp_path / f"h{h}"
+        subprocess.run([sys.executable, "-m", "kvaudit.cli", "generate", "boxoffice", "--out",
+                        str(out), "--cases", "60"], check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, "PYTHONHASHSEED": h})
+        outs.append(out)
+    for f in FILES:
+        assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes(), f
