@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from kvaudit.errors import KvauditError
@@ -371,7 +373,9 @@ class Drafter:
         return {"name": self.leak_names.person(), "decoys": rng.sample(self._decoys, N_DECOYS),
                 "question": rng.choice(LEAK_QUESTIONS)}
 
-    def reorder(self, base: Draft, rng: random.Random) -> Draft:
+    def reorder(self, bases: list[Draft], rng: random.Random) -> Draft:
+        """One of ``bases`` re-asked over the same documents in a new order."""
+        base = rng.choice(bases)
         extra = self.canary(rng) if base.family == "leak_probe" else dict(base.extra)
         return Draft(base.family, base.kind, base.subjects, new_order(rng, base.order), extra)
 
@@ -405,30 +409,21 @@ def generate(*, seed: int = 0, knobs: ReuseKnobs | None = None, films: int = 0,
         if total == 0:
             continue
         n_var = min(round(total * knobs.reorder_share), total - 1)
-        bases: list[Draft] = []
-        for i in range(total - n_var):
-            target = knobs.positions[(i + fi) % len(knobs.positions)]
-            bases.append(_draw(drafter, family, rng, target, world, number_metric))
+        targets = [knobs.positions[(i + fi) % len(knobs.positions)] for i in range(total - n_var)]
+        bases = [_draw(partial(drafter.draft, family, rng, t), world, number_metric, family)
+                 for t in targets]
         drafts.extend(bases)
         for _ in range(n_var):
-            for _try in range(20):
-                d = drafter.reorder(rng.choice(bases), rng)
-                try:
-                    d.asked = ask(world, d, number_metric)
-                    verify(world, d, d.asked)
-                except Ambiguous:
-                    continue
-                drafts.append(d)
-                break
-            else:
-                drafts.append(_draw(drafter, family, rng, knobs.positions[0], world, number_metric))
+            try:
+                drafts.append(_draw(partial(drafter.reorder, bases, rng), world, number_metric,
+                                    family, tries=20))
+            except KvauditError:  # every reorder ambiguous: draw a fresh case instead
+                drafts.append(_draw(partial(drafter.draft, family, rng, targets[0]), world,
+                                    number_metric, family))
     rng.shuffle(drafts)
     segments: dict[str, Segment] = {}
     sid_of: dict[str, str] = {}
-    cases = []
-    for i, d in enumerate(drafts):
-        a = d.asked
-        assert a is not None
+    for d in drafts:
         for e in d.order:
             if e not in sid_of:
                 doc = world.doc(e)
@@ -436,44 +431,54 @@ def generate(*, seed: int = 0, knobs: ReuseKnobs | None = None, films: int = 0,
                 if sid in segments:
                     raise GeneratorBug(f"two entities share one document text ({e})")
                 sid_of[e] = sid
-                segments[sid] = Segment(sid, doc.text, source=e,
-                                        tags={**doc.facts, "len_class": doc.len_class, "words": doc.words})
-        system, sys_label, prefix, prefix_label = knobs.context(rng)
-        mean_words = sum(world.doc(e).words for e in a.evidence) / len(a.evidence)
-        strata: dict[str, Any] = {"n_docs": len(d.order),
-                                  "doc_len_bucket": len_bucket(mean_words, min_words, max_words),
-                                  "prefix_variant": prefix_label, "system_variant": sys_label}
-        if a.holder is not None:
-            strata["evidence_position"] = position_label(d.order.index(a.holder), len(d.order))
-        if a.hops is not None:
-            strata["hops"] = a.hops
-        canary = None
-        if d.family == "leak_probe":
-            name = d.extra["name"]
-            canary = {"value": name, "decoys": d.extra["decoys"],
-                      "capture_prefix": f"My name is {name}.\n"}
-        cases.append(Case(
-            id=f"bo-{i:06d}", task=d.family, segment_ids=[sid_of[e] for e in d.order],
-            question=a.question, answers=[a.answer], system=system, prefix=prefix,
-            metric=a.metric, evidence=[sid_of[e] for e in a.evidence], strata=strata,
-            canary=canary,
-        ))
+                segments[sid] = Segment(sid, doc.text, source=e, tags={
+                    **doc.facts, "len_class": doc.len_class, "words": doc.words})
+    cases = [_case(i, d, world, knobs, rng, sid_of) for i, d in enumerate(drafts)]
     params = {"films": n_films, "min_words": min_words, "max_words": max_words,
               "families": weights, "number_metric": number_metric, **knobs.params()}
     return segments, cases, params
 
 
-def _draw(drafter: Drafter, family: str, rng: random.Random, target: str, world: World,
-          number_metric: str) -> Draft:
-    for _ in range(50):
+def _draw(make: Callable[[], Draft], world: World, number_metric: str, family: str,
+          tries: int = 50) -> Draft:
+    """The first draft from ``make`` that passes :func:`verify` unambiguously."""
+    for _ in range(tries):
+        d = make()
         try:
-            d = drafter.draft(family, rng, target)
             d.asked = ask(world, d, number_metric)
             verify(world, d, d.asked)
             return d
         except Ambiguous:
             continue
     raise KvauditError(f"could not draw an unambiguous {family} case; try more --films")
+
+
+def _case(i: int, d: Draft, world: World, knobs: ReuseKnobs, rng: random.Random,
+          sid_of: dict[str, str]) -> Case:
+    a = d.asked
+    if a is None:
+        raise GeneratorBug("case built from an unverified draft")
+    system, sys_label, prefix, prefix_label = knobs.context(rng)
+    mean_words = sum(world.doc(e).words for e in a.evidence) / len(a.evidence)
+    strata: dict[str, Any] = {
+        "n_docs": len(d.order),
+        "doc_len_bucket": len_bucket(mean_words, world.min_words, world.max_words),
+        "prefix_variant": prefix_label, "system_variant": sys_label,
+    }
+    if a.holder is not None:
+        strata["evidence_position"] = position_label(d.order.index(a.holder), len(d.order))
+    if a.hops is not None:
+        strata["hops"] = a.hops
+    canary = None
+    if d.family == "leak_probe":
+        name = d.extra["name"]
+        canary = {"value": name, "decoys": d.extra["decoys"],
+                  "capture_prefix": f"My name is {name}.\n"}
+    return Case(
+        id=f"bo-{i:06d}", task=d.family, segment_ids=[sid_of[e] for e in d.order],
+        question=a.question, answers=[a.answer], system=system, prefix=prefix, metric=a.metric,
+        evidence=[sid_of[e] for e in a.evidence], strata=strata, canary=canary,
+    )
 
 
 # --------------------------------------------------------------------------- CLI
