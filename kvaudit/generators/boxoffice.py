@@ -92,49 +92,55 @@ class Asked:
 # --------------------------------------------------------------------------- questions
 
 
+_YEAR, _NUM = " Answer with the year only.", " Answer with the number only."
+# kind -> (question template, fact holding the answer, True if the answer is a number)
+_SINGLE_Q = {
+    "director": ("Who directed {}?", "director", False),
+    "lead": ("Who starred in {}?", "lead", False),
+    "studio": ("Which studio produced {}?", "studio", False),
+    "year": ("In what year did {} come out?" + _YEAR, "year", True),
+    "gross": ("How many million dollars did {} earn at the box office?" + _NUM, "gross_musd", True),
+    "runtime": ("How many minutes does {} run?" + _NUM, "runtime_min", True),
+    "born": ("In what year was {} born?" + _YEAR, "born", True),
+    "birthplace": ("Where was {} born?", "birthplace", False),
+    "founded": ("In what year was {} founded?" + _YEAR, "founded", True),
+    "city": ("In which city is {} based?", "city", False),
+}
+# kind -> (film attribute naming the second document, template, its fact, numeric)
+_BRIDGE_Q = {
+    "director_birthplace": ("director", "Where was the director of {} born?", "birthplace", False),
+    "lead_born": ("lead", "In what year was the lead actor of {} born?" + _YEAR, "born", True),
+    "studio_city": ("studio", "In which city is the studio that produced {} based?", "city", False),
+    "sequel_director": ("sequel_of", "Who directed the film that {} is a sequel to?", "director",
+                        False),
+}
+_PROBE_Q = {
+    "title_at": ("What is the title of {}?", "title", False),
+    "director_at": ("Who directed {}?", "director", False),
+    "year_at": ("In what year did {} come out?" + _YEAR, "year", True),
+}
+
+
 def ask(world: World, d: Draft, number_metric: str = "em") -> Asked:
     """Question and gold answer of a draft, computed from its documents' structured facts."""
     doc = world.doc
-    year_hint, num_hint = " Answer with the year only.", " Answer with the number only."
     f = d.kind
+
+    def metric(numeric: bool) -> str:
+        return number_metric if numeric else "contains"
+
     if d.family == "single_doc":
         (s,) = d.subjects
-        facts = doc(s).facts
-        name = world.name(s)
-        q, a, m = {
-            "director": (f"Who directed {name}?", facts.get("director"), "contains"),
-            "lead": (f"Who starred in {name}?", facts.get("lead"), "contains"),
-            "studio": (f"Which studio produced {name}?", facts.get("studio"), "contains"),
-            "year": (f"In what year did {name} come out?{year_hint}", facts.get("year"), number_metric),
-            "gross": (f"How many million dollars did {name} earn at the box office?{num_hint}",
-                      facts.get("gross_musd"), number_metric),
-            "runtime": (f"How many minutes does {name} run?{num_hint}", facts.get("runtime_min"),
-                        number_metric),
-            "born": (f"In what year was {name} born?{year_hint}", facts.get("born"), number_metric),
-            "birthplace": (f"Where was {name} born?", facts.get("birthplace"), "contains"),
-            "founded": (f"In what year was {name} founded?{year_hint}", facts.get("founded"),
-                        number_metric),
-            "city": (f"In which city is {name} based?", facts.get("city"), "contains"),
-        }[f]
-        return Asked(q, str(a), m, [s], s, 1)
+        template, fact, numeric = _SINGLE_Q[f]
+        return Asked(template.format(world.name(s)), str(doc(s).facts[fact]), metric(numeric),
+                     [s], s, 1)
     if d.family == "multi_hop_bridge":
         (s,) = d.subjects
         film = world.by_id[s]
-        title = film.title
-        link = {"director_birthplace": film.director, "lead_born": film.lead,
-                "studio_city": film.studio, "sequel_director": film.sequel_of}[f]
-        lf = doc(link).facts
-        q, a, m = {
-            "director_birthplace": (f"Where was the director of {title} born?", lf.get("birthplace"),
-                                    "contains"),
-            "lead_born": (f"In what year was the lead actor of {title} born?{year_hint}",
-                          lf.get("born"), number_metric),
-            "studio_city": (f"In which city is the studio that produced {title} based?",
-                            lf.get("city"), "contains"),
-            "sequel_director": (f"Who directed the film that {title} is a sequel to?",
-                                lf.get("director"), "contains"),
-        }[f]
-        return Asked(q, str(a), m, [s, link], link, 2)
+        attr, template, fact, numeric = _BRIDGE_Q[f]
+        link = getattr(film, attr)
+        return Asked(template.format(film.title), str(doc(link).facts[fact]), metric(numeric),
+                     [s, link], link, 2)
     if d.family == "multi_hop_compare":
         facts = [doc(s).facts for s in d.subjects]
         key, best, phrase = {
@@ -170,14 +176,9 @@ def ask(world: World, d: Draft, number_metric: str = "em") -> Asked:
         slot = d.extra["slot"]
         ordinal = "last" if slot == len(d.order) - 1 and slot > 0 else ORDINALS[slot]
         holder = d.order[slot]
-        facts = doc(holder).facts
-        where = f"the film in the {ordinal} document"
-        q, a, m = {
-            "title_at": (f"What is the title of {where}?", facts["title"], "contains"),
-            "director_at": (f"Who directed {where}?", facts["director"], "contains"),
-            "year_at": (f"In what year did {where} come out?{year_hint}", facts["year"], number_metric),
-        }[f]
-        return Asked(q, str(a), m, [holder], holder, 1)
+        template, fact, numeric = _PROBE_Q[f]
+        return Asked(template.format(f"the film in the {ordinal} document"),
+                     str(doc(holder).facts[fact]), metric(numeric), [holder], holder, 1)
     if d.family == "leak_probe":
         return Asked(d.extra["question"], d.extra["name"], "contains", list(d.order), None, None)
     raise GeneratorBug(f"unknown family {d.family}")
