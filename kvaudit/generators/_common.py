@@ -115,7 +115,9 @@ def make_prefix(rng: random.Random, variant: str) -> str:
     if variant in ("session", "full"):
         parts.append(f"Session: {rng.getrandbits(32):08x}-{rng.getrandbits(16):04x}")
     if variant in ("history", "full"):
-        a, b = rng.sample(_HISTORY, 2)
+        i = int(rng.random() * len(_HISTORY))
+        j = (i + 1 + int(rng.random() * (len(_HISTORY) - 1))) % len(_HISTORY)  # j != i
+        a, b = _HISTORY[i], _HISTORY[j]
         parts.append(f"Earlier today I asked you {a} and {b}.")
     if variant not in PREFIX_VARIANTS:
         raise KvauditError(f"unknown prefix variant {variant!r}; choose from {', '.join(PREFIX_VARIANTS)}")

@@ -226,7 +226,10 @@ def verify(world: World, d: Draft, a: Asked) -> None:
         ans = a.answer.lower()
         padded = f" {ans} "
         for e in d.order:
-            for v in docs[e].names:
+            doc = docs[e]
+            if doc.names_joined.count(ans) == doc.names.count(ans):
+                continue  # the answer occurs only as a whole name here
+            for v in doc.names:
                 if v != ans and ans in v and padded in f" {v} ":
                     raise Ambiguous(a.answer)
 

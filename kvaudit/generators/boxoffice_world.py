@@ -121,6 +121,7 @@ class Doc:
     len_class: str
     facts: dict[str, Any] = field(default_factory=dict)
     names: tuple[str, ...] = ()  # lower-cased name-like facts, for ambiguity checks
+    names_joined: str = ""  # the same, newline-joined, for a fast first test
 
 
 @dataclass
@@ -293,4 +294,5 @@ class World:
             if v is not None and str(v) not in text:
                 raise RuntimeError(f"document of {eid} does not state its {k} {v!r}")
         names = tuple(str(facts[k]).lower() for k in NAME_FACTS if facts.get(k))
-        return Doc(text, len(text.split()), ("short", "medium", "long")[cls], facts, names)
+        return Doc(text, len(text.split()), ("short", "medium", "long")[cls], facts, names,
+                   "\n".join(names))
