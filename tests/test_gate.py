@@ -50,7 +50,7 @@ def test_pass_exits_0_with_markdown_and_junit(passing, tmp_path, capsys):
     assert md.read_text().strip() == out.strip()
     cases, suite = junit(xml)
     assert set(cases) == {"overall quality", "multi-hop quality", "audit passed",
-                          "reuse token hit rate (measured)", "neutral-policy text leak rate",
+                          "reuse token hit rate (segment)", "neutral-policy text leak rate",
                           "neutral-policy canary exposure"}
     assert suite.get("failures") == "0" and suite.get("errors") == "0"
     assert not any(c.find("failure") is not None for c in cases.values())

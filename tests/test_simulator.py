@@ -13,7 +13,7 @@ from kvaudit.errors import KvauditError
 from kvaudit.schema import DatasetError
 from kvaudit.simulator import simulate_cli
 from kvaudit.simulator.engine import SimConfig, simulate
-from kvaudit.simulator.hit_rate import run_hit_rate, token_hit_rate, windowed
+from kvaudit.simulator.hit_rate import run_hit_rate, run_segment_hit_rate, token_hit_rate, windowed
 from kvaudit.simulator.kv_bytes import PRESETS, parse_capacity, resolve_model
 from kvaudit.simulator.prefix_cache import simulate_prefix
 from kvaudit.simulator.segment_cache import simulate_segment
@@ -147,12 +147,14 @@ def test_token_hit_rate_is_token_weighted():
 
 def test_run_hit_rate_reads_runner_records():
     def pair(n, reused):
-        return SimpleNamespace(n_prompt_tokens=n, arms={"reuse": SimpleNamespace(tokens_reused=reused),
-                                                        "recompute": SimpleNamespace(tokens_reused=0)})
+        return SimpleNamespace(n_prompt_tokens=n, segment_spans=[(5, 5 + max(reused, 10))],
+                               arms={"reuse": SimpleNamespace(tokens_reused=reused, cache_hit_tokens=reused // 2),
+                                     "recompute": SimpleNamespace(tokens_reused=0, cache_hit_tokens=0)})
 
     pairs = [pair(100, 80), pair(300, 0)]
-    assert run_hit_rate(pairs, "reuse").rate == pytest.approx(0.2)
+    assert run_hit_rate(pairs, "reuse").rate == pytest.approx(0.1)  # tokens already cached / prompt
     assert run_hit_rate(pairs, "recompute").rate == 0.0
+    assert run_segment_hit_rate(pairs, "reuse").rate == pytest.approx(80 / 90)  # loaded / segment tokens
 
 
 def test_engine_cold_and_warm_partition_the_total():

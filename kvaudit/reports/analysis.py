@@ -277,12 +277,15 @@ class Analysis:
             "flipped_cases": rows.loc[flip.to_numpy(), "case_id"].tolist(),
         }
 
-    def hit_rate(self, arm: str) -> float | None:
-        """Measured token hit rate of ``arm`` (the simulator's shared definition)."""
-        from kvaudit.simulator.hit_rate import run_hit_rate
+    def hit_rate(self, arm: str, basis: str = "prompt") -> float | None:
+        """Measured hit rate of ``arm``: ``prompt`` basis is the simulator's token hit rate
+        (tokens already cached / prompt tokens); ``segment`` basis is chunk-aligned (tokens loaded
+        from the segment store / segment tokens)."""
+        from kvaudit.simulator.hit_rate import run_hit_rate, run_segment_hit_rate
 
+        fn = run_segment_hit_rate if basis == "segment" else run_hit_rate
         try:
-            return run_hit_rate(self.run.pairs, arm).rate
+            return fn(self.run.pairs, arm).rate
         except ValueError as e:
             raise DatasetError(f"{self.run.path / 'pairs.jsonl'}: field 'tokens_reused' of arm '{arm}': {e}") from None
 

@@ -15,8 +15,10 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
     require_passed = true
 
     [hit_rate]
-    min = 0.80               # token hit rate of `arm`, measured in the run
-    source = "measured"      # or "simulated" with key = "<entry of simulation.json>"
+    min = 0.80               # hit rate of `arm`
+    source = "segment"       # "segment": chunk-aligned (loaded / segment tokens); "measured": tokens
+                             # already cached / prompt tokens (the simulator's definition);
+                             # "simulated" with key = "<entry of simulation.json>"
 
     [leak]
     max_neutral_text_leak_rate = 0.0
@@ -169,8 +171,8 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
         elif key == "hit_rate":
             lo = _num(f"{source}: field 'hit_rate.min'", sec.get("min"))
             src = sec.get("source", "measured")
-            if src not in ("measured", "simulated"):
-                raise KvauditError(f"{source}: field 'hit_rate.source' must be 'measured' or 'simulated'")
+            if src not in ("measured", "segment", "simulated"):
+                raise KvauditError(f"{source}: field 'hit_rate.source' must be 'measured', 'segment' or 'simulated'")
             if src == "simulated" and not isinstance(sec.get("key"), str):
                 raise KvauditError(f"{source}: field 'hit_rate.key' must name a simulation.json entry")
             pol.checks.append(Check(f"{arm} token hit rate ({src})", "hit_rate",
@@ -226,8 +228,8 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
                            "failed checks: " + (", ".join(failed) or "(none listed)"))
     if k == "hit_rate":
         thr = f"≥ {_pct(p['min'])}"
-        if p["source"] == "measured":
-            rate = an.hit_rate(arm)
+        if p["source"] in ("measured", "segment"):
+            rate = an.hit_rate(arm, "segment" if p["source"] == "segment" else "prompt")
             where = f"arm '{arm}' has no token counts in pairs.jsonl"
         else:
             rate = an.simulated_hit_rates().get(p["key"])

@@ -118,6 +118,7 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
         "noise_floor": an.flips(NOISE_ARM) if NOISE_ARM in an.arms else None,
         "leaks": an.leaks,
         "hit_rate": {"measured": {a: an.hit_rate(a) for a in an.arms},
+                     "segment": {a: an.hit_rate(a, "segment") for a in an.arms},
                      "simulated": an.simulated_hit_rates() or None},
         "ttft": {a: an.ttft(a) for a in an.arms},
         "speedup": {a: an.speedup(a) for a in an.compared_arms},

@@ -35,7 +35,7 @@ def _arm(name: str, answer: str, rng: np.random.Generator, n_tokens: int, *, reu
     n_reused = int(n_tokens * reused)
     return ArmResult(
         arm=name, answer=answer, answer_ids=[first_id, 13], top_k=[(first_id, 12.0), (first_id + 1, 12.0 - margin)],
-        margin=margin, ttft_s=ttft, tokens_reused=n_reused, tokens_computed=n_tokens - n_reused,
+        margin=margin, ttft_s=ttft, tokens_reused=n_reused, tokens_computed=n_tokens - n_reused, cache_hit_tokens=n_reused,
         ids_hash="h", segment_hashes=[], truncation={}, decoding={"greedy": True},
         logit_diff_vs_recompute=logit_diff, canary_logprobs=canary,
     )

@@ -69,10 +69,29 @@ def windowed(hits: np.ndarray, prompt: np.ndarray, n_windows: int) -> list[dict]
 
 
 def run_hit_rate(pairs: Iterable, arm: str = "reuse") -> HitRate:
-    """The token hit rate of one arm of a run (``kvaudit.schema.PairRecord`` list)."""
+    """The token hit rate of one arm of a run (``kvaudit.schema.PairRecord`` list).
+
+    Hits are ``ArmResult.cache_hit_tokens``: reused tokens whose KV was already in the run's
+    segment cache when the case arrived, the simulator's definition, so the two compare.
+    """
     hits, prompt = [], []
     for p in pairs:
         if arm in p.arms:
-            hits.append(min(int(p.arms[arm].tokens_reused), int(p.n_prompt_tokens)))
+            hits.append(min(int(p.arms[arm].cache_hit_tokens), int(p.n_prompt_tokens)))
             prompt.append(int(p.n_prompt_tokens))
     return token_hit_rate(np.array(hits, np.int64), np.array(prompt, np.int64))
+
+
+def run_segment_hit_rate(pairs: Iterable, arm: str = "reuse") -> HitRate:
+    """Chunk-aligned hit rate: tokens loaded from the segment store / tokens inside segments.
+
+    A working reuse arm loads every segment, so this is 1.0; anything lower means segments were
+    silently recomputed (the "prompt tokens" of the returned HitRate are segment tokens here).
+    """
+    hits, seg = [], []
+    for p in pairs:
+        if arm in p.arms:
+            n = sum(int(e) - int(s) for s, e in p.segment_spans)
+            hits.append(min(int(p.arms[arm].tokens_reused), n))
+            seg.append(n)
+    return token_hit_rate(np.array(hits, np.int64), np.array(seg, np.int64))
