@@ -10,7 +10,7 @@ rotary, per-layer RoPE, sliding windows and models without RoPE are refused with
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ class RopeSpec:
     rope_type: str
     head_dim: int
     sliding_window: int | None = None
+    _inv_freq_on: dict[str, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_model(cls, model: Any) -> RopeSpec:
@@ -71,15 +72,34 @@ class RopeSpec:
         return cls(inv_freq=inv_freq, rope_type=rope_type, head_dim=head_dim, sliding_window=window)
 
     def cos_sin(self, delta: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # float64 for the angle so large positions lose no precision before the cast.
-        freqs = float(delta) * self.inv_freq.double()
+        # float64 for the angle so large positions lose no precision before the cast. Computed on
+        # the keys' device: a host-to-device copy per segment can stall a GPU stream.
+        freqs = float(delta) * self._inv_freq64(torch.device(device))
         emb = torch.cat((freqs, freqs))
-        return emb.cos().to(device=device, dtype=dtype), emb.sin().to(device=device, dtype=dtype)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
 
-    def rotate(self, keys: torch.Tensor, delta: int) -> torch.Tensor:
-        """Rotate post-RoPE ``keys`` [..., head_dim] from position p to p + ``delta``."""
+    def _inv_freq64(self, device: torch.device) -> torch.Tensor:
+        key = str(device)
+        if key not in self._inv_freq_on:
+            self._inv_freq_on[key] = self.inv_freq.double().to(device)
+        return self._inv_freq_on[key]
+
+    def rotate(self, keys: torch.Tensor, delta: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate post-RoPE ``keys`` [..., head_dim] from position p to p + ``delta``.
+
+        With ``out`` (same shape, any strides, e.g. a slice of an assembled cache) the result is
+        written there instead of a new tensor, saving the copy a later concatenation would make.
+        """
         if delta == 0:
-            return keys
+            return keys if out is None else out.copy_(keys)
         cos, sin = self.cos_sin(delta, keys.device, torch.float32)
-        k = keys.float()
-        return (k * cos + rotate_half(k) * sin).to(keys.dtype)
+        if out is None:
+            out = torch.empty_like(keys)
+        half = keys.shape[-1] // 2
+        c, s = cos[:half], sin[:half]
+        x1, x2 = keys[..., :half], keys[..., half:]
+        # Bit-identical to (k * cos + rotate_half(k) * sin).to(dtype) with k = keys.float(): the
+        # products are promoted to float32 and rounded once on store, but with fewer full passes.
+        torch.sub(x1 * c, x2 * s, out=out[..., :half])
+        torch.add(x2 * c, x1 * s, out=out[..., half:])
+        return out

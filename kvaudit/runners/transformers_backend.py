@@ -137,9 +137,11 @@ class TransformersBackend:
 
     # ------------------------------------------------------------------ segment stores
 
-    def neutral_entry(self, unit_ids: list[int]) -> tuple[SegmentKV, float]:
+    def neutral_entry(self, unit_ids: list[int], unit_hash: str | None = None) -> tuple[SegmentKV, float]:
         """The neutral warm-up KV of one segment unit, built once and then served from the cache."""
-        key = SegmentKey(self.fingerprint, ids_hash(unit_ids), self.neutral_hash, "neutral")
+        # A caller that already holds ids_hash(unit_ids) (a prompt's segment_hashes) passes it, which
+        # keeps hashing tens of thousands of ids out of the TTFT path.
+        key = SegmentKey(self.fingerprint, unit_hash or ids_hash(unit_ids), self.neutral_hash, "neutral")
         entry = self.cache.get(key)
         if entry is not None:
             return entry, 0.0
@@ -150,7 +152,8 @@ class TransformersBackend:
 
     def segment_entries(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None) -> tuple[list[SegmentKV], float]:
         if spec.source == "neutral":
-            built = [self.neutral_entry(prompt.unit_ids(i)) for i in range(len(prompt.spans))]
+            built = [self.neutral_entry(prompt.unit_ids(i), prompt.segment_hashes[i])
+                     for i in range(len(prompt.spans))]
             return [e for e, _ in built], sum(b for _, b in built)
         if spec.source == "in_context":
             src = prompt
@@ -174,14 +177,18 @@ class TransformersBackend:
             return cache, logits[-1], 0
         self.forward(prompt.ids[: prompt.head_len], 0, cache)
         head_k, head_v = self.stacked_kv(cache)
-        ks, vs = [head_k], [head_v]
-        for (s, _), entry in zip(prompt.spans, entries):
+        # Assemble in place: the head's KV, then each segment's keys rotated straight into their
+        # slice (no per-segment copies and no concatenation pass).
+        n_layers, n_heads, h = head_k.shape[:3]
+        k_all = head_k.new_empty((n_layers, 1, n_heads, prompt.tail_start, head_k.shape[-1]))
+        v_all = head_v.new_empty((n_layers, 1, n_heads, prompt.tail_start, head_v.shape[-1]))
+        k_all[:, 0, :, :h] = head_k
+        v_all[:, 0, :, :h] = head_v
+        for (s, e), entry in zip(prompt.spans, entries):
             delta = s - entry.start if spec.rerotate else 0
-            ks.append(self.rope.rotate(entry.keys, delta))
-            vs.append(entry.values)
-        k_all = torch.cat(ks, dim=2).unsqueeze(1)
-        v_all = torch.cat(vs, dim=2).unsqueeze(1)
-        cache = self.new_cache([(k_all[i], v_all[i]) for i in range(k_all.shape[0])])
+            self.rope.rotate(entry.keys, delta, out=k_all[:, 0, :, s:e])
+            v_all[:, 0, :, s:e] = entry.values
+        cache = self.new_cache([(k_all[i], v_all[i]) for i in range(n_layers)])
         tail = prompt.ids[prompt.tail_start:]
         logits = self.forward(tail, prompt.tail_start, cache)
         return cache, logits[-1], sum(e.n_tokens for e in entries)
