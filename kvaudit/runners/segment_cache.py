@@ -42,7 +42,7 @@ class SegmentKV:
     def compute_fingerprint(self) -> str:
         h = hashlib.sha256()
         for t in (self.keys, self.values):
-            h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+            h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy())  # buffer, no copy
         self.fingerprint = h.hexdigest()[:24]
         return self.fingerprint
 

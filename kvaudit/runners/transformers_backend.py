@@ -138,7 +138,10 @@ class TransformersBackend:
     # ------------------------------------------------------------------ segment stores
 
     def neutral_entry(self, unit_ids: list[int], unit_hash: str | None = None) -> tuple[SegmentKV, float]:
-        """The neutral warm-up KV of one segment unit, built once and then served from the cache."""
+        """The neutral warm-up KV of one segment unit, built once and then served from the cache.
+
+        Returns the entry and its build time (0.0 on a cache hit).
+        """
         # A caller that already holds ids_hash(unit_ids) (a prompt's segment_hashes) passes it, which
         # keeps hashing tens of thousands of ids out of the TTFT path.
         key = SegmentKey(self.fingerprint, unit_hash or ids_hash(unit_ids), self.neutral_hash, "neutral")
@@ -150,11 +153,14 @@ class TransformersBackend:
         self.cache.put(key, entry)
         return entry, entry.build_s
 
-    def segment_entries(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None) -> tuple[list[SegmentKV], float]:
+    def segment_entries(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None
+                        ) -> tuple[list[SegmentKV], float, int]:
+        """Segment KV for ``prompt`` under ``spec``: (entries, build seconds, tokens already cached)."""
         if spec.source == "neutral":
             built = [self.neutral_entry(prompt.unit_ids(i), prompt.segment_hashes[i])
                      for i in range(len(prompt.spans))]
-            return [e for e, _ in built], sum(b for _, b in built)
+            hit = sum(e.n_tokens for e, b in built if b == 0.0)
+            return [e for e, _ in built], sum(b for _, b in built), hit
         if spec.source == "in_context":
             src = prompt
         elif spec.source == "first_user":
@@ -164,7 +170,7 @@ class TransformersBackend:
         else:
             raise KvauditError(f"unknown segment source {spec.source!r}")
         entries = self.capture(src.ids, src.spans)
-        return entries, sum(e.build_s for e in entries)
+        return entries, sum(e.build_s for e in entries), 0
 
     # ------------------------------------------------------------------ arms
 
@@ -227,7 +233,7 @@ class TransformersBackend:
 
     def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
                 candidates: list[str] | None = None) -> ArmOutput:
-        entries, build_s = ([], 0.0) if spec.source is None else self.segment_entries(prompt, spec, capture_prompt)
+        entries, build_s, hit = ([], 0.0, 0) if spec.source is None else self.segment_entries(prompt, spec, capture_prompt)
         t0 = time.perf_counter()
         cache, first_logits, reused = self.prefill(prompt, spec, entries)
         top = torch.topk(first_logits, self.decoding.top_k_logits)
@@ -249,6 +255,7 @@ class TransformersBackend:
             decode_s=decode_s,
             tokens_reused=reused,
             tokens_computed=len(prompt.ids) - reused,
+            cache_hit_tokens=hit,
             ids_hash=ids_hash(prompt.ids),
             segment_hashes=[ids_hash(prompt.unit_ids(i)) for i in range(len(prompt.spans))],
             truncation=dict(prompt.truncation),
