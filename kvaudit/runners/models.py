@@ -56,6 +56,8 @@ def _convert_gguf(gguf: Path, dest: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists() and not (dest / "config.json").exists():
+        shutil.rmtree(dest)  # not a finished conversion (none is renamed into place unfinished)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
