@@ -362,13 +362,18 @@ def read_dataset(dir_: str | os.PathLike) -> Dataset:
     return Dataset(segments=segments, cases=cases, card=card, path=d)
 
 
+def _shallow(obj: Any) -> dict[str, Any]:
+    # Records hold only plain values, lists and dicts: asdict's deep copy is 5x slower for nothing.
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
 def write_dataset(dir_: str | os.PathLike, segments: Iterable[Segment], cases: Iterable[Case],
                   card: DatasetCard) -> None:
     """Write a dataset directory atomically file by file; fills in ``card.content_hash``."""
     d = Path(dir_)
     d.mkdir(parents=True, exist_ok=True)
-    write_jsonl(d / SEGMENTS_FILE, (asdict(s) for s in segments))
-    write_jsonl(d / CASES_FILE, (asdict(c) for c in cases))
+    write_jsonl(d / SEGMENTS_FILE, (_shallow(s) for s in segments))
+    write_jsonl(d / CASES_FILE, (_shallow(c) for c in cases))
     card.content_hash = content_hash(d)
     write_json(d / CARD_FILE, asdict(card))
 
