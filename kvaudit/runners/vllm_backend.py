@@ -331,12 +331,16 @@ class VllmBackend:
         """Teacher-forced log-probability of each candidate as the whole answer, on top of the arm's
         own KV (the first n-1 prompt tokens loaded back; vLLM recomputes the last prompt token)."""
         n = len(prompt.ids)
+        cand_ids = {cand: self.tok.encode(cand) for cand in dict.fromkeys(candidates)}
+        # One batch: every candidate loads the same n - 1 tokens and computes only its own.
+        rids = {cand: self._submit(prompt.ids + cids,
+                                   self._params(max_tokens=1, prompt_logprobs=0,
+                                                transfer={"n_load": n - 1, "plan": [[arm_key, 0, False]]}))
+                for cand, cids in cand_ids.items()}
+        runs = self._drain(list(rids.values()))
         out = {}
-        for cand in candidates:
-            cids = self.tok.encode(cand)
-            run = self._one(prompt.ids + cids, max_tokens=1, prompt_logprobs=0,
-                            transfer={"n_load": n - 1, "plan": [[arm_key, 0, False]]})
-            plps = run.prompt_logprobs or []
+        for cand, cids in cand_ids.items():
+            plps = runs[rids[cand]].prompt_logprobs or []
             lp = 0.0
             for j, t in enumerate(cids):
                 entry = plps[n + j] if n + j < len(plps) else None

@@ -1,0 +1,127 @@
+"""vLLM time to first token: recompute vs prefix cache (warm) vs segment reuse, side by side.
+
+For prompts of about 2K, 4K and 8K tokens it builds the same documents behind two different
+prefixes (A, then B) and measures request B, on one engine and the same ids:
+
+- recompute: a full prefill (fresh cache salt, so nothing is cached);
+- prefix cache warm: request A ran first under the same salt, so vLLM's automatic prefix cache
+  holds the documents, but behind prefix A: B hits only the blocks before the prefixes differ;
+- reuse: the documents' neutral KV (built once, not timed) loaded by kvaudit's connector,
+  re-rotated, after B's head (prefilled fresh by its own request, timed); vLLM computes the tail.
+
+Medians of ``--repeats`` runs, with ``num_cached_tokens`` and the speed-ups. ``--agreement``
+also prints transformers recompute vs vLLM recompute on the example dataset (same ids).
+Run by hand, in the vLLM environment, on a machine as quiet as you can get:
+    .venv-vllm/bin/python benchmarks/vllm_ttft.py [--sizes 2048,4096,8000] [--repeats 3] [--agreement]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import uuid
+
+from kvaudit.runners.arms import ARMS
+from kvaudit.runners.prompt import assemble
+from kvaudit.runners.vllm_backend import open_vllm_backend
+from kvaudit.schema import Case, Segment, segment_id
+
+WORDS = ("film studio director budget premiere audience critic sequel camera script actor festival "
+         "release gross ticket season drama comedy thriller archive reel score editor producer").split()
+
+
+def make_docs(backend, target_tokens: int, seed: int) -> dict[str, Segment]:
+    rng = random.Random(seed)
+    n_docs = 2 if target_tokens <= 2048 else 4
+    per_doc = (target_tokens - 80) // n_docs
+    segs = {}
+    for k in range(n_docs):
+        sents = [f"Document {k}."]
+        while len(backend.tok.unit_ids(" ".join(sents))) < per_doc:
+            sents.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 16))).capitalize() + ".")
+        text = " ".join(sents)
+        segs[segment_id(text)] = Segment(segment_id(text), text)
+    return segs
+
+
+def case_with(prefix: str, segs: dict[str, Segment], size: int) -> Case:
+    return Case(id=f"bench-{size}-{prefix[:8]}", task="single_doc", segment_ids=list(segs),
+                question="Which document mentions a festival first?", answers=["x"], prefix=prefix)
+
+
+def bench_size(backend, size: int, repeats: int) -> dict:
+    segs = make_docs(backend, size, size)
+    a = assemble(case_with("Session A-1187, user Ana, 2026-11-30.\n", segs, size), segs, backend.tok,
+                 backend.max_prompt_tokens)
+    b = assemble(case_with("Session B-5521, user Bo, 2026-12-01.\n", segs, size), segs, backend.tok,
+                 backend.max_prompt_tokens)
+    backend.neutral_entries(b)  # one-time caching, not timed
+    rec, pc, reuse, cached = [], [], [], []
+    for _ in range(repeats):
+        rec.append(backend.run_arm(b, ARMS["recompute"]).result.ttft_s)
+        salt = uuid.uuid4().hex
+        backend._one(a.ids, salt=salt, max_tokens=1)  # the documents enter the prefix cache behind A
+        warm = backend._one(b.ids, salt=salt, max_tokens=1)
+        pc.append(warm.ttft_s)
+        cached.append(warm.num_cached_tokens)
+        reuse.append(backend.run_arm(b, ARMS["reuse"]).result.ttft_s)
+    return {"size": len(b.ids), "segment_tokens": b.tail_start - b.head_len,
+            "recompute": statistics.median(rec), "prefix_warm": statistics.median(pc),
+            "prefix_cached_tokens": int(statistics.median(cached)), "reuse": statistics.median(reuse)}
+
+
+def agreement(backend) -> None:
+    """transformers recompute vs vLLM recompute on the example dataset's ids."""
+    from pathlib import Path
+
+    import torch
+
+    from kvaudit.runners.session import open_backend
+    from kvaudit.schema import read_dataset
+
+    ds = read_dataset(Path(__file__).resolve().parents[1] / "kvaudit" / "data" / "example")
+    tb = open_backend("smollm2", max_new_tokens=backend.decoding.max_new_tokens)
+    print(f"\n{'case':<8} {'tokens':>6} {'top1':>5} {'answer':>7} {'max|dlogprob| top5':>19}")
+    same_top, same_ans = 0, 0
+    for case in ds.cases:
+        p = assemble(case, ds.segments, backend.tok, backend.max_prompt_tokens)
+        tv = backend.run_arm(p, ARMS["recompute"])
+        tt = tb.run_arm(p, ARMS["recompute"])
+        t_lp = torch.log_softmax(tt.first_logits, -1)
+        top5 = [i for i, _ in tv.result.top_k]
+        d = max(abs(float(t_lp[i]) - tv.first_logits[i].item()) for i in top5)
+        st = tv.result.top_k[0][0] == tt.result.top_k[0][0]
+        sa = tv.result.answer == tt.result.answer
+        same_top += st
+        same_ans += sa
+        print(f"{case.id:<8} {len(p.ids):>6} {'same' if st else 'DIFF':>5} {'same' if sa else 'DIFF':>7} {d:>19.2e}")
+    print(f"top-1 agreement {same_top}/{len(ds.cases)}, answer agreement {same_ans}/{len(ds.cases)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="2048,4096,8000")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--agreement", action="store_true")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    t0 = time.perf_counter()
+    backend = open_vllm_backend("smollm2", max_new_tokens=1, max_model_len=8192,
+                                kv_cache_bytes=1536 << 20)
+    print(f"engine start {time.perf_counter() - t0:.1f}s; threads {backend.info()['threads']}")
+    print(f"\n{'tokens':>6} {'seg':>5} {'recompute':>10} {'prefix warm':>12} {'(cached)':>9} {'reuse':>8} "
+          f"{'rec/reuse':>10} {'pc/reuse':>9}")
+    for size in sizes:
+        r = bench_size(backend, size, args.repeats)
+        print(f"{r['size']:>6} {r['segment_tokens']:>5} {r['recompute']:>9.3f}s {r['prefix_warm']:>11.3f}s "
+              f"{r['prefix_cached_tokens']:>9} {r['reuse']:>7.3f}s {r['recompute'] / r['reuse']:>9.1f}x "
+              f"{r['prefix_warm'] / r['reuse']:>8.1f}x", flush=True)
+    if args.agreement:
+        agreement(backend)
+    backend.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The vLLM backend on CPU: paged layouts, re-rotation in vLLM's cache, arms, audit, tampering.
+
+Skipped where vLLM is not importable (the main ``.venv``); ``make test-vllm`` runs it in
+``.venv-vllm``. One small engine (SmolLM2, fp32, ``enforce_eager``) serves the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+torch = pytest.importorskip("torch")
+
+from kvaudit.errors import KvauditError, UnsupportedModelError  # noqa: E402
+from kvaudit.runners import vllm_connector as vc  # noqa: E402
+
+RUN_ARMS = "recompute,reuse,identity,recompute_again"
+
+
+# --------------------------------------------------------------------------- no engine needed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_layout_round_trip_through_vllms_cache_write_op(dtype):
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    blocks, heads, bs, d = 5, 3, 32, 64
+    layout = vc.CpuLayout(_get_attn_isa(dtype, bs, d), bs, heads, d, dtype)
+    kv = torch.zeros(blocks, heads, bs, 2 * d, dtype=dtype)
+    n = 45
+    keys, values = torch.randn(n, heads, d).to(dtype), torch.randn(n, heads, d).to(dtype)
+    slots = vc.slots_for([3, 1], bs, 7, 7 + n)  # starts mid-block, crosses into a second block
+    layout.write(kv, keys, values, slots)
+    k2, v2 = layout.read(kv, slots)
+    assert torch.equal(k2, keys) and torch.equal(v2, values)
+    untouched = [b for b in range(blocks) if b not in (1, 3)]
+    assert not kv[untouched].any()
+
+
+def test_flash_layout_round_trip_and_position():
+    blocks, heads, bs, d = 4, 2, 16, 8
+    layout = vc.FlashLayout(d, use_op=False)
+    # The CUDA view is [blocks, heads, block_size, 2 * head_dim] over NHD memory.
+    kv = torch.zeros(blocks, bs, heads, 2 * d).transpose(1, 2)
+    keys, values = torch.randn(20, heads, d), torch.randn(20, heads, d)
+    slots = vc.slots_for([2, 0], bs, 3, 23)
+    layout.write(kv, keys, values, slots)
+    k2, v2 = layout.read(kv, slots)
+    assert torch.equal(k2, keys) and torch.equal(v2, values)
+    assert torch.equal(kv[2, :, 3, :d], keys[0]) and torch.equal(kv[2, :, 3, d:], values[0])
+    assert torch.equal(kv[0, :, 0, :d], keys[13])  # position 16 is block 0, offset 0
+
+
+def test_slots_follow_the_block_table():
+    assert vc.slots_for([5, 2], 4, 2, 7).tolist() == [22, 23, 8, 9, 10]
+
+
+def test_unknown_vllm_version_and_unsupported_rope_are_refused():
+    from transformers import LlamaConfig
+
+    with pytest.raises(KvauditError, match="not supported"):
+        vc.check_vllm_version("0.9.1")
+    vc.check_vllm_version(vllm.__version__)
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1)
+    spec = vc.rope_from_config(cfg)
+    assert spec.inv_freq.shape == (16,) and spec.inv_freq[0] == 1.0
+    cfg.rope_parameters = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    with pytest.raises(UnsupportedModelError, match="dynamic"):
+        vc.rope_from_config(cfg)
+
+
+# --------------------------------------------------------------------------- one engine
+
+
+@pytest.fixture(scope="module")
+def backend():
+    from kvaudit.runners.vllm_backend import open_vllm_backend
+
+    b = open_vllm_backend("smollm2", max_new_tokens=8, kv_cache_bytes=768 << 20, max_model_len=4096)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from kvaudit.cli import main
+    from kvaudit.schema import read_dataset
+
+    out = tmp_path_factory.mktemp("vllm_box") / "dataset"
+    assert main(["generate", "boxoffice", "--out", str(out), "--cases", "5", "--seed", "3",
+                 "--families", "single_doc=2,multi_hop_bridge=1,leak_probe=1"]) == 0
+    return read_dataset(out)
+
+
+@pytest.fixture(scope="module")
+def vllm_run(backend, dataset, tmp_path_factory) -> Path:
+    from kvaudit.runners.arms import parse_arms
+    from kvaudit.runners.runner import RunConfig, execute
+
+    out = tmp_path_factory.mktemp("vllm_run") / "run"
+    execute(RunConfig(dataset=dataset, out=out, arms=parse_arms(RUN_ARMS), model_name="smollm2"),
+            backend, progress=False)
+    return out
+
+
+def test_rerotated_neutral_kv_equals_kv_computed_at_the_new_position(backend):
+    """Layer-0 keys depend only on the token and its position: moving the neutral copy by +d
+    with the config's RoPE must give what vLLM itself computed at +d."""
+    unit = backend.tok.unit_ids("The Paper Orchid premiered in 1994.")
+    h = len(backend.neutral_head)
+    pad = backend.tok.encode(" filler words here" * 5)
+    a, b = "tmp:test:a", "tmp:test:b"
+    backend._one(backend.neutral_head + unit, max_tokens=1, transfer={"save": [[a, h, h + len(unit)]]})
+    backend._one(backend.neutral_head + pad + unit, max_tokens=1,
+                 transfer={"save": [[b, h + len(pad), h + len(pad) + len(unit)]]})
+    got = backend.store_rpc("get", [a, b])
+    ea, eb = got[a], got[b]
+    assert eb.start - ea.start == len(pad)
+    moved = backend.rope.rotate(ea.keys[0], len(pad))
+    assert float((moved - eb.keys[0]).abs().max()) < 1e-4
+    assert float((ea.keys[0] - eb.keys[0]).abs().max()) > 1e-2  # unrotated keys really differ
+    assert torch.allclose(ea.values[0], eb.values[0], atol=1e-5)
+    backend.store_rpc("drop", [a, b])
+
+
+def test_identity_reproduces_recompute_and_reuse_loads_the_segments(vllm_run):
+    from kvaudit.schema import read_pairs
+
+    pairs = read_pairs(vllm_run)
+    assert len(pairs) == 5
+    for rec in pairs:
+        seg = sum(e - s for s, e in rec.segment_spans)
+        ident, again = rec.arms["identity"], rec.arms["recompute_again"]
+        assert ident.logit_diff_vs_recompute <= 1e-4, rec.case_id
+        assert ident.answer_ids == rec.arms["recompute"].answer_ids
+        assert again.tokens_reused == 0 and again.logit_diff_vs_recompute <= 1e-4
+        for name in ("reuse", "identity"):
+            r = rec.arms[name]
+            assert r.tokens_reused == seg > 0 and r.tokens_computed == rec.n_prompt_tokens - seg
+            assert set(r.segment_kv_fingerprints) == set(rec.segment_ids)
+    assert max(p.arms["reuse"].logit_diff_vs_recompute for p in pairs) > 0.05
+    probes = [p for p in pairs if p.canary]
+    assert probes
+    for p in probes:
+        names = {p.canary["value"], *p.canary["decoys"]}
+        for arm in ("recompute", "reuse"):
+            lps = p.arms[arm].canary_logprobs
+            assert set(lps) == names and all(v < 0 for v in lps.values())
+
+
+def test_manifest_records_the_engine(vllm_run):
+    from kvaudit.schema import read_manifest
+
+    m = read_manifest(vllm_run)
+    assert m["identity"]["backend"] == "vllm" and m["status"] == "complete"
+    eng = m["backend"]["engine"]
+    assert eng["enforce_eager"] is True and eng["tensor_parallel_size"] == 1
+    assert m["backend"]["vllm"] == vllm.__version__
+
+
+def test_audit_passes_and_a_tampered_run_fails(vllm_run, tmp_path):
+    from kvaudit.audit.audit_cli import audit
+
+    result = audit(vllm_run)
+    failed = [c["name"] for c in result["checks"] if c["required"] and not c["passed"]]
+    assert result["passed"], failed
+    bad = tmp_path / "run"
+    shutil.copytree(vllm_run, bad)
+    lines = (bad / "pairs.jsonl").read_text().splitlines()
+    rec = json.loads(lines[0])
+    rec["arms"]["reuse"]["tokens_reused"] = 0  # a silent zero-hit reuse
+    lines[0] = json.dumps(rec)
+    (bad / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    tampered = audit(bad)
+    assert not tampered["passed"]
+    assert {c["name"] for c in tampered["checks"] if not c["passed"]} >= {"reuse_happened"}
+
+
+def test_prefix_cache_arm_runs_cold_then_warm(backend, dataset):
+    from kvaudit.runners.prompt import assemble
+    from kvaudit.runners.vllm_backend import PREFIX_CACHE_ARM
+
+    case = dataset.cases[0]
+    prompt = assemble(case, dataset.segments, backend.tok, backend.max_prompt_tokens)
+    out = backend.run_arm(prompt, PREFIX_CACHE_ARM)
+    block = backend.engine_opts["block_size"]
+    assert out.cold.tokens_reused == 0
+    assert out.num_cached_tokens == (len(prompt.ids) - 1) // block * block > 0
+    assert out.result.tokens_reused == out.num_cached_tokens
