@@ -38,12 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvaudit.runners.arms import parse_arms
-    from kvaudit.runners.runner import RunConfig, execute
+    from kvaudit.runners.runner import RunConfig, check_resumable, execute
     from kvaudit.runners.session import open_backend, print_run_summary
     from kvaudit.schema import read_dataset
 
     arms = parse_arms(args.arms)
     dataset = read_dataset(args.dataset)
+    # Refuse a mismatched run directory before spending time on loading the model.
+    check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
     backend = open_backend(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
                            max_new_tokens=args.max_new_tokens, cache_bytes=args.cache_budget)
     cfg = RunConfig(dataset=dataset, out=args.out, arms=arms, model_name=args.model, limit=args.limit)

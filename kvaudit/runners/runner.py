@@ -90,6 +90,11 @@ def load_done(out: Path) -> dict[str, dict]:
 
 
 def check_resumable(out: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+    """The previous manifest of ``out`` if its identity matches (any subset of keys), else an error.
+
+    Called with the cheap keys (dataset, arms, model name) before a model is loaded, and with the
+    full identity once the backend exists.
+    """
     if not (out / MANIFEST_FILE).exists():
         if (out / PAIRS_FILE).exists():
             raise KvauditError(f"{out}: has {PAIRS_FILE} but no {MANIFEST_FILE}; use a new --out directory")
