@@ -73,6 +73,10 @@ def run_identity(cfg: RunConfig, backend: TransformersBackend) -> dict[str, Any]
         "arms": list(cfg.arms),
         "decoding": backend.decoding.as_dict(),
         "warmup_prefix_hash": backend.neutral_hash,
+        # Greedy outputs can change with the thread count and library versions.
+        "threads": info["threads"],
+        "torch": info["torch"],
+        "transformers": info.get("transformers"),
     }
 
 
