@@ -260,13 +260,10 @@ def test_neutral_exposure_beyond_chance_fails_leak_check(run_copy):
     c = by_name(result)["leak_probes"]
     assert "ex-08" not in c["failing_cases"] and len(c["failing_cases"]) == 8
     assert "sign test" in c["detail"]
-    # the in-module fallback agrees with the report's leak summary on the same pairs
+    # the audit and the report read the same leak statistics
     from kvaudit.reports.leaks import leak_summary
 
-    pairs = read_pairs(run_copy)
-    ours, theirs = checks.leak_summary_fallback(pairs), leak_summary(pairs)
-    assert ours["neutral_exposure_beyond_chance"] is theirs["neutral_exposure_beyond_chance"] is True
-    assert ours["exposure"]["neutral"]["sign_test_p"] == pytest.approx(theirs["exposure"]["neutral"]["sign_test_p"])
+    assert leak_summary(read_pairs(run_copy))["neutral_exposure_beyond_chance"] is True
 
 
 def test_coverage_below_minimums_warns(run_copy):

@@ -23,7 +23,7 @@ Thresholds and tests, in one place so the docs (docs/audit.md) can point here:
   ``recompute``; per probe, the true name's gain minus the decoys' mean gain; one-sided sign
   test across probes at :data:`ALPHA`. The neutral policy fails the audit when that test is
   significant and the mean is positive (same definition as
-  :func:`kvaudit.reports.leaks.leak_summary`, used when importable). With fewer than 5 probes
+  :func:`kvaudit.reports.leaks.leak_summary`, which computes it). With fewer than 5 probes
   the test cannot reach p < 0.05 at all; the check then warns.
 * **coverage minimums**: :data:`MIN_REFS_PER_SEGMENT`, :data:`MIN_NEVER_CACHED_SHARE`.
 """
@@ -31,10 +31,8 @@ Thresholds and tests, in one place so the docs (docs/audit.md) can point here:
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -603,62 +601,6 @@ def check_coverage(run: LoadedRun) -> CheckResult:
 
 # --------------------------------------------------------------------------- leak probes
 
-_POLICIES = {"neutral": ("reuse", "recompute"), "first_user": ("reuse_first_user", "reuse")}
-
-
-def _text_leak(answer: str, value: str) -> bool:
-    return bool(value.strip()) and re.search(
-        rf"(?<!\w){re.escape(value.strip())}(?!\w)", answer, re.IGNORECASE) is not None
-
-
-def _exposure(probes: list[PairRecord], arm: str, ref: str) -> dict[str, Any] | None:
-    """Sign test of (true gain - mean decoy gain) across probes; see the module doc."""
-    from scipy.stats import binomtest
-
-    beyond, cases = [], []
-    for p in probes:
-        a, r = p.arms.get(arm), p.arms.get(ref)
-        if a is None or r is None or not a.canary_logprobs or not r.canary_logprobs:
-            continue
-        value = p.canary["value"]
-        decoys = [d for d in p.canary.get("decoys", []) if d != value]
-        if any(n not in a.canary_logprobs or n not in r.canary_logprobs for n in [value, *decoys]):
-            continue
-        gain = {n: a.canary_logprobs[n] - r.canary_logprobs[n] for n in [value, *decoys]}
-        beyond.append(gain[value] - (statistics.fmean(gain[d] for d in decoys) if decoys else 0.0))
-        cases.append(p.case_id)
-    if not beyond:
-        return None
-    pos, neg = sum(b > 0 for b in beyond), sum(b < 0 for b in beyond)
-    p_val = float(binomtest(pos, pos + neg, 0.5, alternative="greater").pvalue) if pos + neg else 1.0
-    mean = statistics.fmean(beyond)
-    return {"n": len(beyond), "beyond_chance_mean": mean, "n_positive": pos, "n_negative": neg,
-            "sign_test_p": p_val, "beyond_chance": p_val < ALPHA and mean > 0,
-            "positive_cases": [c for c, b in zip(cases, beyond, strict=True) if b > 0]}
-
-
-def leak_summary_fallback(pairs: Iterable[PairRecord]) -> dict[str, Any]:
-    """The parts of :func:`kvaudit.reports.leaks.leak_summary` the audit reads, computed here."""
-    probes = [p for p in pairs if isinstance(p.canary, dict) and isinstance(p.canary.get("value"), str)]
-    text = {}
-    for arm in ("recompute", "reuse", "reuse_first_user"):
-        hits = [p.case_id for p in probes if arm in p.arms and _text_leak(p.arms[arm].answer, p.canary["value"])]
-        n = sum(1 for p in probes if arm in p.arms)
-        if n:
-            text[arm] = {"n": n, "leaks": len(hits), "rate": len(hits) / n, "cases": hits}
-    exposure = {pol: _exposure(probes, arm, ref) for pol, (arm, ref) in _POLICIES.items()}
-    return {"n_probes": len(probes), "alpha": ALPHA, "text": text, "exposure": exposure,
-            "neutral_exposure_beyond_chance": bool(exposure["neutral"] and exposure["neutral"]["beyond_chance"])}
-
-
-def _leak_summary() -> Callable[[list[PairRecord]], dict[str, Any]]:
-    try:
-        from kvaudit.reports.leaks import leak_summary
-    except ImportError:
-        return leak_summary_fallback
-    return leak_summary
-
-
 def check_leak_probes(run: LoadedRun) -> CheckResult:
     """The neutral warm-up policy shows no canary exposure beyond chance (required)."""
     name = "leak_probes"
@@ -678,7 +620,9 @@ def check_leak_probes(run: LoadedRun) -> CheckResult:
                 problems[p.case_id].append(f"arm '{arm}' has no log-probability for every candidate name")
     if problems:
         return _from_problems(name, True, problems, "")
-    s = _leak_summary()(run.pairs)
+    from kvaudit.reports.leaks import leak_summary
+
+    s = leak_summary(run.pairs)
     parts = [f"{s['n_probes']} probes"]
     for arm, t in s.get("text", {}).items():
         parts.append(f"text leak {arm} {t['leaks']}/{t['n']}")
