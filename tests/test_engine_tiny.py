@@ -160,3 +160,18 @@ def test_truncation_drops_whole_trailing_segments(tokenizer):
     assert cut.truncation["truncated"] and cut.truncation["dropped_segments"] == [list(SEGS)[-1]]
     assert cut.ids[: cut.tail_start] == full.ids[: full.spans[-1][0]]
     assert len(cut.ids) <= limit
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotate_into_a_cache_slice_equals_the_textbook_formula(dtype):
+    from kvaudit.runners.rope import rotate_half
+
+    spec = RopeSpec(inv_freq=1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16)), rope_type="default", head_dim=16)
+    keys = torch.randn(2, 3, 7, 16).to(dtype)
+    cos, sin = spec.cos_sin(123, keys.device, torch.float32)
+    expected = (keys.float() * cos + rotate_half(keys.float()) * sin).to(dtype)
+    buf = torch.zeros(2, 3, 20, 16, dtype=dtype)
+    spec.rotate(keys, 123, out=buf[:, :, 5:12])
+    assert torch.equal(buf[:, :, 5:12], expected)
+    assert torch.equal(spec.rotate(keys, 123), expected)
+    assert not buf[:, :, :5].any() and not buf[:, :, 12:].any()  # nothing written outside the slice
