@@ -80,8 +80,9 @@ def _cli(*args: str) -> list[str]:
 
 def test_killed_run_resumes_without_loss(smollm2_run: Path, tmp_path: Path):
     out = tmp_path / "run"
-    cmd = _cli("run", "--dataset", str(EXAMPLE), "--out", str(out), "--arms", ALL_ARMS,
-               "--max-new-tokens", "16", "--no-progress")
+    # Three arms and five cases keep this test short; answers must match the full run's.
+    cmd = _cli("run", "--dataset", str(EXAMPLE), "--out", str(out), "--arms", "recompute,reuse,identity",
+               "--limit", "5", "--max-new-tokens", "16", "--no-progress")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
     pairs = out / "pairs.jsonl"
     deadline = time.time() + 600
@@ -94,14 +95,14 @@ def test_killed_run_resumes_without_loss(smollm2_run: Path, tmp_path: Path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     n_before = pairs.read_text().count("\n")
-    assert 2 <= n_before < 8
+    assert 2 <= n_before < 5
     with open(pairs, "a") as f:  # a torn line, as a kill during a write leaves
         f.write('{"case_id": "ex-0')
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     resumed = read_pairs(out)
     assert sorted(p.case_id for p in resumed) == sorted({p.case_id for p in resumed})
-    ref = {p.case_id: p for p in read_pairs(smollm2_run)}
+    ref = {p.case_id: p for p in read_pairs(smollm2_run)[:5]}
     assert set(ref) == {p.case_id for p in resumed}
     for p in resumed:
         r = ref[p.case_id]
