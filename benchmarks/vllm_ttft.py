@@ -10,7 +10,10 @@ prefixes (A, then B) and measures request B, on one engine and the same ids:
   re-rotated, after B's head (prefilled fresh by its own request, timed); vLLM computes the tail.
 
 Medians of ``--repeats`` runs, with ``num_cached_tokens`` and the speed-ups. ``--agreement``
-also prints transformers recompute vs vLLM recompute on the example dataset (same ids).
+also prints transformers recompute vs vLLM recompute on the example dataset (same ids);
+``--controls N`` runs N Boxoffice cases through recompute, recompute_again (batched with a filler
+request), identity and prefix_cache (cold then warm) and prints the backend's noise floor and the
+cold/warm flip rate.
 Run by hand, in the vLLM environment, on a machine as quiet as you can get:
     .venv-vllm/bin/python benchmarks/vllm_ttft.py [--sizes 2048,4096,8000] [--repeats 3] [--agreement]
 """
@@ -25,6 +28,7 @@ import uuid
 
 from kvaudit.runners.arms import ARMS
 from kvaudit.runners.prompt import assemble
+from kvaudit.runners.transformers_backend import Decoding
 from kvaudit.runners.vllm_backend import open_vllm_backend
 from kvaudit.schema import Case, Segment, segment_id
 
@@ -58,7 +62,7 @@ def bench_size(backend, size: int, repeats: int) -> dict:
     b = assemble(case_with("Session B-5521, user Bo, 2026-12-01.\n", segs, size), segs, backend.tok,
                  backend.max_prompt_tokens)
     backend.neutral_entries(b)  # one-time caching, not timed
-    rec, pc, reuse, cached = [], [], [], []
+    rec, pc, reuse, cached, head, load = [], [], [], [], [], []
     for _ in range(repeats):
         rec.append(backend.run_arm(b, ARMS["recompute"]).result.ttft_s)
         salt = uuid.uuid4().hex
@@ -66,10 +70,14 @@ def bench_size(backend, size: int, repeats: int) -> dict:
         warm = backend._one(b.ids, salt=salt, max_tokens=1)
         pc.append(warm.ttft_s)
         cached.append(warm.num_cached_tokens)
-        reuse.append(backend.run_arm(b, ARMS["reuse"]).result.ttft_s)
+        out = backend.run_arm(b, ARMS["reuse"])
+        reuse.append(out.result.ttft_s)
+        head.append(out.head_s)
+        load.append(backend.store_rpc("stats")["last_load_s"])
     return {"size": len(b.ids), "segment_tokens": b.tail_start - b.head_len,
             "recompute": statistics.median(rec), "prefix_warm": statistics.median(pc),
-            "prefix_cached_tokens": int(statistics.median(cached)), "reuse": statistics.median(reuse)}
+            "prefix_cached_tokens": int(statistics.median(cached)), "reuse": statistics.median(reuse),
+            "reuse_head": statistics.median(head), "reuse_load": statistics.median(load)}
 
 
 def agreement(backend) -> None:
@@ -100,26 +108,62 @@ def agreement(backend) -> None:
     print(f"top-1 agreement {same_top}/{len(ds.cases)}, answer agreement {same_ans}/{len(ds.cases)}")
 
 
+def controls(backend, n_cases: int) -> None:
+    """Noise floor, identity and prefix-cache cold/warm flips on generated Boxoffice cases."""
+    import tempfile
+
+    from kvaudit.cli import main as kvaudit_main
+    from kvaudit.runners.vllm_backend import PREFIX_CACHE_ARM
+    from kvaudit.schema import read_dataset
+
+    backend.decoding = Decoding(max_new_tokens=16)  # whole short answers, so flips can show
+    with tempfile.TemporaryDirectory() as tmp:
+        kvaudit_main(["generate", "boxoffice", "--out", tmp, "--cases", str(n_cases), "--seed", "11"])
+        ds = read_dataset(tmp)
+    again_d, ident_d, again_flips, ident_flips, pc_flips, pc_d = [], [], 0, 0, 0, []
+    for case in ds.cases:
+        p = assemble(case, ds.segments, backend.tok, backend.max_prompt_tokens)
+        ref = backend.run_arm(p, ARMS["recompute"])
+        again = backend.run_arm(p, ARMS["recompute_again"])
+        ident = backend.run_arm(p, ARMS["identity"])
+        pc = backend.run_arm(p, PREFIX_CACHE_ARM)
+        again_d.append(float((again.first_logits - ref.first_logits).abs().max()))
+        ident_d.append(float((ident.first_logits - ref.first_logits).abs().max()))
+        pc_d.append(max(abs(a[1] - b[1]) for a, b in zip(pc.cold.top_k, pc.result.top_k)))
+        again_flips += again.result.answer != ref.result.answer
+        ident_flips += ident.result.answer != ref.result.answer
+        pc_flips += pc.cold.answer != pc.result.answer
+    n = len(ds.cases)
+    print(f"\ncontrols on {n} Boxoffice cases (max |first-token log-prob diff|, answer flips):")
+    print(f"  recompute_again vs recompute: max {max(again_d):.2e}, flips {again_flips}/{n}")
+    print(f"  identity vs recompute:        max {max(ident_d):.2e}, flips {ident_flips}/{n}")
+    print(f"  prefix cache warm vs cold:    max {max(pc_d):.2e} (top-5), flips {pc_flips}/{n}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="2048,4096,8000")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--agreement", action="store_true")
+    ap.add_argument("--controls", type=int, default=0, metavar="N")
     args = ap.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     t0 = time.perf_counter()
     backend = open_vllm_backend("smollm2", max_new_tokens=1, max_model_len=8192,
                                 kv_cache_bytes=1536 << 20)
     print(f"engine start {time.perf_counter() - t0:.1f}s; threads {backend.info()['threads']}")
     print(f"\n{'tokens':>6} {'seg':>5} {'recompute':>10} {'prefix warm':>12} {'(cached)':>9} {'reuse':>8} "
-          f"{'rec/reuse':>10} {'pc/reuse':>9}")
+          f"{'rec/reuse':>10} {'pc/reuse':>9}   reuse = head request + rest (connector load)")
     for size in sizes:
         r = bench_size(backend, size, args.repeats)
         print(f"{r['size']:>6} {r['segment_tokens']:>5} {r['recompute']:>9.3f}s {r['prefix_warm']:>11.3f}s "
               f"{r['prefix_cached_tokens']:>9} {r['reuse']:>7.3f}s {r['recompute'] / r['reuse']:>9.1f}x "
-              f"{r['prefix_warm'] / r['reuse']:>8.1f}x", flush=True)
+              f"{r['prefix_warm'] / r['reuse']:>8.1f}x   {r['reuse_head']:.3f}s + "
+              f"{r['reuse'] - r['reuse_head']:.3f}s ({r['reuse_load']:.3f}s)", flush=True)
     if args.agreement:
         agreement(backend)
+    if args.controls:
+        controls(backend, args.controls)
     backend.close()
 
 

@@ -58,6 +58,7 @@ PREFIX_CACHE_ARM = ArmSpec("prefix_cache", None,
 class VllmArmOutput(ArmOutput):
     cold: ArmResult | None = None  # prefix_cache: the cold run, to measure cold/warm flips
     num_cached_tokens: int = 0
+    head_s: float = 0.0  # cached-segment arms: the fresh head request's share of ttft_s
 
 
 @dataclass
@@ -165,6 +166,8 @@ class VllmBackend:
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "threads": torch.get_num_threads(),
+            "vllm_cpu_omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "device": str(self.engine_opts.get("device", "cpu")),
             "dtype": str(self.engine_opts.get("dtype", "float32")),
             "engine": {k: v for k, v in sorted(self.engine_opts.items()) if k != "kv_transfer_config"},
@@ -356,7 +359,7 @@ class VllmBackend:
         n = len(prompt.ids)
         arm_key = f"tmp:arm:{uuid.uuid4().hex[:12]}"
         save_arm = {"save": [[arm_key, 0, n - 1]]} if candidates else {}
-        if spec.name == "prefix_cache":
+        if spec.name == "prefix_cache" or spec.source == "engine_prefix":
             return self._prefix_cache_arm(prompt, spec)
         if spec.source is None:
             if spec.name == "recompute_again":
@@ -411,7 +414,7 @@ class VllmBackend:
         fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, seg_keys)}
         res = self._result(spec, prompt, run, ttft, reused, hit, fps, canary)
         return VllmArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=build_s,
-                             num_cached_tokens=run.num_cached_tokens)
+                             num_cached_tokens=run.num_cached_tokens, head_s=head.total_s)
 
     def _prefix_cache_arm(self, prompt: Prompt, spec: ArmSpec) -> VllmArmOutput:
         salt = uuid.uuid4().hex
@@ -502,7 +505,7 @@ def demo(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m kvaudit.runners.vllm_backend", description=demo.__doc__)
     p.add_argument("--out", type=Path, default=Path("runs/demo-vllm"))
-    p.add_argument("--cases", type=int, default=12)
+    p.add_argument("--cases", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--arms", default="recompute,reuse,identity,reuse_norope,recompute_again")

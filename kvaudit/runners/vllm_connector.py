@@ -413,6 +413,12 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         if kv.device.type == "cpu":
             from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
+            # The CPU pool is allocated untouched and the block pool hands out blocks in LRU order,
+            # so without this every request pays first-touch page faults on fresh blocks for the
+            # first pass over the pool (measured: a 4K-token load took 2.6 s instead of 0.1 s).
+            for _, layer_kv in self._kv:
+                layer_kv.zero_()
+
             isa = _get_attn_isa(kv.dtype, bs, two_d // 2)
             self._layout = CpuLayout(isa, bs, heads, two_d // 2, kv.dtype)
         else:
