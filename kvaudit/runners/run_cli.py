@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
 
 from kvaudit.runners.arms import ARMS, DEFAULT_ARMS
@@ -25,6 +26,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help=f"comma-separated arms from: {', '.join(ARMS)} (default: %(default)s)")
     p.add_argument("--model", default="smollm2", help="'smollm2' (default) or a local checkpoint directory")
+    p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
+                   help="transformers (default) or vllm (needs the vllm extra; see docs/vllm.md)")
+    eng = p.add_argument_group("vLLM engine options (with --backend vllm; recorded in the manifest)")
+    eng.add_argument("--tensor-parallel-size", type=int, default=1)
+    eng.add_argument("--pipeline-parallel-size", type=int, default=1)
+    eng.add_argument("--max-model-len", type=int, default=4096)
+    eng.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false",
+                     help="allow CUDA graphs (eager is the default)")
+    eng.add_argument("--batch-invariant", action="store_true", help="set VLLM_BATCH_INVARIANT=1")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--limit", type=int, default=None, help="run only the first N cases")
@@ -46,8 +56,20 @@ def run(args: argparse.Namespace) -> int:
     dataset = read_dataset(args.dataset)
     # Refuse a mismatched run directory before spending time on loading the model.
     check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
-    backend = open_backend(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                           max_new_tokens=args.max_new_tokens, cache_bytes=args.cache_budget)
+    if args.backend == "vllm":
+        from kvaudit.errors import KvauditError
+        from kvaudit.runners.vllm_backend import open_vllm_backend
+
+        if importlib.util.find_spec("vllm") is None:
+            raise KvauditError("--backend vllm needs vLLM: `make setup-vllm` (see docs/vllm.md)")
+        backend = open_vllm_backend(
+            args.model, dtype=args.dtype, max_new_tokens=args.max_new_tokens, cache_bytes=args.cache_budget,
+            max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
+            tensor_parallel_size=args.tensor_parallel_size,
+            pipeline_parallel_size=args.pipeline_parallel_size, batch_invariant=args.batch_invariant)
+    else:
+        backend = open_backend(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
+                               max_new_tokens=args.max_new_tokens, cache_bytes=args.cache_budget)
     cfg = RunConfig(dataset=dataset, out=args.out, arms=arms, model_name=args.model, limit=args.limit)
     manifest = execute(cfg, backend, progress=not args.no_progress)
     print_run_summary(args.out, manifest)
