@@ -10,14 +10,14 @@ import argparse
 from pathlib import Path
 
 DEMO_ARMS = "recompute,reuse,identity,reuse_norope,recompute_again,reuse_first_user"
-# Enough leak probes (about 10 in 48 cases) for the leak sign test to be able to reject.
+# Enough leak probes (about 10 in 50 cases) for the leak sign test to be able to reject.
 DEMO_FAMILIES = ("single_doc=3,multi_hop_bridge=2,multi_hop_compare=2,aggregate=1,"
                  "position_probe=1,leak_probe=2")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="demo directory (default runs/demo)")
-    p.add_argument("--cases", type=int, default=48, help="Boxoffice cases to generate and run (default 48)")
+    p.add_argument("--cases", type=int, default=50, help="Boxoffice cases to generate and run (default 50)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dataset", type=Path, default=None,
