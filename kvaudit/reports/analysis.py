@@ -228,8 +228,11 @@ class Analysis:
         column = "task" if key == "task" else f"stratum:{key}"
         if column not in self._meta.columns:
             return self._meta.index[:0]
-        values = self._meta[column].astype(str)
-        return self._meta.index[values.map(lambda v: fnmatch.fnmatchcase(v, pattern)).to_numpy(bool)]
+        # A case without this stratum (missing value) matches no glob; pandas 3 keeps it missing
+        # even through astype(str), so test for it explicitly.
+        values = self._meta[column]
+        picked = values.map(lambda v: not pd.isna(v) and fnmatch.fnmatchcase(str(v), pattern))
+        return self._meta.index[picked.to_numpy(bool)]
 
     # ------------------------------------------------------------------ quality deltas
 
