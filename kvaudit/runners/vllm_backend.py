@@ -151,7 +151,6 @@ class VllmBackend:
         self.max_prompt_tokens = max_len - self.decoding.max_new_tokens
         if self.rope.sliding_window:
             self.max_prompt_tokens = min(self.max_prompt_tokens, self.rope.sliding_window)
-        self._store_rpc_fn = None
 
     # ------------------------------------------------------------------ engine plumbing
 
