@@ -147,3 +147,15 @@ def test_bad_run_files_give_a_clear_error(tmp_path, capsys, breakage, message):
     with pytest.raises(USER_ERRORS, match=re.escape(message)):
         write_report(tmp_path, n_boot=BOOT)
     assert cli([str(tmp_path)]) == 2
+
+
+def test_cases_missing_a_stratum_are_left_out_of_its_groups(tmp_path):
+    pairs = make_pairs(n_per_task=12, seed=3)
+    key = next(k for k in pairs[0].strata)
+    for p in pairs[:5]:
+        p.strata.pop(key)  # e.g. leak probes have no evidence position
+    run = make_run(tmp_path / "run", pairs)
+    write_report(run)
+    summary = json.loads((run / "summary.json").read_text())
+    rows = [r for r in summary["comparisons"]["reuse"] if r["group"].startswith(f"{key}:")]
+    assert rows and sum(r["n"] for r in rows) <= len(pairs) - 5
