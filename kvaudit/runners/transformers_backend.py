@@ -41,6 +41,19 @@ class ArmOutput:
     build_s: float  # segment KV built for this arm (one-time caching cost, not in TTFT)
 
 
+def model_shape_info(cfg: Any, rope: RopeSpec, max_prompt_tokens: int, neutral_hash: str) -> dict[str, Any]:
+    """The model-shape part of a backend's manifest info, the same for every backend."""
+    return {
+        "rope_type": rope.rope_type,
+        "model_type": cfg.model_type,
+        "num_layers": cfg.num_hidden_layers,
+        "num_kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+        "head_dim": rope.head_dim,
+        "max_prompt_tokens": max_prompt_tokens,
+        "neutral_head_hash": neutral_hash,
+    }
+
+
 class TransformersBackend:
     name = "transformers"
 
@@ -81,13 +94,7 @@ class TransformersBackend:
             "device": str(self.device),
             "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
             "attn_implementation": getattr(cfg, "_attn_implementation", None),
-            "rope_type": self.rope.rope_type,
-            "model_type": cfg.model_type,
-            "num_layers": cfg.num_hidden_layers,
-            "num_kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
-            "head_dim": self.rope.head_dim,
-            "max_prompt_tokens": self.max_prompt_tokens,
-            "neutral_head_hash": self.neutral_hash,
+            **model_shape_info(cfg, self.rope, self.max_prompt_tokens, self.neutral_hash),
         }
 
     def new_cache(self, layers: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:

@@ -43,7 +43,7 @@ from kvaudit.errors import KvauditError
 from kvaudit.runners.arms import ArmSpec
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.segment_cache import CacheStats
-from kvaudit.runners.transformers_backend import ArmOutput, Decoding
+from kvaudit.runners.transformers_backend import ArmOutput, Decoding, model_shape_info
 from kvaudit.schema import ArmResult, ids_hash
 
 LOGPROBS = 20
@@ -172,13 +172,7 @@ class VllmBackend:
             "engine": {k: v for k, v in sorted(self.engine_opts.items()) if k != "kv_transfer_config"},
             "connector": f"{CONNECTOR_MODULE}.{CONNECTOR_CLASS}",
             "first_logits": f"top-{LOGPROBS} first-token log-probabilities (raw_logprobs)",
-            "rope_type": self.rope.rope_type,
-            "model_type": cfg.model_type,
-            "num_layers": cfg.num_hidden_layers,
-            "num_kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
-            "head_dim": self.rope.head_dim,
-            "max_prompt_tokens": self.max_prompt_tokens,
-            "neutral_head_hash": self.neutral_hash,
+            **model_shape_info(cfg, self.rope, self.max_prompt_tokens, self.neutral_hash),
         }
 
     def store_rpc(self, op: str, keys: list[str] | None = None) -> Any:
