@@ -28,9 +28,11 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed: the browser test will be skipped"; }
 
-test: setup browser
+# The main suite in .venv (tests/test_vllm.py skips there), then the vLLM tests in .venv-vllm.
+test: setup browser setup-vllm
 	$(PY) -m ruff check kvaudit tests benchmarks
 	$(PY) -m pytest -q
+	$(VLLM_PY) -m pytest -q tests/test_vllm.py
 
 bench: setup
 	$(PY) benchmarks/ttft.py

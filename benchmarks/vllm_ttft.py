@@ -12,7 +12,7 @@ prefixes (A, then B) and measures request B, on one engine and the same ids:
 Medians of ``--repeats`` runs, with ``num_cached_tokens`` and the speed-ups. ``--agreement``
 also prints transformers recompute vs vLLM recompute on the example dataset (same ids);
 ``--controls N`` runs N Boxoffice cases through recompute, recompute_again (batched with a filler
-request), identity and prefix_cache (cold then warm) and prints the backend's noise floor and the
+request), identity and prefix_cache_cold then prefix_cache (warm) and prints the backend's noise floor and the
 cold/warm flip rate.
 Run by hand, in the vLLM environment, on a machine as quiet as you can get:
     .venv-vllm/bin/python benchmarks/vllm_ttft.py [--sizes 2048,4096,8000] [--repeats 3] [--agreement]
@@ -113,7 +113,6 @@ def controls(backend, n_cases: int) -> None:
     import tempfile
 
     from kvaudit.cli import main as kvaudit_main
-    from kvaudit.runners.vllm_backend import PREFIX_CACHE_ARM
     from kvaudit.schema import read_dataset
 
     backend.decoding = Decoding(max_new_tokens=16)  # whole short answers, so flips can show
@@ -126,13 +125,14 @@ def controls(backend, n_cases: int) -> None:
         ref = backend.run_arm(p, ARMS["recompute"])
         again = backend.run_arm(p, ARMS["recompute_again"])
         ident = backend.run_arm(p, ARMS["identity"])
-        pc = backend.run_arm(p, PREFIX_CACHE_ARM)
+        cold = backend.run_arm(p, ARMS["prefix_cache_cold"]).result
+        warm = backend.run_arm(p, ARMS["prefix_cache"]).result
         again_d.append(float((again.first_logits - ref.first_logits).abs().max()))
         ident_d.append(float((ident.first_logits - ref.first_logits).abs().max()))
-        pc_d.append(max(abs(a[1] - b[1]) for a, b in zip(pc.cold.top_k, pc.result.top_k)))
+        pc_d.append(max(abs(a[1] - b[1]) for a, b in zip(cold.top_k, warm.top_k)))
         again_flips += again.result.answer != ref.result.answer
         ident_flips += ident.result.answer != ref.result.answer
-        pc_flips += pc.cold.answer != pc.result.answer
+        pc_flips += cold.answer != warm.answer
     n = len(ds.cases)
     print(f"\ncontrols on {n} Boxoffice cases (max |first-token log-prob diff|, answer flips):")
     print(f"  recompute_again vs recompute: max {max(again_d):.2e}, flips {again_flips}/{n}")

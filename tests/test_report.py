@@ -159,3 +159,34 @@ def test_cases_missing_a_stratum_are_left_out_of_its_groups(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     rows = [r for r in summary["comparisons"]["reuse"] if r["group"].startswith(f"{key}:")]
     assert rows and sum(r["n"] for r in rows) <= len(pairs) - 5
+
+
+def test_cross_backend_table_counts_agreement_and_refuses_another_dataset(tmp_path):
+    from kvaudit.reports.synthetic import make_pairs
+
+    pairs = make_pairs(n_per_task=6, seed=4)
+    a = make_run(tmp_path / "a", pairs)
+    other = make_pairs(n_per_task=6, seed=4)
+    changed = {other[0].case_id, other[1].case_id}
+    for p in other[:2]:
+        p.arms["recompute"].answer += " (other backend)"
+    b = make_run(tmp_path / "b", other)
+    assert cli([str(a), "--bootstrap", "200", "--compare", str(b)]) == 0
+    s = json.loads((a / "summary.json").read_text())
+    (x,) = s["cross_backend"]
+    rows = {r["arm"]: r for r in x["arms"]}
+    assert x["n_common"] == x["ids_equal"] == len(pairs)
+    assert rows["recompute"]["answers_equal"] == len(pairs) - len(changed)
+    assert rows["reuse"]["answers_equal"] == len(pairs)
+    fa = [p.arms["reuse"].answer != p.arms["recompute"].answer for p in pairs]
+    fb = [p.arms["reuse"].answer != p.arms["recompute"].answer for p in other]
+    assert fa != fb  # the changed recompute answers make reuse flip differently on b
+    assert rows["reuse"]["flip_cases_agree"] == sum(u == v for u, v in zip(fa, fb))
+    assert (rows["reuse"]["flips_a"], rows["reuse"]["flips_b"]) == (sum(fa), sum(fb))
+    page = (a / "report.html").read_text()
+    assert 'id="cross-backend-1"' in page and str(b) in page
+
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["dataset"]["hash"] = "1" * 32
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    assert cli([str(a), "--bootstrap", "200", "--compare", str(b)]) == 2

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from kvaudit.errors import KvauditError, UnsupportedModelError  # noqa: E402
 from kvaudit.runners import vllm_connector as vc  # noqa: E402
 
-RUN_ARMS = "recompute,reuse,identity,recompute_again"
+RUN_ARMS = "recompute,reuse,identity,prefix_cache,recompute_again"
 
 
 # --------------------------------------------------------------------------- no engine needed
@@ -102,7 +102,8 @@ def vllm_run(backend, dataset, tmp_path_factory) -> Path:
     from kvaudit.runners.runner import RunConfig, execute
 
     out = tmp_path_factory.mktemp("vllm_run") / "run"
-    execute(RunConfig(dataset=dataset, out=out, arms=parse_arms(RUN_ARMS), model_name="smollm2"),
+    execute(RunConfig(dataset=dataset, out=out, arms=parse_arms(RUN_ARMS, "vllm"),
+                      model_name="smollm2"),
             backend, progress=False)
     return out
 
@@ -180,14 +181,61 @@ def test_audit_passes_and_a_tampered_run_fails(vllm_run, tmp_path):
     assert {c["name"] for c in tampered["checks"] if not c["passed"]} >= {"reuse_happened"}
 
 
-def test_prefix_cache_arm_runs_cold_then_warm(backend, dataset):
-    from kvaudit.runners.prompt import assemble
-    from kvaudit.runners.vllm_backend import PREFIX_CACHE_ARM
+def test_prefix_cache_arms_find_what_vllm_cached(backend, vllm_run):
+    from kvaudit.audit.audit_cli import audit
+    from kvaudit.schema import read_manifest, read_pairs
 
-    case = dataset.cases[0]
-    prompt = assemble(case, dataset.segments, backend.tok, backend.max_prompt_tokens)
-    out = backend.run_arm(prompt, PREFIX_CACHE_ARM)
+    pairs = read_pairs(vllm_run)
     block = backend.engine_opts["block_size"]
-    assert out.cold.tokens_reused == 0
-    assert out.num_cached_tokens == (len(prompt.ids) - 1) // block * block > 0
-    assert out.result.tokens_reused == out.num_cached_tokens
+    assert read_manifest(vllm_run)["arms"][-3:] == ["prefix_cache_cold", "prefix_cache", "recompute_again"]
+    for i, rec in enumerate(pairs):
+        cold, warm = rec.arms["prefix_cache_cold"], rec.arms["prefix_cache"]
+        assert rec.arm_order.index("prefix_cache_cold") + 1 == rec.arm_order.index("prefix_cache")
+        assert warm.tokens_reused == warm.cache_hit_tokens == (rec.n_prompt_tokens - 1) // block * block > 0
+        assert cold.tokens_reused % block == 0 and cold.tokens_reused < warm.tokens_reused
+        if i == 0:
+            assert cold.tokens_reused == 0  # nothing on the run's prefix-cache chain yet
+        assert cold.logit_diff_vs_recompute <= 1e-3 and warm.logit_diff_vs_recompute <= 1e-3
+    checks = {c["name"]: c for c in audit(vllm_run)["checks"]}
+    assert "warm vs cold answers differ on" in checks["prefix_cache_control"]["detail"]
+    assert "engine prefix cache found prefix_cache" in checks["reuse_happened"]["detail"]
+
+
+def test_a_warm_prefix_cache_arm_that_found_nothing_fails(vllm_run, tmp_path):
+    from kvaudit.audit.audit_cli import audit
+
+    bad = tmp_path / "run"
+    shutil.copytree(vllm_run, bad)
+    lines = (bad / "pairs.jsonl").read_text().splitlines()
+    rec = json.loads(lines[1])
+    rec["arms"]["prefix_cache"]["tokens_reused"] = rec["arms"]["prefix_cache"]["cache_hit_tokens"] = 0
+    rec["arms"]["prefix_cache"]["tokens_computed"] = rec["n_prompt_tokens"]
+    lines[1] = json.dumps(rec)
+    (bad / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    result = audit(bad)
+    failed = {c["name"]: c for c in result["checks"] if not c["passed"]}
+    assert set(failed) == {"reuse_happened"} and failed["reuse_happened"]["failing_cases"] == [rec["case_id"]]
+
+
+def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset, tmp_path):
+    """The cross-backend table: a transformers run of the same dataset beside the vLLM run."""
+    from kvaudit.reports.report_cli import write_report
+    from kvaudit.runners.arms import parse_arms
+    from kvaudit.runners.runner import RunConfig, execute
+    from kvaudit.runners.session import open_backend
+    from kvaudit.schema import read_pairs
+
+    tf_run = tmp_path / "tf"
+    tb = open_backend("smollm2", max_new_tokens=8)
+    execute(RunConfig(dataset=dataset, out=tf_run, arms=parse_arms("recompute,reuse,identity", "transformers"),
+                      model_name="smollm2"), tb, progress=False)
+    page = write_report(vllm_run, n_boot=200, compare=[tf_run]).read_text()
+    summary = json.loads((vllm_run / "summary.json").read_text())
+    (x,) = summary["cross_backend"]
+    assert (x["a"]["backend"], x["b"]["backend"]) == ("vllm", "transformers")
+    assert x["n_common"] == x["ids_equal"] == len(read_pairs(vllm_run)) and x["same_weights"]
+    rows = {r["arm"]: r for r in x["arms"]}
+    assert set(rows) == {"recompute", "reuse", "identity"}
+    # The same fp32 weights on the same ids: greedy recompute answers agree across engines.
+    assert rows["recompute"]["answers_equal"] >= rows["recompute"]["n"] - 1
+    assert 'id="cross-backend-1"' in page and "Cross-backend agreement: vllm vs transformers" in page

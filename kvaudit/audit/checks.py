@@ -401,7 +401,9 @@ def check_identity(run: LoadedRun, tol: float | None = None) -> CheckResult:
     dtype = dtype if isinstance(dtype, str) else None
     tol, why = identity_tolerance(dtype, tol)
     exact = dtype in EXACT_DTYPES
-    has_reuse = any(is_reuse_arm(a) and a != "identity" for p in run.pairs for a in p.arms)
+    # The engine's own prefix cache is exact and not kvaudit's code: the identity arm does not vouch for it.
+    has_reuse = any(is_reuse_arm(a) and a != "identity" and _source(a) != "engine_prefix"
+                    for p in run.pairs for a in p.arms)
     if not any("identity" in p.arms for p in run.pairs):
         if has_reuse:
             return CheckResult(name, False, True,
@@ -454,6 +456,9 @@ def check_reuse_happened(run: LoadedRun) -> CheckResult:
                                                f"{r.tokens_reused} tokens")
                 continue
             totals[name] += r.tokens_reused
+            if _source(name) == "engine_prefix":
+                problems[p.case_id].extend(_engine_prefix_problems(p, name))
+                continue
             if expected <= 0:
                 problems[p.case_id].append(f"arm '{name}': no segment tokens to reuse (all dropped?)")
             elif name.startswith("blend@"):
@@ -465,9 +470,36 @@ def check_reuse_happened(run: LoadedRun) -> CheckResult:
                                            f"segment tokens are {expected}")
     if not totals:
         return _from_problems("reuse_happened", True, problems, "no reuse-family arm ran")
-    ok = ("reused tokens equal the segment tokens on every case: "
-          + ", ".join(f"{a} {n}" for a, n in sorted(totals.items())) + " tokens in all")
-    return _from_problems("reuse_happened", True, problems, ok)
+    seg = {a: n for a, n in totals.items() if _source(a) != "engine_prefix"}
+    eng = {a: n for a, n in totals.items() if _source(a) == "engine_prefix"}
+    parts = []
+    if seg:
+        parts.append("reused tokens equal the segment tokens on every case: "
+                     + ", ".join(f"{a} {n}" for a, n in sorted(seg.items())) + " tokens in all")
+    if eng:
+        n_prompt = sum(p.n_prompt_tokens for p in run.pairs)
+        parts.append("engine prefix cache found " + ", ".join(
+            f"{a} {n} of {n_prompt} prompt tokens ({n / max(n_prompt, 1):.1%})" for a, n in sorted(eng.items())))
+    return _from_problems("reuse_happened", True, problems, "; ".join(parts))
+
+
+def _engine_prefix_problems(p: PairRecord, name: str) -> list[str]:
+    """An engine prefix-cache arm: 0 <= cached < prompt tokens (the engine always computes the
+    last token); an arm that runs after its cold twin must find at least as much, and more than 0."""
+    r, out = p.arms[name], []
+    if not 0 <= r.tokens_reused < p.n_prompt_tokens:
+        out.append(f"arm '{name}' reports {r.tokens_reused} cached tokens for a {p.n_prompt_tokens}-token prompt")
+    if r.cache_hit_tokens != r.tokens_reused:
+        out.append(f"arm '{name}': cache_hit_tokens {r.cache_hit_tokens} != tokens_reused {r.tokens_reused}")
+    for before in ARMS[name].requires:
+        prev = p.arms.get(before)
+        if prev is not None and not r.tokens_reused > 0:
+            out.append(f"arm '{name}' found nothing in the prefix cache right after '{before}' "
+                       "ran the same prompt (prefix caching off?)")
+        elif prev is not None and r.tokens_reused < prev.tokens_reused:
+            out.append(f"arm '{name}' found {r.tokens_reused} cached tokens, fewer than '{before}' "
+                       f"({prev.tokens_reused}) on the same prompt")
+    return out
 
 
 def check_history_independence(run: LoadedRun) -> CheckResult:
@@ -559,6 +591,28 @@ def check_noise_floor(run: LoadedRun) -> CheckResult:
               "flips at that rate are noise")
         warning = f"{warning}; {nw}" if warning else nw
     return CheckResult(name, True, False, detail, [], warning)
+
+
+def check_prefix_cache_control(run: LoadedRun) -> CheckResult:
+    """How often the engine's own exact prefix cache changes greedy answers: warm vs cold runs
+    of the same prompt (reported; a warning when any flip)."""
+    name = "prefix_cache_control"
+    both = [p for p in run.pairs if "prefix_cache" in p.arms and "prefix_cache_cold" in p.arms]
+    if not both:
+        return CheckResult(name, True, False, "prefix_cache arms not run")
+    flips = [p.case_id for p in both if p.arms["prefix_cache"].answer != p.arms["prefix_cache_cold"].answer]
+    parts = [f"warm vs cold answers differ on {len(flips)} of {len(both)}"
+             + (f" ({', '.join(flips[:MAX_LISTED])})" if flips else "")]
+    for arm in ("prefix_cache_cold", "prefix_cache"):
+        f = _flips(run, arm)
+        d = _logit_diffs(run, arm)
+        parts.append(f"{arm} vs recompute: flips {sum(f.values())} of {len(f)}, "
+                     f"max logit diff {_fmt(max(d) if d else None)}")
+    warning = None
+    if flips:
+        warning = (f"the engine's exact prefix cache changed {len(flips)} greedy answer(s) between cold and warm "
+                   "runs of the same prompt: flips at that rate are not caused by segment reuse")
+    return CheckResult(name, True, False, "; ".join(parts), [], warning)
 
 
 def _coverage(run: LoadedRun) -> tuple[dict | None, str]:
@@ -669,6 +723,7 @@ def run_checks(run: LoadedRun, identity_tol: float | None = None) -> list[CheckR
         check_reuse_happened(run),
         check_history_independence(run),
         check_noise_floor(run),
+        check_prefix_cache_control(run),
         check_coverage(run),
         check_leak_probes(run),
     ]

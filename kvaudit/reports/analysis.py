@@ -50,6 +50,8 @@ ARM_REASONS = {
     "reuse_norope": "reuse without re-rotation: isolates the position error",
     "oracle": "only the evidence segments: what the documents alone allow",
     "reuse_first_user": "segments cached from the first user's request (unsafe capture policy; leak probes)",
+    "prefix_cache_cold": "vLLM's exact prefix cache, first arrival of the prompt: what prefix caching finds here",
+    "prefix_cache": "vLLM's exact prefix cache, the same prompt again (warm): its own nondeterminism",
 }
 
 
@@ -284,8 +286,11 @@ class Analysis:
         """Measured hit rate of ``arm``: ``prompt`` basis is the simulator's token hit rate
         (tokens already cached / prompt tokens); ``segment`` basis is chunk-aligned (tokens loaded
         from the segment store / segment tokens)."""
+        from kvaudit.runners.arms import ARMS
         from kvaudit.simulator.hit_rate import run_hit_rate, run_segment_hit_rate
 
+        if basis == "segment" and arm in ARMS and ARMS[arm].source == "engine_prefix":
+            return None  # an engine's prefix cache holds blocks, not segments
         fn = run_segment_hit_rate if basis == "segment" else run_hit_rate
         try:
             return fn(self.run.pairs, arm).rate

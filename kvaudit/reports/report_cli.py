@@ -21,13 +21,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cluster-bootstrap resamples (default 2000)")
     parser.add_argument("--max-cases", type=int, default=2000, metavar="N",
                         help="cases shown in the drill-down, flips first (default 2000)")
+    parser.add_argument("--compare", action="append", default=[], metavar="OTHER_RUN",
+                        help="a run of the same dataset on another backend: adds a cross-backend "
+                             "agreement table (repeatable)")
 
 
 def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, near_tie: float = 1.0,
-                 n_boot: int = 2000, max_cases: int = 2000) -> Path:
-    """Write the three report files into ``run_dir``; return the path of ``report.html``."""
+                 n_boot: int = 2000, max_cases: int = 2000, compare: list[str | Path] = ()) -> Path:
+    """Write the three report files into ``run_dir``; return the path of ``report.html``.
+
+    ``compare``: runs of the same dataset on other backends, for the cross-backend table.
+    """
     from kvaudit.reports import html
     from kvaudit.reports.analysis import Analysis, load_run
+    from kvaudit.reports.cross_backend import compare_runs
     from kvaudit.reports.export import SAMPLES_FILE, write_samples
     from kvaudit.reports.policy import load_policy
     from kvaudit.reports.summary import build_summary
@@ -37,6 +44,7 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
     run = load_run(run_dir)
     an = Analysis(run, near_tie=near_tie, confidence=policy.confidence, n_boot=n_boot)
     summary = build_summary(an, policy)
+    summary["cross_backend"] = [compare_runs(run, load_run(other)) for other in compare]
     write_json(run.path / SUMMARY_FILE, summary)
     write_samples(an, run.path / SAMPLES_FILE)
     out = run.path / REPORT_FILE
@@ -50,6 +58,6 @@ def run(args: argparse.Namespace) -> int:
     if args.bootstrap < 100:
         raise KvauditError("--bootstrap must be at least 100")
     path = write_report(args.run_dir, policy_path=args.policy, near_tie=args.near_tie,
-                        n_boot=args.bootstrap, max_cases=args.max_cases)
+                        n_boot=args.bootstrap, max_cases=args.max_cases, compare=args.compare)
     print(path)
     return 0

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.runners.session import open_backend, print_run_summary
     from kvaudit.schema import read_dataset
 
-    arms = parse_arms(args.arms)
+    arms = parse_arms(args.arms, args.backend)
     dataset = read_dataset(args.dataset)
     # Refuse a mismatched run directory before spending time on loading the model.
     check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import KvauditError
-from kvaudit.runners.arms import ARMS
+from kvaudit.runners.arms import ARMS, check_backend
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.transformers_backend import TransformersBackend
 from kvaudit.schema import (
@@ -200,6 +200,7 @@ def execute(cfg: RunConfig, backend: TransformersBackend, *, progress: bool = Tr
     from tqdm import tqdm
 
     out = cfg.out
+    check_backend(cfg.arms, backend.name)
     out.mkdir(parents=True, exist_ok=True)
     identity = run_identity(cfg, backend)
     old = check_resumable(out, identity)

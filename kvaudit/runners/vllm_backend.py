@@ -9,9 +9,12 @@ KV (so approximate KV never enters anyone's prefix-cache chain):
 ``recompute``        one full prefill (fresh salt: no prefix-cache hit).
 ``recompute_again``  the same ids batched together with a filler request (another batch shape):
                      the noise floor of this backend.
-``prefix_cache``     vLLM's own prefix caching, the same prompt twice under one salt: cold, then
-                     warm; ``num_cached_tokens`` of the warm run is its reuse, and the cold run is
-                     kept (``ArmOutput.cold``) to measure how often warm answers flip.
+``prefix_cache_cold`` vLLM's own prefix caching under one salt shared by the whole run: the
+                     first time this prompt arrives, so ``num_cached_tokens`` is what exact prefix
+                     reuse finds on this workload (earlier requests' prefixes; never our warm-ups,
+                     which run under fresh salts).
+``prefix_cache``     the same prompt again, right after: warm, exact KV for all but the last block.
+                     Cold/warm answer flips are the prefix cache's own nondeterminism.
 ``reuse`` and the other cached-segment arms
                      the connector (:mod:`kvaudit.runners.vllm_connector`) loads [head][segment
                      units] and vLLM computes the tail. The head is prefilled fresh at position 0
@@ -49,14 +52,10 @@ from kvaudit.schema import ArmResult, ids_hash
 LOGPROBS = 20
 CONNECTOR_MODULE = "kvaudit.runners.vllm_connector"
 CONNECTOR_CLASS = "KvauditSegmentConnector"
-PREFIX_CACHE_ARM = ArmSpec("prefix_cache", None,
-                           why="vLLM's automatic prefix caching, cold then warm: the baseline segment "
-                               "reuse competes with, and a determinism control of its own")
 
 
 @dataclass
 class VllmArmOutput(ArmOutput):
-    cold: ArmResult | None = None  # prefix_cache: the cold run, to measure cold/warm flips
     num_cached_tokens: int = 0
     head_s: float = 0.0  # cached-segment arms: the fresh head request's share of ttft_s
 
@@ -132,6 +131,7 @@ class VllmBackend:
         self.decoding = decoding or Decoding()
         self.engine_opts = dict(engine_opts or {})
         self.store = store
+        self.prefix_salt = uuid.uuid4().hex  # the prefix_cache arms' one shared cache chain
         self.config = AutoConfig.from_pretrained(model_dir)
         self.rope = rope_from_config(self.config)
         self.cache = SegmentIndex(cache_bytes)
@@ -352,7 +352,7 @@ class VllmBackend:
         n = len(prompt.ids)
         arm_key = f"tmp:arm:{uuid.uuid4().hex[:12]}"
         save_arm = {"save": [[arm_key, 0, n - 1]]} if candidates else {}
-        if spec.name == "prefix_cache" or spec.source == "engine_prefix":
+        if spec.source == "engine_prefix":
             return self._prefix_cache_arm(prompt, spec)
         if spec.source is None:
             if spec.name == "recompute_again":
@@ -410,14 +410,12 @@ class VllmBackend:
                              num_cached_tokens=run.num_cached_tokens, head_s=head.total_s)
 
     def _prefix_cache_arm(self, prompt: Prompt, spec: ArmSpec) -> VllmArmOutput:
-        salt = uuid.uuid4().hex
-        cold = self._one(prompt.ids, salt=salt)
-        warm = self._one(prompt.ids, salt=salt)
-        cached = warm.num_cached_tokens
-        cold_res = self._result(spec, prompt, cold, cold.ttft_s, cold.num_cached_tokens, 0, {}, None)
-        res = self._result(spec, prompt, warm, warm.ttft_s, cached, cached, {}, None)
-        return VllmArmOutput(result=res, first_logits=self._first_logits(warm.first_lp), build_s=cold.total_s,
-                             cold=cold_res, num_cached_tokens=cached)
+        """One request on the run's shared prefix-cache chain; vLLM decides what it finds."""
+        run = self._one(prompt.ids, salt=self.prefix_salt)
+        cached = run.num_cached_tokens
+        res = self._result(spec, prompt, run, run.ttft_s, cached, cached, {}, None)
+        return VllmArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0,
+                             num_cached_tokens=cached)
 
     def close(self) -> None:
         """Shut the engine down (frees its KV space and threads)."""
@@ -494,33 +492,26 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
 
 
 def demo(argv: list[str] | None = None) -> int:
-    """`make demo-vllm`: generate Boxoffice cases, run them on vLLM, audit and report."""
+    """`make demo-vllm`: generate Boxoffice cases, then `kvaudit run --backend vllm`, audit and report."""
     from kvaudit.cli import main
-    from kvaudit.runners.arms import parse_arms
-    from kvaudit.runners.runner import RunConfig, execute
-    from kvaudit.runners.session import print_run_summary
-    from kvaudit.schema import read_dataset
 
     p = argparse.ArgumentParser(prog="python -m kvaudit.runners.vllm_backend", description=demo.__doc__)
     p.add_argument("--out", type=Path, default=Path("runs/demo-vllm"))
     p.add_argument("--cases", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--arms", default="recompute,reuse,identity,reuse_norope,recompute_again")
+    p.add_argument("--arms", default="recompute,reuse,identity,reuse_norope,prefix_cache,recompute_again")
     args = p.parse_args(argv)
     dataset = args.out / "dataset"
     code = main(["generate", "boxoffice", "--out", str(dataset), "--cases", str(args.cases),
                  "--seed", str(args.seed), "--families", "single_doc=3,multi_hop_bridge=1,position_probe=1"])
     if code:
         return code
-    backend = open_vllm_backend(args.model, max_new_tokens=16)
     run_dir = args.out / "run"
-    cfg = RunConfig(dataset=read_dataset(dataset), out=run_dir, arms=parse_arms(args.arms), model_name=args.model)
-    try:
-        manifest = execute(cfg, backend, progress=True)
-    finally:
-        backend.close()
-    print_run_summary(run_dir, manifest)
+    code = main(["run", "--backend", "vllm", "--dataset", str(dataset), "--out", str(run_dir), "--arms", args.arms,
+                 "--model", args.model, "--max-new-tokens", "16"])
+    if code:
+        return code
     audit_code = main(["audit", str(run_dir)])
     code = main(["report", str(run_dir)])
     print(f"\nHTML report: {(run_dir / 'report.html').resolve()}\naudit {'passed' if audit_code == 0 else 'FAILED'}")

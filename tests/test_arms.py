@@ -1,0 +1,34 @@
+"""Arm selection: required companions, canonical order, and arms a backend cannot run."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvaudit.cli import main
+from kvaudit.errors import KvauditError
+from kvaudit.runners.arms import ARMS, CANONICAL_ORDER, parse_arms
+
+from .conftest import EXAMPLE
+
+
+def test_every_arm_has_a_place_in_the_canonical_order():
+    assert set(CANONICAL_ORDER) == set(ARMS)
+    assert CANONICAL_ORDER[0] == "recompute" and CANONICAL_ORDER[-1] == "recompute_again"
+
+
+def test_prefix_cache_brings_its_cold_run_first():
+    assert parse_arms("prefix_cache,reuse", "vllm") == ["recompute", "reuse", "prefix_cache_cold", "prefix_cache"]
+
+
+def test_engine_arms_are_refused_on_transformers():
+    with pytest.raises(KvauditError, match="needs --backend vllm"):
+        parse_arms("reuse,prefix_cache", "transformers")
+    with pytest.raises(KvauditError, match="unknown arm 'prefix'"):
+        parse_arms("prefix", "vllm")
+
+
+def test_run_cli_refuses_an_engine_arm_before_loading_a_model(tmp_path, capsys):
+    code = main(["run", "--dataset", str(EXAMPLE), "--out", str(tmp_path / "run"), "--arms", "prefix_cache"])
+    assert code == 2
+    assert "needs --backend vllm" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
