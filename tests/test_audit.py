@@ -72,7 +72,8 @@ def test_untampered_run_passes(run_copy, capsys):
     assert rc == 0
     assert result["passed"] is True
     checks_ = by_name(result)
-    assert REQUIRED | {"noise_floor", "coverage"} == set(checks_)
+    assert REQUIRED | {"noise_floor", "prefix_cache_control", "coverage"} == set(checks_)
+    assert checks_["prefix_cache_control"]["detail"] == "prefix_cache arms not run"
     for name in REQUIRED:
         assert checks_[name]["required"] and checks_[name]["passed"], checks_[name]
         assert checks_[name]["failing_cases"] == []

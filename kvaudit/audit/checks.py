@@ -457,7 +457,8 @@ def check_reuse_happened(run: LoadedRun) -> CheckResult:
                 continue
             totals[name] += r.tokens_reused
             if _source(name) == "engine_prefix":
-                problems[p.case_id].extend(_engine_prefix_problems(p, name))
+                if msgs := _engine_prefix_problems(p, name):
+                    problems[p.case_id].extend(msgs)
                 continue
             if expected <= 0:
                 problems[p.case_id].append(f"arm '{name}': no segment tokens to reuse (all dropped?)")

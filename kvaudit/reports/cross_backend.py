@@ -60,7 +60,7 @@ def compare_runs(a: Run, b: Run) -> dict[str, Any]:
     arms_a = {n for p in a.pairs for n in p.arms}
     arms_b = {n for p in b.pairs for n in p.arms}
     rows = []
-    for arm in [n for n in dict.fromkeys(n for p in a.pairs for n in p.arms) if n in arms_b]:
+    for arm in [n for n in dict.fromkeys(n for p in a.pairs for n in p.arm_order) if n in arms_b]:
         pairs = [(x, y) for x, y in same_ids if arm in x.arms and arm in y.arms]
         if not pairs:
             continue
