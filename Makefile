@@ -61,7 +61,7 @@ test-vllm: setup-vllm
 	$(VLLM_PY) -m pytest -q tests/test_vllm.py
 
 demo-vllm: setup-vllm
-	$(VLLM_PY) -m kvaudit.runners.vllm_backend --out runs/demo-vllm
+	$(VLLM_VENV)/bin/kvaudit demo --backend vllm --cases 10 --out runs/demo-vllm
 
 bench-vllm: setup-vllm
 	$(VLLM_PY) benchmarks/vllm_ttft.py

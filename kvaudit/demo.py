@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 DEMO_ARMS = "recompute,reuse,identity,reuse_norope,recompute_again,reuse_first_user"
+VLLM_EXTRA_ARMS = ",prefix_cache"  # vLLM's own prefix cache as the baseline, cold and warm
 # Enough leak probes (about 10 in 50 cases) for the leak sign test to be able to reject.
 DEMO_FAMILIES = ("single_doc=3,multi_hop_bridge=2,multi_hop_compare=2,aggregate=1,"
                  "position_probe=1,leak_probe=2")
@@ -20,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", type=int, default=50, help="Boxoffice cases to generate and run (default 50)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="smollm2")
+    p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
+                   help="transformers (default) or vllm (in .venv-vllm: `make demo-vllm`)")
     p.add_argument("--dataset", type=Path, default=None,
                    help="run this dataset instead of generating Boxoffice cases")
     p.add_argument("--no-progress", action="store_true")
@@ -42,9 +45,10 @@ def run(args: argparse.Namespace) -> int:
         if code:
             return code
     run_dir = out / "run"
-    _step(f"run {DEMO_ARMS} -> {run_dir}")
-    run_args = ["run", "--dataset", str(dataset), "--out", str(run_dir), "--arms", DEMO_ARMS,
-                "--model", args.model]
+    arms = DEMO_ARMS + (VLLM_EXTRA_ARMS if args.backend == "vllm" else "")
+    _step(f"run {arms} on {args.backend} -> {run_dir}")
+    run_args = ["run", "--dataset", str(dataset), "--out", str(run_dir), "--arms", arms,
+                "--model", args.model, "--backend", args.backend]
     if args.no_progress:
         run_args.append("--no-progress")
     code = main(run_args)

@@ -31,7 +31,6 @@ the union of both arms' top tokens, and the margin (top-1 minus top-2) equals th
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 import uuid
@@ -486,37 +485,3 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
     if warmup:  # the first requests pay one-off costs that would otherwise land in a TTFT
         backend._one(backend.neutral_head + backend.neutral_head, max_tokens=2)
     return backend
-
-
-# --------------------------------------------------------------------------- demo
-
-
-def demo(argv: list[str] | None = None) -> int:
-    """`make demo-vllm`: generate Boxoffice cases, then `kvaudit run --backend vllm`, audit and report."""
-    from kvaudit.cli import main
-
-    p = argparse.ArgumentParser(prog="python -m kvaudit.runners.vllm_backend", description=demo.__doc__)
-    p.add_argument("--out", type=Path, default=Path("runs/demo-vllm"))
-    p.add_argument("--cases", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--arms", default="recompute,reuse,identity,reuse_norope,prefix_cache,recompute_again")
-    args = p.parse_args(argv)
-    dataset = args.out / "dataset"
-    code = main(["generate", "boxoffice", "--out", str(dataset), "--cases", str(args.cases),
-                 "--seed", str(args.seed), "--families", "single_doc=3,multi_hop_bridge=1,position_probe=1"])
-    if code:
-        return code
-    run_dir = args.out / "run"
-    code = main(["run", "--backend", "vllm", "--dataset", str(dataset), "--out", str(run_dir), "--arms", args.arms,
-                 "--model", args.model, "--max-new-tokens", "16"])
-    if code:
-        return code
-    audit_code = main(["audit", str(run_dir)])
-    code = main(["report", str(run_dir)])
-    print(f"\nHTML report: {(run_dir / 'report.html').resolve()}\naudit {'passed' if audit_code == 0 else 'FAILED'}")
-    return code or (0 if audit_code in (0, 1) else 2)
-
-
-if __name__ == "__main__":
-    raise SystemExit(demo())
