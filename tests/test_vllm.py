@@ -151,6 +151,10 @@ def test_identity_reproduces_recompute_and_reuse_loads_the_segments(vllm_run):
         for arm in ("recompute", "reuse"):
             lps = p.arms[arm].canary_logprobs
             assert set(lps) == names and all(v < 0 for v in lps.values())
+        # Candidates are scored on each arm's own KV: reuse's moved first-token log-probs by more
+        # than 0.05, so its candidate scores must differ from recompute's too.
+        rec, reu = p.arms["recompute"].canary_logprobs, p.arms["reuse"].canary_logprobs
+        assert max(abs(rec[k] - reu[k]) for k in names) > 1e-2
 
 
 def test_manifest_records_the_engine(vllm_run):
@@ -239,3 +243,21 @@ def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset
     # The same fp32 weights on the same ids: greedy recompute answers agree across engines.
     assert rows["recompute"]["answers_equal"] >= rows["recompute"]["n"] - 1
     assert 'id="cross-backend-1"' in page and "Cross-backend agreement: vllm vs transformers" in page
+
+
+def test_candidate_scores_of_recompute_equal_a_full_prefill(backend, dataset, vllm_run):
+    """Scoring loads the arm's KV for n-1 tokens; for recompute that KV is exact, so the score must
+    equal the one from a full prefill of prompt + candidate (no cache at all)."""
+    from kvaudit.runners.prompt import assemble
+    from kvaudit.schema import read_pairs
+
+    rec = next(p for p in read_pairs(vllm_run) if p.canary)
+    case = next(c for c in dataset.cases if c.id == rec.case_id)
+    prompt = assemble(case, dataset.segments, backend.tok, backend.max_prompt_tokens)
+    n = len(prompt.ids)
+    for cand in [rec.canary["value"], rec.canary["decoys"][0]]:
+        cids = backend.tok.encode(cand)
+        full = backend._one(prompt.ids + cids, max_tokens=1, prompt_logprobs=0)
+        assert full.num_cached_tokens == 0
+        lp = sum(float(full.prompt_logprobs[n + j][t].logprob) for j, t in enumerate(cids))
+        assert abs(lp - rec.arms["recompute"].canary_logprobs[cand]) < 1e-3, cand

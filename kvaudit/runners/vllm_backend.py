@@ -185,9 +185,15 @@ class VllmBackend:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        # vLLM skips every cache read, the connector's included, for requests that ask for prompt
+        # log-probabilities (they could not be computed for cached tokens) unless told otherwise:
+        # candidate scoring would then silently run on recomputed KV instead of the arm's own.
+        # The rows of loaded positions are then uninitialised, so they must not be detokenized.
+        scoring = prompt_logprobs is not None and transfer is not None
         sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=LOGPROBS,
                             prompt_logprobs=prompt_logprobs, stop_token_ids=sorted(self.eos),
-                            skip_special_tokens=True, output_kind=RequestOutputKind.CUMULATIVE)
+                            skip_special_tokens=True, output_kind=RequestOutputKind.CUMULATIVE,
+                            skip_reading_prefix_cache=False if scoring else None, detokenize=not scoring)
         if transfer is not None:
             sp.extra_args = {"kv_transfer_params": {"kvaudit": "run", **transfer}}
         return sp
@@ -335,6 +341,10 @@ class VllmBackend:
         runs = self._drain(list(rids.values()))
         out = {}
         for cand, cids in cand_ids.items():
+            if runs[rids[cand]].num_cached_tokens < n - 1:
+                raise KvauditError(f"vLLM loaded {runs[rids[cand]].num_cached_tokens} of the arm's {n - 1} "
+                                   f"prompt tokens when scoring candidate {cand!r}: it would be scored on "
+                                   "recomputed KV, not the arm's")
             plps = runs[rids[cand]].prompt_logprobs or []
             lp = 0.0
             for j, t in enumerate(cids):
