@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from kvaudit.cli import main
@@ -32,3 +34,19 @@ def test_run_cli_refuses_an_engine_arm_before_loading_a_model(tmp_path, capsys):
     assert code == 2
     assert "needs --backend vllm" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_run_cli_without_vllm_installed_names_the_setup_command(tmp_path, capsys):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    code = main(["run", "--backend", "vllm", "--dataset", str(EXAMPLE), "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert "make setup-vllm" in capsys.readouterr().err
+
+
+def test_report_explains_every_arm_even_without_manifest_reasons():
+    from kvaudit.reports.analysis import arm_reason
+
+    for name in ARMS:
+        assert arm_reason(name), name
+    assert arm_reason("prefix_cache") == ARMS["prefix_cache"].why

@@ -50,15 +50,15 @@ ARM_REASONS = {
     "reuse_norope": "reuse without re-rotation: isolates the position error",
     "oracle": "only the evidence segments: what the documents alone allow",
     "reuse_first_user": "segments cached from the first user's request (unsafe capture policy; leak probes)",
-    "prefix_cache_cold": "vLLM's exact prefix cache, first arrival of the prompt: what prefix caching finds here",
-    "prefix_cache": "vLLM's exact prefix cache, the same prompt again (warm): its own nondeterminism",
 }
 
 
 def arm_reason(arm: str) -> str:
     if arm.startswith("blend@"):
         return f"recompute the {arm.split('@', 1)[1]} share of segment tokens whose KV deviates most (CacheBlend style)"
-    return ARM_REASONS.get(arm, "")
+    from kvaudit.runners.arms import ARMS
+
+    return ARM_REASONS.get(arm) or (ARMS[arm].why if arm in ARMS else "")
 
 
 @dataclass

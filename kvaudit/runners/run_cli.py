@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 from pathlib import Path
 
 from kvaudit.runners.arms import ARMS, DEFAULT_ARMS
@@ -57,11 +56,8 @@ def run(args: argparse.Namespace) -> int:
     # Refuse a mismatched run directory before spending time on loading the model.
     check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
     if args.backend == "vllm":
-        from kvaudit.errors import KvauditError
-        from kvaudit.runners.vllm_backend import open_vllm_backend
+        from kvaudit.runners.vllm_backend import open_vllm_backend  # refuses clearly without vLLM
 
-        if importlib.util.find_spec("vllm") is None:
-            raise KvauditError("--backend vllm needs vLLM: `make setup-vllm` (see docs/vllm.md)")
         backend = open_vllm_backend(
             args.model, dtype=args.dtype, max_new_tokens=args.max_new_tokens, cache_bytes=args.cache_budget,
             max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,

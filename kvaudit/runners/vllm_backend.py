@@ -55,7 +55,6 @@ CONNECTOR_CLASS = "KvauditSegmentConnector"
 
 @dataclass
 class VllmArmOutput(ArmOutput):
-    num_cached_tokens: int = 0
     head_s: float = 0.0  # cached-segment arms: the fresh head request's share of ttft_s
 
 
@@ -416,15 +415,14 @@ class VllmBackend:
         fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, seg_keys)}
         res = self._result(spec, prompt, run, ttft, reused, hit, fps, canary)
         return VllmArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=build_s,
-                             num_cached_tokens=run.num_cached_tokens, head_s=head.total_s)
+                             head_s=head.total_s)
 
     def _prefix_cache_arm(self, prompt: Prompt, spec: ArmSpec) -> VllmArmOutput:
         """One request on the run's shared prefix-cache chain; vLLM decides what it finds."""
         run = self._one(prompt.ids, salt=self.prefix_salt)
         cached = run.num_cached_tokens
         res = self._result(spec, prompt, run, run.ttft_s, cached, cached, {}, None)
-        return VllmArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0,
-                             num_cached_tokens=cached)
+        return VllmArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0)
 
     def close(self) -> None:
         """Shut the engine down (frees its KV space and threads)."""
