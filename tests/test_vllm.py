@@ -261,3 +261,47 @@ def test_candidate_scores_of_recompute_equal_a_full_prefill(backend, dataset, vl
         assert full.num_cached_tokens == 0
         lp = sum(float(full.prompt_logprobs[n + j][t].logprob) for j, t in enumerate(cids))
         assert abs(lp - rec.arms["recompute"].canary_logprobs[cand]) < 1e-3, cand
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda rec: rec["arms"]["prefix_cache_cold"].update(tokens_reused=rec["arms"]["prefix_cache"]["tokens_reused"] + 32,
+                                                          cache_hit_tokens=rec["arms"]["prefix_cache"]["tokens_reused"] + 32),
+     "fewer than 'prefix_cache_cold'"),
+    (lambda rec: rec["arms"]["prefix_cache"].update(cache_hit_tokens=0), "cache_hit_tokens 0 != tokens_reused"),
+    (lambda rec: rec["arms"]["prefix_cache_cold"].update(tokens_reused=rec["n_prompt_tokens"],
+                                                          cache_hit_tokens=rec["n_prompt_tokens"]),
+     "cached tokens for a"),
+])
+def test_engine_prefix_records_that_cannot_be_true_fail(vllm_run, tmp_path, tamper, message):
+    from kvaudit.audit.audit_cli import audit
+
+    bad = tmp_path / "run"
+    shutil.copytree(vllm_run, bad)
+    lines = (bad / "pairs.jsonl").read_text().splitlines()
+    rec = json.loads(lines[2])
+    tamper(rec)
+    lines[2] = json.dumps(rec)
+    (bad / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    check = {c["name"]: c for c in audit(bad)["checks"]}["reuse_happened"]
+    assert not check["passed"] and check["failing_cases"] == [rec["case_id"]]
+    assert message in check["detail"]
+
+
+def test_a_run_of_engine_prefix_arms_alone_needs_no_identity_arm(vllm_run, tmp_path):
+    """The identity arm vouches for kvaudit's reuse code; vLLM's exact prefix cache is not that code."""
+    from kvaudit.audit.audit_cli import audit
+
+    keep = ["recompute", "prefix_cache_cold", "prefix_cache", "recompute_again"]
+    bad = tmp_path / "run"
+    shutil.copytree(vllm_run, bad)
+    recs = [json.loads(line) for line in (bad / "pairs.jsonl").read_text().splitlines()]
+    for rec in recs:
+        rec["arms"] = {k: v for k, v in rec["arms"].items() if k in keep}
+        rec["arm_order"] = [a for a in rec["arm_order"] if a in keep]
+    (bad / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["arms"] = manifest["identity"]["arms"] = keep
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    checks = {c["name"]: c for c in audit(bad)["checks"]}
+    assert checks["identity_control"]["passed"], checks["identity_control"]
+    assert checks["records"]["passed"] and checks["reuse_happened"]["passed"]
