@@ -132,16 +132,21 @@ def first_token(arm: ArmResult) -> int | None:
     return int(arm.top_k[0][0])
 
 
-def cluster_key(pair: PairRecord) -> str:
-    """Which cluster a case belongs to for the bootstrap.
+def documents(pair: PairRecord) -> tuple[str, ...]:
+    """The documents a case rests on, for clustering: its evidence segment ids, sorted (all its
+    segment ids when it names no evidence; its own id when it has no segment at all).
 
-    Cases that rest on the same evidence documents are correlated (a document the model reads
-    badly hurts every question about it), so the bootstrap resamples whole clusters. The key is
-    the sorted set of the case's evidence segment ids; a case without evidence uses the sorted
-    set of all its segment ids. Segment ids are content hashes, so one document is one id.
+    Cases that share a document are correlated (a document the model reads badly hurts every
+    question about it); a case on {A, B} shares with the cases on A and with those on B, so the
+    statistics treat membership as a set, not as one label (see
+    :mod:`kvaudit.stats.noninferiority`). Segment ids are content hashes: one document, one id.
     """
-    ids = pair.evidence or pair.segment_ids
-    return "|".join(sorted(set(ids))) or pair.case_id
+    return tuple(sorted(set(pair.evidence or pair.segment_ids))) or (pair.case_id,)
+
+
+def cluster_key(pair: PairRecord) -> str:
+    """:func:`documents` joined with ``|`` (one string per case, for tables)."""
+    return "|".join(documents(pair))
 
 
 def score_pairs(pairs: Iterable[PairRecord], near_tie: float = DEFAULT_NEAR_TIE) -> pd.DataFrame:

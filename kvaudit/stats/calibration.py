@@ -1,0 +1,176 @@
+"""Operating characteristic of the paired bound by simulation: false-pass rate at the margin,
+coverage, power, and the cases a design needs.
+
+A :class:`Design` describes a run the way a user can state it before running: cases, cases per
+document (cluster size), the share of cases resting on two documents, the score type (0/1 or
+F1-like), recompute's base accuracy, and how often the arm under test changes an answer. Each
+simulated run draws documents with a random fragility (multiplier ``1 - h`` or ``1 + h``, mean
+exactly 1), so a case's chance of losing (or gaining) its answer depends on its documents: the
+clustering the bound must survive. The true mean difference is known in closed form, so a run
+can be placed exactly at the margin.
+
+Used by ``benchmarks/gate_calibration.py`` (the grid in docs/reports.md), by ``kvaudit plan`` and
+by the tests' fast slice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, paired_bound
+
+SCORES = ("binary", "f1")
+_F1_PARTIAL = 0.15  # share of recompute answers with a partial F1 score (uniform in [0.2, 0.9])
+
+
+@dataclass(frozen=True)
+class Design:
+    n: int = 200
+    cluster_size: float = 1.0  # mean cases per document
+    multi_doc_share: float = 0.0  # share of cases on two documents
+    score: str = "binary"  # "binary" (0/1) or "f1" (scores in [0, 1] with partial credit)
+    base_accuracy: float = 0.8  # recompute's mean score
+    gain_rate: float = 0.05  # chance the arm improves a case (scaled by its documents' fragility)
+    heterogeneity: float = 0.8  # documents' fragility multiplier is 1 - h or 1 + h
+
+    def __post_init__(self) -> None:
+        if self.score not in SCORES:
+            raise ValueError(f"score must be one of {', '.join(SCORES)}, got {self.score!r}")
+        if self.n < 1 or self.cluster_size < 1:
+            raise ValueError("a design needs at least one case and a cluster size of at least 1")
+        if not 0 <= self.multi_doc_share <= 1 or not 0 < self.base_accuracy < 1:
+            raise ValueError("multi_doc_share must be in [0, 1] and base_accuracy in (0, 1)")
+        if not 0 <= self.heterogeneity < 1 or not 0 <= self.gain_rate <= 1:
+            raise ValueError("heterogeneity must be in [0, 1) and gain_rate in [0, 1]")
+
+    @property
+    def n_documents(self) -> int:
+        docs_per_case = 1 + self.multi_doc_share
+        return max(2, round(self.n * docs_per_case / self.cluster_size))
+
+    def loss_rate(self, delta: float) -> float:
+        """The loss rate that puts the true mean difference at ``delta`` (on [-1, 1])."""
+        r = self.base_accuracy  # recompute's mean score (see _draw_reference)
+        # E[d] = -loss * E[loss size] + gain * E[gain size]; sizes are r and 1 - r for binary,
+        # half of them for F1-like scores (the damaged score is uniform below the original).
+        scale = 1.0 if self.score == "binary" else 0.5
+        loss = (self.gain_rate * (1 - r) * scale - delta) / (r * scale)
+        if not 0 <= loss * (1 + self.heterogeneity) <= 1:
+            raise ValueError(f"a true delta of {delta:+.3f} is out of reach for this design "
+                             f"(loss rate {loss:.3f}); change gain_rate or base_accuracy")
+        return loss
+
+
+def _memberships(design: Design, rng: np.random.Generator) -> list[list[str]]:
+    g = design.n_documents
+    first = rng.permutation(np.arange(design.n) % g)
+    multi = rng.random(design.n) < design.multi_doc_share
+    out = []
+    for i in range(design.n):
+        docs = [int(first[i])]
+        if multi[i] and g > 1:
+            other = int(rng.integers(g - 1))
+            docs.append(other + (other >= docs[0]))
+        out.append([f"d{j}" for j in docs])
+    return out
+
+
+def _draw_reference(design: Design, rng: np.random.Generator) -> np.ndarray:
+    n = design.n
+    if design.score == "binary":
+        return (rng.random(n) < design.base_accuracy).astype(float)
+    # partial credit with mean 0.55 on a share of cases; 0/1 elsewhere with the rest of the mass
+    partial = rng.random(n) < _F1_PARTIAL
+    p_right = (design.base_accuracy - _F1_PARTIAL * 0.55) / (1 - _F1_PARTIAL)
+    return np.where(partial, rng.uniform(0.2, 0.9, n), (rng.random(n) < p_right).astype(float))
+
+
+def simulate_diffs(design: Design, delta: float, rng: np.random.Generator) -> tuple[np.ndarray, list[list[str]]]:
+    """One simulated run: per-case differences (arm - recompute) and documents, true mean ``delta``."""
+    loss = design.loss_rate(delta)
+    members = _memberships(design, rng)
+    frag = np.where(rng.random(design.n_documents) < 0.5, 1 - design.heterogeneity, 1 + design.heterogeneity)
+    mult = np.array([frag[[int(d[1:]) for d in m]].mean() for m in members])
+    ref = _draw_reference(design, rng)
+    lose = rng.random(design.n) < loss * mult
+    gain = rng.random(design.n) < design.gain_rate * mult
+    if design.score == "binary":
+        arm = np.where(lose & (ref == 1), 0.0, np.where(gain & (ref == 0), 1.0, ref))
+    else:
+        u = rng.random(design.n)
+        arm = np.where(lose, ref * u, np.where(gain, ref + (1 - ref) * u, ref))
+    return arm - ref, members
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What ``reps`` simulated runs at one true delta did."""
+
+    reps: int
+    passed: float  # share of runs whose lower bound clears the margin
+    covered: float | None  # share of decided runs whose two-sided interval holds the true delta
+    undecidable: float  # share of runs too small to decide (no bound)
+
+
+def mc_se(rate: float, reps: int) -> float:
+    """Monte Carlo standard error of a rate estimated from ``reps`` runs."""
+    return float(np.sqrt(max(rate * (1 - rate), 1e-12) / reps))
+
+
+def rates(design: Design, delta: float, margin: float, *, reps: int = 1000, seed: int = 0,
+          confidence: float = DEFAULT_CONFIDENCE) -> Rates:
+    """Simulate ``reps`` runs with true mean difference ``delta`` and judge each at ``margin``
+    (both on the [-1, 1] scale: -0.02 is "-2 points")."""
+    rng = np.random.default_rng(seed)
+    passes = covers = decided = 0
+    for _ in range(reps):
+        d, m = simulate_diffs(design, delta, rng)
+        b = paired_bound(d, m, confidence=confidence)
+        if b.decidable:
+            decided += 1
+            passes += b.lower >= margin
+            covers += b.lower <= delta <= b.upper
+    return Rates(reps, passes / reps, covers / decided if decided else None, 1 - decided / reps)
+
+
+@dataclass(frozen=True)
+class Characteristic:
+    """The gate's operating characteristic for one design and margin."""
+
+    design: Design
+    margin: float
+    at_margin: Rates  # true delta == margin: ``passed`` is the false-pass rate
+    at_zero: Rates  # true delta == 0: ``passed`` is the power
+
+
+def characterise(design: Design, margin: float, *, reps: int = 1000, seed: int = 0,
+                 confidence: float = DEFAULT_CONFIDENCE) -> Characteristic:
+    """False-pass rate and coverage at the margin, power at a true delta of 0."""
+    return Characteristic(design, margin,
+                          rates(design, margin, margin, reps=reps, seed=seed, confidence=confidence),
+                          rates(design, 0.0, margin, reps=reps, seed=seed + 1, confidence=confidence))
+
+
+def cases_for_power(design: Design, margin: float, *, target: float = 0.80, reps: int = 300,
+                    seed: int = 0, confidence: float = DEFAULT_CONFIDENCE,
+                    max_n: int = 20000) -> int | None:
+    """Fewest cases (same cluster size and mix) at which the gate passes a true delta of 0 with
+    ``target`` probability, by doubling then bisection on simulated power; None beyond ``max_n``."""
+    def power(n: int) -> float:
+        return rates(replace(design, n=n), 0.0, margin, reps=reps, seed=seed,
+                     confidence=confidence).passed
+
+    lo, hi = 0, max(20, design.n)
+    while power(hi) < target:
+        lo, hi = hi, hi * 2
+        if hi > max_n:
+            return None
+    while hi - lo > max(5, hi // 20):
+        mid = (lo + hi) // 2
+        if power(mid) >= target:
+            hi = mid
+        else:
+            lo = mid
+    return hi
