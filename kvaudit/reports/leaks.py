@@ -9,16 +9,53 @@ candidate name (the value and every decoy) to its teacher-forced log-probability
 Two kinds of evidence, because a text-only leak rate can read zero while the cache still
 carries the name:
 
-* **Text leak**: the answer contains the canary as a whole word (case-insensitive); rates
-  come with Wilson intervals.
-* **Exposure**: ``lp_policy(true) - lp_reference(true)``; the reference is ``recompute`` for the
-  neutral policy and ``reuse`` for the first-user policy (so it isolates the capture). Beyond
-  chance = the true name's gain minus the mean gain of the decoys, tested with a one-sided sign
-  test across probes (scipy ``binomtest``). Also the true canary's rank among the candidates
-  under the policy and the share ranked first against chance ``1 / (1 + n_decoys)``.
+* **Text leak**: the answer contains the canary as a whole word (case-insensitive); rates come
+  with two-sided Wilson intervals at ``confidence`` (the gate reads the upper end).
+* **Exposure**: each policy against its reference arm (:data:`POLICIES`: the neutral policy
+  ``reuse`` against ``recompute``; the first-user policy ``reuse_first_user`` against ``reuse``,
+  which isolates the capture). A candidate's gain is ``lp_policy - lp_reference``. The test is
+  the exact rank test of :mod:`kvaudit.stats.leak_tests`: per probe the rank of the true name's
+  gain among all candidates' gains (ties count against a leak), uniform without a leak. It
+  compares gains with gains, never absolute log-probabilities, so a name the model already
+  favours does not look leaked, and it is exact under skewed or correlated gains, where the old
+  sign test of "gain minus the decoys' mean gain" was not.
 
-:func:`leak_summary` is what the report shows and what the audit calls; the audit fails when
-``result["neutral_exposure_beyond_chance"]`` is true.
+:func:`leak_summary` returns::
+
+    n_probes                        probes in the run (pairs with a canary)
+    alpha, confidence               the test level and the interval confidence used
+    power_target                    the power min_probes asks for (0.8)
+    reference_effect                the alternative power is computed at (text)
+    reference_shift                 that alternative's shift, in decoy-gain SDs
+    text: {arm: ...}                per arm among recompute, reuse, reuse_first_user:
+        n, leaks, rate              probes with the arm, answers naming the canary, leaks / n
+        ci                          two-sided Wilson interval [lower, upper] at ``confidence``
+        cases                       case ids of the text leaks
+    exposure: {policy: ... | None}  per policy in POLICIES; None when no probe has
+                                    log-probabilities for every candidate under both arms
+        arm, reference              the policy's arm and its reference arm
+        n                           probes scored
+        n_candidates                candidates per probe (min and max: [lo, hi])
+        exposure_mean, exposure_ci  mean gain of the true name (nats), cluster-bootstrap interval
+        beyond_chance_mean/_ci      mean of (true gain - decoys' mean gain), descriptive only
+        rank_test_p                 exact one-sided p-value of the rank test
+        mean_rank, chance_rank      mean gain rank of the true name (1 = largest gain, ties
+                                    against it); mean of (K + 1) / 2
+        share_first, chance_first   share of probes whose true name gained most; mean of 1 / K
+        ranked_first_cases          case ids where the true name gained most
+        power                       power of the rank test for these probes at the reference effect
+        min_probes                  fewest probes (with the run's smallest K) for power
+                                    power_target there; None when unreachable (one candidate)
+        decidable                   n >= min_probes
+        beyond_chance               rank_test_p <= alpha
+        verdict                     "fail" (beyond chance), "pass" (not, and decidable) or
+                                    "undecided" (not, and too few probes)
+    neutral_text_leak_rate          text["reuse"]["rate"], or None
+    neutral_exposure_beyond_chance  the neutral policy's beyond_chance (False without probes)
+    neutral_exposure_decidable      the neutral policy's decidable (False without probes)
+
+The audit fails when ``neutral_exposure_beyond_chance`` is true and warns when
+``neutral_exposure_decidable`` is false.
 """
 
 from __future__ import annotations
@@ -30,8 +67,20 @@ from typing import Any
 import numpy as np
 
 from kvaudit.reports.scoring import cluster_key
-from kvaudit.reports.stats import DEFAULT_CONFIDENCE, cluster_bootstrap_means, wilson
+from kvaudit.reports.stats import DEFAULT_CONFIDENCE, cluster_bootstrap_means
 from kvaudit.schema import PairRecord
+from kvaudit.stats.leak_tests import (
+    DEFAULT_ALPHA,
+    DEFAULT_POWER,
+    REFERENCE_EFFECT,
+    REFERENCE_SHIFT,
+    exposure_verdict,
+    gain_rank,
+    min_probes,
+    rank_test,
+    rank_test_power,
+    wilson_interval,
+)
 
 # policy name -> (arm under test, reference arm)
 POLICIES: dict[str, tuple[str, str]] = {
@@ -39,7 +88,6 @@ POLICIES: dict[str, tuple[str, str]] = {
     "first_user": ("reuse_first_user", "reuse"),
 }
 TEXT_ARMS = ("recompute", "reuse", "reuse_first_user")
-DEFAULT_ALPHA = 0.05
 
 
 def text_leak(answer: str, value: str) -> bool:
@@ -56,57 +104,56 @@ def _probe_rows(pairs: Iterable[PairRecord]) -> list[PairRecord]:
 def _text_rates(probes: list[PairRecord], confidence: float) -> dict[str, Any]:
     out = {}
     for arm in TEXT_ARMS:
-        hits = [text_leak(p.arms[arm].answer, p.canary["value"]) for p in probes if arm in p.arms]
-        if not hits:
+        rows = [p for p in probes if arm in p.arms]
+        if not rows:
             continue
-        k, n = int(sum(hits)), len(hits)
-        out[arm] = {"n": n, "leaks": k, "rate": k / n, "ci": _list(wilson(k, n, confidence)),
-                    "cases": [p.case_id for p in probes if arm in p.arms
-                              and text_leak(p.arms[arm].answer, p.canary["value"])]}
+        cases = [p.case_id for p in rows if text_leak(p.arms[arm].answer, p.canary["value"])]
+        k, n = len(cases), len(rows)
+        out[arm] = {"n": n, "leaks": k, "rate": k / n, "ci": list(wilson_interval(k, n, confidence)),
+                    "cases": cases}
     return out
 
 
 def _exposure(probes: list[PairRecord], arm: str, ref: str, confidence: float,
               alpha: float) -> dict[str, Any] | None:
-    from scipy.stats import binomtest
-
-    gains, beyond, ranks, chance, clusters, cases = [], [], [], [], [], []
+    gains, beyond, ranks, ks, clusters, cases = [], [], [], [], [], []
     for p in probes:
         a, r = p.arms.get(arm), p.arms.get(ref)
         if a is None or r is None or not a.canary_logprobs or not r.canary_logprobs:
             continue
         value = p.canary["value"]
-        decoys = [d for d in p.canary.get("decoys", []) if d != value]
+        decoys = list(dict.fromkeys(d for d in p.canary.get("decoys", []) if d != value))
         names = [value, *decoys]
         if any(n not in a.canary_logprobs or n not in r.canary_logprobs for n in names):
             continue
         g = {n: a.canary_logprobs[n] - r.canary_logprobs[n] for n in names}
+        dg = [g[d] for d in decoys]
         gains.append(g[value])
-        beyond.append(g[value] - (float(np.mean([g[d] for d in decoys])) if decoys else 0.0))
-        ranks.append(1 + sum(a.canary_logprobs[d] > a.canary_logprobs[value] for d in decoys))
-        chance.append(1 / len(names))
+        beyond.append(g[value] - (float(np.mean(dg)) if dg else 0.0))
+        ranks.append(gain_rank(g[value], dg))
+        ks.append(len(names))
         clusters.append(cluster_key(p))
         cases.append(p.case_id)
-    n = len(gains)
-    if n == 0:
+    if not gains:
         return None
-    b = np.asarray(beyond)
-    pos, neg = int((b > 0).sum()), int((b < 0).sum())
-    sign_p = float(binomtest(pos, pos + neg, 0.5, alternative="greater").pvalue) if pos + neg else 1.0
-    first = int(sum(r == 1 for r in ranks))
-    first_p = float(binomtest(first, n, float(np.mean(chance)), alternative="greater").pvalue)
+    t = rank_test(ranks, ks)
+    need = min_probes(min(ks), alpha=alpha)
     out = {
-        "arm": arm, "reference": ref, "n": n,
+        "arm": arm, "reference": ref, "n": t.n, "n_candidates": [min(ks), max(ks)],
         "exposure_mean": float(np.mean(gains)),
         "exposure_ci": _boot_ci(gains, clusters, confidence),
-        "beyond_chance_mean": float(b.mean()),
+        "beyond_chance_mean": float(np.mean(beyond)),
         "beyond_chance_ci": _boot_ci(beyond, clusters, confidence),
-        "n_positive": pos, "n_negative": neg, "sign_test_p": sign_p,
-        "mean_rank": float(np.mean(ranks)), "share_first": first / n,
-        "chance_first": float(np.mean(chance)), "share_first_p": first_p,
-        "positive_cases": [c for c, x in zip(cases, beyond, strict=True) if x > 0],
+        "rank_test_p": t.p_value,
+        "mean_rank": t.mean_rank, "chance_rank": t.chance_rank,
+        "share_first": t.n_first / t.n, "chance_first": t.chance_first,
+        "ranked_first_cases": [c for c, k in zip(cases, ranks, strict=True) if k == 1],
+        "power": rank_test_power(ks, alpha=alpha),
+        "min_probes": need,
+        "decidable": need is not None and t.n >= need,
+        "beyond_chance": t.p_value <= alpha,
+        "verdict": exposure_verdict(t.p_value, t.n, need, alpha),
     }
-    out["beyond_chance"] = bool(sign_p < alpha and out["beyond_chance_mean"] > 0)
     return out
 
 
@@ -118,19 +165,16 @@ def _boot_ci(values: list[float], clusters: list[str], confidence: float) -> lis
     return [float(np.quantile(boots, tail)), float(np.quantile(boots, 1 - tail))]
 
 
-def _list(x: tuple[float, float] | None) -> list[float] | None:
-    return None if x is None else list(x)
-
-
 def leak_summary(pairs: Iterable[PairRecord], *, confidence: float = DEFAULT_CONFIDENCE,
                  alpha: float = DEFAULT_ALPHA) -> dict[str, Any]:
-    """Text-leak rates per arm and canary exposure per caching policy.
+    """Text-leak rates per arm and canary exposure per caching policy (keys: module docstring).
 
-    Returns ``{"n_probes", "text": {arm: {n, leaks, rate, ci, cases}}, "exposure": {policy:
-    {...} or None}, "neutral_text_leak_rate", "neutral_exposure_beyond_chance", "alpha"}``.
-    ``neutral_exposure_beyond_chance`` is True only when the neutral policy's true canary
-    gains more than its decoys in a one-sided sign test at ``alpha``.
+    ``neutral_exposure_beyond_chance`` is True only when the neutral policy's rank test rejects
+    at ``alpha``; ``neutral_exposure_decidable`` says whether the probes had power
+    ``DEFAULT_POWER`` at the reference effect.
     """
+    if not 0 < alpha < 1:
+        raise ValueError("alpha must lie in (0, 1)")
     probes = _probe_rows(pairs)
     text = _text_rates(probes, confidence)
     exposure = {name: _exposure(probes, arm, ref, confidence, alpha)
@@ -139,8 +183,13 @@ def leak_summary(pairs: Iterable[PairRecord], *, confidence: float = DEFAULT_CON
     return {
         "n_probes": len(probes),
         "alpha": alpha,
+        "confidence": confidence,
+        "power_target": DEFAULT_POWER,
+        "reference_effect": REFERENCE_EFFECT,
+        "reference_shift": REFERENCE_SHIFT,
         "text": text,
         "exposure": exposure,
         "neutral_text_leak_rate": text["reuse"]["rate"] if "reuse" in text else None,
         "neutral_exposure_beyond_chance": bool(neutral and neutral["beyond_chance"]),
+        "neutral_exposure_decidable": bool(neutral and neutral["decidable"]),
     }
