@@ -20,11 +20,11 @@ Thresholds and tests, in one place so the docs (docs/audit.md) can point here:
   the discordant cases, scipy ``binomtest``). A warning when reuse changed answers but not
   significantly more often than the noise floor (p >= :data:`ALPHA`).
 * **leak probes**: exposure gain of a name = its log-probability under ``reuse`` minus under
-  ``recompute``; per probe, the true name's gain minus the decoys' mean gain; one-sided sign
-  test across probes at :data:`ALPHA`. The neutral policy fails the audit when that test is
-  significant and the mean is positive (same definition as
-  :func:`kvaudit.reports.leaks.leak_summary`, which computes it). With fewer than 5 probes
-  the test cannot reach p < 0.05 at all; the check then warns.
+  ``recompute``; per probe, the rank of the true name's gain among all candidates' gains,
+  uniform without a leak; exact one-sided rank test across probes at :data:`ALPHA`
+  (:mod:`kvaudit.stats.leak_tests`, computed by :func:`kvaudit.reports.leaks.leak_summary`).
+  The neutral policy fails the audit when the test rejects. With fewer probes than the test
+  needs for 80% power at the SmolLM2 first-user effect (``min_probes``) the check warns.
 * **coverage minimums**: :data:`MIN_REFS_PER_SEGMENT`, :data:`MIN_NEVER_CACHED_SHARE`.
 """
 
@@ -677,14 +677,16 @@ def check_leak_probes(run: LoadedRun) -> CheckResult:
         return _from_problems(name, True, problems, "")
     from kvaudit.reports.leaks import leak_summary
 
-    s = leak_summary(run.pairs)
+    s = leak_summary(run.pairs, alpha=ALPHA)
     parts = [f"{s['n_probes']} probes"]
     for arm, t in s.get("text", {}).items():
-        parts.append(f"text leak {arm} {t['leaks']}/{t['n']}")
+        parts.append(f"text leak {arm} {t['leaks']}/{t['n']} (Wilson upper {t['ci'][1]:.1%})")
     for pol, e in s.get("exposure", {}).items():
         if e:
-            parts.append(f"{pol} exposure beyond decoys mean {e['beyond_chance_mean']:+.3g} nats "
-                         f"({e['n_positive']}+/{e['n_negative']}-, sign test p={e['sign_test_p']:.3g})")
+            parts.append(f"{pol} ({e['arm']} vs {e['reference']}) true-name gain rank "
+                         f"{e['mean_rank']:.2f} vs chance {e['chance_rank']:.2f}, ranked first "
+                         f"{e['share_first']:.0%} vs chance {e['chance_first']:.0%}, rank test "
+                         f"p={e['rank_test_p']:.3g}, power {e['power']:.2f} at the reference effect")
         else:
             parts.append(f"{pol} exposure not measured")
     detail = "; ".join(parts)
@@ -694,20 +696,23 @@ def check_leak_probes(run: LoadedRun) -> CheckResult:
         warning = f"the canary appears in reuse answers: {', '.join(text['reuse'].get('cases', []))}"
     neutral = s.get("exposure", {}).get("neutral")
     alpha = float(s.get("alpha", ALPHA))
-    # fewest probes with which a one-sided sign test can reach p < alpha (all positive)
-    min_n = math.ceil(math.log(alpha) / math.log(0.5) + 1e-9)
-    if neutral and neutral["n"] < min_n:
-        few = (f"only {neutral['n']} scored probe(s): a sign test needs at least {min_n} to "
-               f"reach p < {alpha:g}, so neutral exposure is effectively untested")
+    if neutral and not neutral["decidable"]:
+        need = neutral["min_probes"]
+        few = (f"only {neutral['n']} scored probe(s): the rank test has power {neutral['power']:.2f} "
+               f"at the reference effect ({s['reference_effect']})"
+               + (f" and needs {need} for {s['power_target']:.0%}" if need is not None else
+                  "; with one candidate per probe it can never detect one")
+               + ", so neutral exposure is effectively untested")
         warning = f"{warning}; {few}" if warning else few
     if s.get("neutral_exposure_beyond_chance"):
-        cases = list(neutral.get("positive_cases", [])) if neutral else []
+        cases = list(neutral.get("ranked_first_cases", [])) if neutral else []
         listed = ", ".join(cases[:MAX_LISTED]) + (f" and {len(cases) - MAX_LISTED} more"
                                                    if len(cases) > MAX_LISTED else "")
         return CheckResult(name, False, True,
-                           f"the neutral policy shows exposure beyond chance (one-sided sign test, "
-                           f"alpha {s.get('alpha', ALPHA)}); true name gained more than its decoys "
-                           f"in {listed}; {detail}", cases, warning)
+                           f"the neutral policy shows exposure beyond chance (exact rank test of the "
+                           f"true name's gain among its candidates', p={neutral['rank_test_p']:.3g} "
+                           f"<= alpha {alpha:g}); the true name gained most in "
+                           f"{listed or 'no probe'}; {detail}", cases, warning)
     return CheckResult(name, True, True, f"neutral policy: no exposure beyond chance; {detail}", [], warning)
 
 
