@@ -10,16 +10,23 @@ clustering the bound must survive. The true mean difference is known in closed f
 can be placed exactly at the margin.
 
 Used by ``benchmarks/gate_calibration.py`` (the grid in docs/reports.md), by ``kvaudit plan`` and
-by the tests' fast slice.
+by the tests' fast slice. ``statistic`` (in :func:`rates` and :func:`characterise`) swaps in
+another bound for reference (the benchmark's old percentile bootstrap), and
+:func:`pilot_design` turns a pilot run's paired scores into a :class:`Design`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, paired_bound
+
+# A bound under test: (diffs, memberships, confidence) -> (gate lower bound, two-sided interval
+# low, high), or None when it cannot decide. The gate passes when the first is >= the margin.
+Statistic = Callable[[np.ndarray, Sequence[Sequence[str]], float], "tuple[float, float, float] | None"]
 
 SCORES = ("binary", "f1")
 _F1_PARTIAL = 0.15  # share of recompute answers with a partial F1 score (uniform in [0.2, 0.9])
@@ -113,6 +120,29 @@ class Rates:
     covered: float | None  # share of decided runs whose two-sided interval holds the true delta
     undecidable: float  # share of runs too small to decide (no bound)
 
+    @property
+    def decided(self) -> int:
+        """Runs that gave a bound (the denominator of ``covered``)."""
+        return int(round((1 - self.undecidable) * self.reps))
+
+    @property
+    def passed_se(self) -> float:
+        return mc_se(self.passed, self.reps)
+
+    @property
+    def covered_se(self) -> float | None:
+        return None if self.covered is None else mc_se(self.covered, max(self.decided, 1))
+
+
+def new_gate(diffs: np.ndarray, memberships: Sequence[Sequence[str]],
+             confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float] | None:
+    """The shipped gate as a :data:`Statistic`: :func:`paired_bound`'s lower end for the
+    decision and its two-sided interval for coverage."""
+    b = paired_bound(diffs, memberships, confidence=confidence)
+    if not b.decidable:
+        return None
+    return b.lower, b.lower, b.upper
+
 
 def mc_se(rate: float, reps: int) -> float:
     """Monte Carlo standard error of a rate estimated from ``reps`` runs."""
@@ -120,18 +150,21 @@ def mc_se(rate: float, reps: int) -> float:
 
 
 def rates(design: Design, delta: float, margin: float, *, reps: int = 1000, seed: int = 0,
-          confidence: float = DEFAULT_CONFIDENCE) -> Rates:
+          confidence: float = DEFAULT_CONFIDENCE, statistic: Statistic | None = None) -> Rates:
     """Simulate ``reps`` runs with true mean difference ``delta`` and judge each at ``margin``
-    (both on the [-1, 1] scale: -0.02 is "-2 points")."""
+    (both on the [-1, 1] scale: -0.02 is "-2 points"). ``statistic`` defaults to the shipped
+    gate (:func:`new_gate`); the same ``seed`` gives the same simulated runs for any statistic."""
+    statistic = new_gate if statistic is None else statistic
     rng = np.random.default_rng(seed)
     passes = covers = decided = 0
     for _ in range(reps):
         d, m = simulate_diffs(design, delta, rng)
-        b = paired_bound(d, m, confidence=confidence)
-        if b.decidable:
+        b = statistic(d, m, confidence)
+        if b is not None:
+            gate_lower, lo, hi = b
             decided += 1
-            passes += b.lower >= margin
-            covers += b.lower <= delta <= b.upper
+            passes += gate_lower >= margin
+            covers += lo <= delta <= hi
     return Rates(reps, passes / reps, covers / decided if decided else None, 1 - decided / reps)
 
 
@@ -146,11 +179,12 @@ class Characteristic:
 
 
 def characterise(design: Design, margin: float, *, reps: int = 1000, seed: int = 0,
-                 confidence: float = DEFAULT_CONFIDENCE) -> Characteristic:
+                 confidence: float = DEFAULT_CONFIDENCE,
+                 statistic: Statistic | None = None) -> Characteristic:
     """False-pass rate and coverage at the margin, power at a true delta of 0."""
-    return Characteristic(design, margin,
-                          rates(design, margin, margin, reps=reps, seed=seed, confidence=confidence),
-                          rates(design, 0.0, margin, reps=reps, seed=seed + 1, confidence=confidence))
+    kw = {"reps": reps, "confidence": confidence, "statistic": statistic}
+    return Characteristic(design, margin, rates(design, margin, margin, seed=seed, **kw),
+                          rates(design, 0.0, margin, seed=seed + 1, **kw))
 
 
 def cases_for_power(design: Design, margin: float, *, target: float = 0.80, reps: int = 300,
@@ -174,3 +208,25 @@ def cases_for_power(design: Design, margin: float, *, target: float = 0.80, reps
         else:
             lo = mid
     return hi
+
+
+def pilot_design(ref: Sequence[float], arm: Sequence[float], memberships: Sequence[Sequence[str]],
+                 *, heterogeneity: float = Design.heterogeneity) -> Design:
+    """A :class:`Design` with a pilot run's shape: its cases, cases per document, share of
+    cases on two or more documents, score type (0/1 when every score is), recompute's mean
+    score, and its churn. The gain rate is set so that a true delta of 0 reproduces the pilot's
+    share of changed cases (about ``2 * gain_rate * (1 - base_accuracy)`` changed at delta 0);
+    document heterogeneity cannot be estimated from a small pilot, so it stays a parameter."""
+    r, a = np.asarray(ref, dtype=float), np.asarray(arm, dtype=float)
+    if len(r) == 0 or r.shape != a.shape or len(r) != len(memberships):
+        raise ValueError("a pilot needs at least one case with ref, arm and memberships of one length")
+    docs = [set(map(str, m)) or {f"case{i}"} for i, m in enumerate(memberships)]
+    n, g = len(r), len(set().union(*docs))
+    multi = float(np.mean([len(m) >= 2 for m in docs]))
+    binary = bool(np.isin(np.concatenate([r, a]), (0.0, 1.0)).all())
+    base = float(np.clip(r.mean(), 0.02, 0.98))
+    churn = float(np.mean(np.abs(a - r) > 1e-12))
+    gain = float(np.clip(churn / (2 * (1 - base)), 0.0, 1.0))
+    return Design(n=n, cluster_size=max(1.0, n * (1 + multi) / g), multi_doc_share=multi,
+                  score="binary" if binary else "f1", base_accuracy=base, gain_rate=gain,
+                  heterogeneity=heterogeneity)
