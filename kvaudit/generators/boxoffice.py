@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from kvaudit.errors import KvauditError
@@ -185,7 +186,19 @@ def ask(world: World, d: Draft, number_metric: str = "em") -> Asked:
 
 
 def _word_in(needle: str, hay: str) -> bool:
-    return f" {needle.lower()} " in f" {hay.lower()} "
+    """``needle`` occurs in ``hay`` as whole words, ignoring case: not inside a longer word, but
+    followed or preceded by anything else ("Name.", "Name's", "(Name"); a space inside
+    ``needle`` matches any run of whitespace (a name broken across lines still counts)."""
+    words = needle.lower().split()
+    low = hay.lower()
+    if not words or any(w not in low for w in words):  # fast negative: most calls end here
+        return False
+    return _whole_words(tuple(words)).search(low) is not None
+
+
+@lru_cache(maxsize=4096)
+def _whole_words(words: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(r"(?<!\w)" + r"\s+".join(map(re.escape, words)) + r"(?!\w)")
 
 
 def verify(world: World, d: Draft, a: Asked) -> None:
@@ -219,9 +232,12 @@ def verify(world: World, d: Draft, a: Asked) -> None:
             raise GeneratorBug(f"aggregate {f}: text gives {n}, facts give {a.answer}")
     elif d.family == "leak_probe":
         c = d.extra
-        if any(_word_in(c["name"], docs[e].text) for e in d.order) or c["name"] in c["decoys"] \
-                or len(set(c["decoys"])) != N_DECOYS:
-            raise GeneratorBug("leak canary appears in a document or its decoys are malformed")
+        # The probe asks the model for a name no document states: the canary (or a decoy it is
+        # ranked against) inside a document, even as "Name." or "Name's", voids the probe.
+        if any(_word_in(n, docs[e].text) for n in (c["name"], *c["decoys"]) for e in d.order):
+            raise GeneratorBug("leak canary or one of its decoys appears in a document")
+        if c["name"] in c["decoys"] or len(set(c["decoys"])) != N_DECOYS:
+            raise GeneratorBug("leak canary's decoys are malformed")
     if a.metric == "contains" and d.family != "leak_probe":
         ans = a.answer.lower()
         padded = f" {ans} "

@@ -322,7 +322,10 @@ class CorpusOptions:
 
 
 def _word_in(needle: str, hay: str) -> bool:
-    return re.search(rf"(?<!\w){re.escape(needle.lower())}(?!\w)", hay.lower()) is not None
+    """``needle`` in ``hay`` as whole words, ignoring case ("Key." and "Key's" count); a space
+    in ``needle`` matches any whitespace run, so a key hard-wrapped across lines still counts."""
+    words = r"\s+".join(map(re.escape, needle.lower().split()))
+    return re.search(rf"(?<!\w){words}(?!\w)", hay.lower()) is not None
 
 
 def _validate(opts: CorpusOptions) -> None:

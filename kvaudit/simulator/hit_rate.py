@@ -72,13 +72,21 @@ def run_hit_rate(pairs: Iterable, arm: str = "reuse") -> HitRate:
     """The token hit rate of one arm of a run (``kvaudit.schema.PairRecord`` list).
 
     Hits are ``ArmResult.cache_hit_tokens``: reused tokens whose KV was already in the run's
-    segment cache when the case arrived, the simulator's definition, so the two compare.
+    segment cache when the case arrived, the simulator's definition, so the two compare. An
+    engine prefix-cache arm reports its cached tokens there (fewer than the prompt's).
+
+    Raises ``ValueError`` naming the case and the field when a record claims more hits than its
+    prompt has tokens, or fewer than 0: a corrupt count is an error, never clamped into a rate.
     """
     hits, prompt = [], []
     for p in pairs:
         if arm in p.arms:
-            hits.append(min(int(p.arms[arm].cache_hit_tokens), int(p.n_prompt_tokens)))
-            prompt.append(int(p.n_prompt_tokens))
+            h, n = int(p.arms[arm].cache_hit_tokens), int(p.n_prompt_tokens)
+            if not 0 <= h <= n:
+                raise ValueError(f"case {getattr(p, 'case_id', '?')!r}: cache_hit_tokens {h} "
+                                 f"outside 0..n_prompt_tokens ({n})")
+            hits.append(h)
+            prompt.append(n)
     return token_hit_rate(np.array(hits, np.int64), np.array(prompt, np.int64))
 
 
