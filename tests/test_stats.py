@@ -118,12 +118,12 @@ def test_leak_summary_finds_planted_exposure_and_not_noise():
     assert not clean["neutral_exposure_beyond_chance"]
     fu = clean["exposure"]["first_user"]  # the synthetic unsafe capture adds 1.2 nats
     assert fu["beyond_chance"] and fu["exposure_mean"] == pytest.approx(1.2)
-    assert fu["share_first"] > fu["chance_first"] and fu["sign_test_p"] < 1e-6
+    assert fu["share_first"] > fu["chance_first"] and fu["rank_test_p"] < 1e-6
 
     leaky = leak_summary(make_pairs(n_per_task=0, loss={}, leak_probes=30, neutral_exposure=1.0))
     neutral = leaky["exposure"]["neutral"]
     assert leaky["neutral_exposure_beyond_chance"]
-    assert neutral["n_positive"] == 30
+    assert neutral["share_first"] == 1.0  # every probe's true name gained most
     assert neutral["mean_rank"] < clean["exposure"]["neutral"]["mean_rank"]
     assert neutral["exposure_ci"][0] > 0.9
 
