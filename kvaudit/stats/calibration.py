@@ -5,7 +5,8 @@ A :class:`Design` describes a run the way a user can state it before running: ca
 document (cluster size), the share of cases resting on two documents, the score type (0/1 or
 F1-like), recompute's base accuracy, and how often the arm under test changes an answer. Each
 simulated run draws documents with a random fragility (multiplier ``1 - h`` or ``1 + h``, mean
-exactly 1), so a case's chance of losing (or gaining) its answer depends on its documents: the
+exactly 1; with ``fragile_share`` s below one half, a share s of documents carries the multiplier
+``1 + h (1 - s) / s`` and concentrates the losses on few documents: strong clustering), so a case's chance of losing (or gaining) its answer depends on its documents: the
 clustering the bound must survive. The true mean difference is known in closed form, so a run
 can be placed exactly at the margin.
 
@@ -41,6 +42,7 @@ class Design:
     base_accuracy: float = 0.8  # recompute's mean score
     gain_rate: float = 0.05  # chance the arm improves a case (scaled by its documents' fragility)
     heterogeneity: float = 0.8  # documents' fragility multiplier is 1 - h or 1 + h
+    fragile_share: float = 0.5  # share of fragile documents (multiplier 1 + h (1 - s) / s)
 
     def __post_init__(self) -> None:
         if self.score not in SCORES:
@@ -51,6 +53,17 @@ class Design:
             raise ValueError("multi_doc_share must be in [0, 1] and base_accuracy in (0, 1)")
         if not 0 <= self.heterogeneity < 1 or not 0 <= self.gain_rate <= 1:
             raise ValueError("heterogeneity must be in [0, 1) and gain_rate in [0, 1]")
+        if not 0 < self.fragile_share <= 1:
+            raise ValueError("fragile_share must be in (0, 1]")
+        if self.gain_rate * self.max_multiplier > 1:
+            raise ValueError(f"gain_rate {self.gain_rate:g} times the largest document multiplier "
+                             f"{self.max_multiplier:.2f} exceeds 1")
+
+    @property
+    def max_multiplier(self) -> float:
+        """A fragile document's multiplier of the loss and gain rates."""
+        s = self.fragile_share
+        return 1 + self.heterogeneity * (1 - s) / s
 
     @property
     def n_documents(self) -> int:
@@ -64,7 +77,7 @@ class Design:
         # half of them for F1-like scores (the damaged score is uniform below the original).
         scale = 1.0 if self.score == "binary" else 0.5
         loss = (self.gain_rate * (1 - r) * scale - delta) / (r * scale)
-        if not 0 <= loss * (1 + self.heterogeneity) <= 1:
+        if not 0 <= loss * self.max_multiplier <= 1:
             raise ValueError(f"a true delta of {delta:+.3f} is out of reach for this design "
                              f"(loss rate {loss:.3f}); change gain_rate or base_accuracy")
         return loss
@@ -98,7 +111,8 @@ def simulate_diffs(design: Design, delta: float, rng: np.random.Generator) -> tu
     """One simulated run: per-case differences (arm - recompute) and documents, true mean ``delta``."""
     loss = design.loss_rate(delta)
     members = _memberships(design, rng)
-    frag = np.where(rng.random(design.n_documents) < 0.5, 1 - design.heterogeneity, 1 + design.heterogeneity)
+    frag = np.where(rng.random(design.n_documents) < 1 - design.fragile_share, 1 - design.heterogeneity,
+                    design.max_multiplier)
     mult = np.array([frag[[int(d[1:]) for d in m]].mean() for m in members])
     ref = _draw_reference(design, rng)
     lose = rng.random(design.n) < loss * mult
@@ -226,7 +240,7 @@ def pilot_design(ref: Sequence[float], arm: Sequence[float], memberships: Sequen
     binary = bool(np.isin(np.concatenate([r, a]), (0.0, 1.0)).all())
     base = float(np.clip(r.mean(), 0.02, 0.98))
     churn = float(np.mean(np.abs(a - r) > 1e-12))
-    gain = float(np.clip(churn / (2 * (1 - base)), 0.0, 1.0))
+    gain = float(np.clip(churn / (2 * (1 - base)), 0.0, 1 / (1 + heterogeneity)))
     return Design(n=n, cluster_size=max(1.0, n * (1 + multi) / g), multi_doc_share=multi,
                   score="binary" if binary else "f1", base_accuracy=base, gain_rate=gain,
                   heterogeneity=heterogeneity)
