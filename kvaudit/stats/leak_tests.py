@@ -41,7 +41,8 @@ The gate calls :func:`text_leak_decision` and :func:`exposure_verdict`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -74,20 +75,54 @@ def gain_rank(true_gain: float, decoy_gains: Sequence[float], tol: float = TIE_T
     return 1 + int(np.sum(d >= true_gain - tol))
 
 
+_DIRECT_MAX = 4_000_000  # len(a) * len(b) above which a convolution goes through the FFT
+
+
+def _conv(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Convolution of two pmfs: exact below _DIRECT_MAX, else by FFT (absolute error about
+    1e-15, so only tail probabilities far below any alpha lose digits)."""
+    if len(a) * len(b) <= _DIRECT_MAX:
+        return np.convolve(a, b)
+    from scipy.signal import fftconvolve
+
+    return np.clip(fftconvolve(a, b), 0.0, None)
+
+
+def _conv_power(pmf: np.ndarray, n: int) -> np.ndarray:
+    """The n-fold convolution of ``pmf`` by repeated squaring."""
+    out, base = np.ones(1), pmf
+    while n:
+        if n & 1:
+            out = _conv(out, base)
+        n >>= 1
+        if n:
+            base = _conv(base, base)
+    return out
+
+
+def _sum_pmf(parts: dict[int, int], pmf_of: Callable[[int], np.ndarray]) -> np.ndarray:
+    """pmf of a sum of independent terms: ``parts`` maps K to how many probes have it."""
+    out = np.ones(1)
+    for k, count in sorted(parts.items()):
+        out = _conv(out, _conv_power(pmf_of(k), count))
+    return out / out.sum()
+
+
+def _counts(n_candidates: Sequence[int]) -> dict[int, int]:
+    ks = [int(k) for k in n_candidates]
+    if any(k < 1 for k in ks):
+        raise ValueError("every probe needs at least one candidate")
+    return dict(Counter(ks))
+
+
 @lru_cache(maxsize=256)
-def _null_pmf(ks: tuple[int, ...]) -> np.ndarray:
-    pmf = np.ones(1)
-    for k in ks:
-        pmf = np.convolve(pmf, np.full(k, 1.0 / k))
-    return pmf
+def _null_pmf(parts: tuple[tuple[int, int], ...]) -> np.ndarray:
+    return _sum_pmf(dict(parts), lambda k: np.full(k, 1.0 / k))
 
 
 def rank_sum_null_pmf(n_candidates: Sequence[int]) -> np.ndarray:
     """Null pmf of ``S = sum_i (K_i - rank_i)`` over s = 0..sum(K_i - 1)."""
-    ks = tuple(sorted(int(k) for k in n_candidates))
-    if any(k < 1 for k in ks):
-        raise ValueError("every probe needs at least one candidate")
-    return _null_pmf(ks).copy()
+    return _null_pmf(tuple(sorted(_counts(n_candidates).items()))).copy()
 
 
 def _upper_tail(pmf: np.ndarray) -> np.ndarray:
@@ -185,16 +220,14 @@ def rank_test_power(n_candidates: Sequence[int], *, shift: float = REFERENCE_SHI
     """Power of the rank test (reject when p <= alpha) for probes with these candidate counts."""
     if not 0 < alpha < 1:
         raise ValueError("alpha must lie in (0, 1)")
-    ks = [int(k) for k in n_candidates]
-    if not ks:
+    parts = _counts(n_candidates)
+    if not parts:
         return 0.0
-    tail = rank_sum_null_tail(ks)
+    tail = rank_sum_null_tail(n_candidates)
     reject = np.nonzero(tail <= alpha)[0]
     if reject.size == 0:
         return 0.0
-    alt = np.ones(1)
-    for k in ks:
-        alt = np.convolve(alt, rank_pmf_under_shift(k, shift))
+    alt = _sum_pmf(parts, lambda k: rank_pmf_under_shift(k, shift))
     return float(min(1.0, alt[int(reject[0]):].sum()))
 
 
