@@ -186,6 +186,13 @@ class PairRecord:
     canary: dict[str, Any] | None = None
 
 
+def flipped(arm: ArmResult, reference: ArmResult) -> bool:
+    """The one definition of a *flip*, used by the runner, audit and report: the arm's answer
+    text differs from the reference's, byte for byte (greedy decoding from the same ids must
+    reproduce the same text; trailing whitespace is a different token too)."""
+    return arm.answer != reference.answer
+
+
 def pair_to_dict(rec: PairRecord) -> dict[str, Any]:
     return asdict(rec)
 

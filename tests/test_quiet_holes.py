@@ -19,7 +19,7 @@ from kvaudit.generators.boxoffice_world import World
 from kvaudit.reports.analysis import Analysis, load_run
 from kvaudit.reports.synthetic import make_pairs, make_run
 from kvaudit.schema import DatasetError
-from kvaudit.simulator.hit_rate import run_hit_rate
+from kvaudit.simulator.hit_rate import run_hit_rate, run_segment_hit_rate
 
 # --------------------------------------------------------------------------- canary guard
 
@@ -155,3 +155,21 @@ def test_report_hit_rate_over_count_is_a_dataset_error_naming_file_and_field(tmp
     msg = str(e.value)
     assert str(tmp_path / "bad" / "pairs.jsonl") in msg and "arm 'reuse'" in msg
     assert "cache_hit_tokens" in msg and bad.case_id in msg and str(bad.n_prompt_tokens + 7) in msg
+
+
+def test_run_segment_hit_rate_raises_on_more_reused_than_segment_tokens():
+    assert run_segment_hit_rate([_pair(100, 50)]).rate == 1.0  # segments hold 50 tokens
+    with pytest.raises(ValueError, match=r"case 'bad'.*tokens_reused 51"):
+        run_segment_hit_rate([_pair(100, 50), _pair(100, 51, case_id="bad")])
+
+
+def test_report_segment_hit_rate_over_count_is_a_dataset_error(tmp_path):
+    pairs = _consistent(make_pairs(n_per_task=3, leak_probes=0))
+    assert Analysis(load_run(make_run(tmp_path / "good", pairs))).hit_rate("reuse", "segment") == 1.0
+    bad = pairs[2]
+    bad.arms["reuse"].tokens_reused += 1
+    an = Analysis(load_run(make_run(tmp_path / "bad", pairs)))
+    with pytest.raises(DatasetError) as e:
+        an.hit_rate("reuse", "segment")
+    msg = str(e.value)
+    assert str(tmp_path / "bad" / "pairs.jsonl") in msg and "field 'tokens_reused'" in msg and bad.case_id in msg

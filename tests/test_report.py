@@ -19,7 +19,6 @@ from kvaudit.reports.synthetic import make_pairs, make_run
 from kvaudit.schema import sha256_hex, write_json
 
 INJECT = '<script>document.title="PWNED"</script><img src=x onerror=alert(1)>'
-BOOT = 300  # resamples: enough for the logic under test, fast
 
 
 def cli(argv: list[str]) -> int:
@@ -39,13 +38,13 @@ def run_dir(tmp_path_factory):
     write_json(d / "simulation.json", {"results": [
         {"policy": "segment", "capacity": "30GB", "token_hit_rate": 0.639},
         {"policy": "prefix", "capacity": "30GB", "token_hit_rate": 0.033}]})
-    write_report(d, n_boot=BOOT)
+    write_report(d)
     return d
 
 
 def test_report_writes_three_files_and_prints_path(tmp_path, capsys):
     make_run(tmp_path, n_per_task=5, leak_probes=2)
-    assert cli([str(tmp_path), "--bootstrap", "200"]) == 0
+    assert cli([str(tmp_path)]) == 0
     out = capsys.readouterr().out.strip()
     assert out == str(tmp_path / "report.html")
     for name in ("summary.json", "report.html", "samples.jsonl"):
@@ -66,8 +65,16 @@ def test_summary_has_the_planted_effects(run_dir):
     assert s["hit_rate"]["simulated"] == {"segment @ 30GB": 0.639, "prefix @ 30GB": 0.033}
     assert s["speedup"]["reuse"]["median_paired"] == pytest.approx(12.0)
     assert set(s["ttft"]["recompute"]) == {"n", "mean", "p50", "p90", "p99"}
-    assert s["audit"] == {"ran": True, "passed": True, "checks": s["audit"]["checks"]}
-    assert s["gate"]["verdict"] == "fail"
+    assert s["audit"] == {"ran": True, "state": "verified", "reason": "", "verdict": "passed",
+                          "passed": True, "checks": s["audit"]["checks"]}
+    # the planted multi-hop loss fails its threshold; 40 cases per family and 10 leak probes
+    # are too few for the noise-floor control and the leak checks, so the run cannot be judged
+    checks = {c["name"]: c["status"] for c in s["gate"]["checks"]}
+    assert checks["multi-hop quality"] == "fail" and s["gate"]["verdict"] == "error"
+    assert checks["neutral-policy text leak rate"] == "error"
+    excess = s["flip_excess"]["reuse"]
+    assert excess["delta"] == pytest.approx(100 * s["flips"]["reuse"]["rate"], abs=1e-9) and excess["n"] > 0
+    assert "recompute_again" not in s["flip_excess"]
     routing = {r["task"]: r["recommendation"] for r in s["routing"]}
     assert routing["multi_hop_bridge"] == "unsafe"
     assert routing["single_doc"] in ("safe", "undecided")
@@ -76,8 +83,8 @@ def test_summary_has_the_planted_effects(run_dir):
 
 
 def test_routing_safe_with_enough_unchanged_cases(tmp_path):
-    make_run(tmp_path, n_per_task=200, loss={"single_doc": 0.0}, leak_probes=0)
-    write_report(tmp_path, n_boot=BOOT)
+    make_run(tmp_path, n_per_task=300, loss={"single_doc": 0.0}, leak_probes=0, n_docs=40)
+    write_report(tmp_path)
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["routing"] == [{**s["routing"][0], "task": "single_doc", "recommendation": "safe"}]
 
@@ -106,7 +113,7 @@ def test_html_is_self_contained_and_in_order(run_dir):
 
 def test_report_handles_missing_audit_and_coverage(tmp_path):
     make_run(tmp_path, n_per_task=5, leak_probes=0, audit_passed=None, coverage={})
-    page = write_report(tmp_path, n_boot=BOOT).read_text()
+    page = write_report(tmp_path).read_text()
     assert 'id="audit-verdict">NOT RUN' in page
     assert "records no coverage" in page
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -139,14 +146,34 @@ def test_diff_spans_mark_only_the_differing_words():
 @pytest.mark.parametrize("breakage, message", [
     (lambda d: (d / "pairs.jsonl").write_text('{"case_id": 1}\n{"x": 2}\n'), "pairs.jsonl, line 1"),
     (lambda d: (d / "manifest.json").unlink(), "manifest.json: file not found"),
-    (lambda d: (d / "audit.json").write_text('{"passed": "yes"}'), "audit.json: field 'passed'"),
 ])
 def test_bad_run_files_give_a_clear_error(tmp_path, capsys, breakage, message):
     make_run(tmp_path, n_per_task=3, leak_probes=0)
     breakage(tmp_path)
     with pytest.raises(USER_ERRORS, match=re.escape(message)):
-        write_report(tmp_path, n_boot=BOOT)
+        write_report(tmp_path)
     assert cli([str(tmp_path)]) == 2
+
+
+@pytest.mark.parametrize("content", ['{"passed": "yes"}', '{"passed": true, "checks": []}', "{not json"])
+def test_unverifiable_audit_is_shown_as_refused(tmp_path, content):
+    """The report never shows an audit.json it cannot tie to the run's files as passed."""
+    make_run(tmp_path, n_per_task=3, leak_probes=0)
+    (tmp_path / "audit.json").write_text(content)
+    page = write_report(tmp_path).read_text()
+    assert 'id="audit-verdict">REFUSED' in page and 'id="audit-refused"' in page
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["audit"]["state"] == "refused" and s["audit"]["passed"] is None
+    assert s["gate"]["verdict"] == "error"
+
+
+def test_partial_run_names_its_missing_cases(tmp_path):
+    make_run(tmp_path, n_per_task=3, leak_probes=0)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    manifest["dataset"]["n_cases"] += 2
+    write_json(tmp_path / "manifest.json", manifest)
+    page = write_report(tmp_path).read_text()
+    assert 'id="missing-cases"' in page and "2 unnamed" in page
 
 
 def test_cases_missing_a_stratum_are_left_out_of_its_groups(tmp_path):
@@ -171,7 +198,7 @@ def test_cross_backend_table_counts_agreement_and_refuses_another_dataset(tmp_pa
     for p in other[:2]:
         p.arms["recompute"].answer += " (other backend)"
     b = make_run(tmp_path / "b", other)
-    assert cli([str(a), "--bootstrap", "200", "--compare", str(b)]) == 0
+    assert cli([str(a), "--compare", str(b)]) == 0
     s = json.loads((a / "summary.json").read_text())
     (x,) = s["cross_backend"]
     rows = {r["arm"]: r for r in x["arms"]}
@@ -187,6 +214,6 @@ def test_cross_backend_table_counts_agreement_and_refuses_another_dataset(tmp_pa
     assert 'id="cross-backend-1"' in page and str(b) in page
 
     manifest = json.loads((b / "manifest.json").read_text())
-    manifest["dataset"]["hash"] = "1" * 32
+    manifest["dataset"]["hash"] = manifest["identity"]["dataset_hash"] = "1" * 32
     (b / "manifest.json").write_text(json.dumps(manifest))
-    assert cli([str(a), "--bootstrap", "200", "--compare", str(b)]) == 2
+    assert cli([str(a), "--compare", str(b)]) == 2

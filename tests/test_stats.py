@@ -89,20 +89,25 @@ def test_mcnemar_exact_small_counts():
 
 
 def test_min_detectable_delta_shrinks_with_n_and_is_capped():
-    assert stats.min_detectable_delta(0.0, 100) > stats.min_detectable_delta(0.0, 1000) > 0
-    assert stats.min_detectable_delta(0.0, 1) == 1.0
-    assert stats.min_detectable_delta(0.0, 0) is None
+    def mdd(n: int) -> float:
+        return stats.paired_delta(np.ones(n), np.ones(n), [f"d{i % 20}" for i in range(n)])["mdd"]
+
+    assert mdd(100) > mdd(1000) > 0
+    assert stats.paired_delta([1.0], [1.0], ["a"])["mdd"] == 100.0  # cannot detect any
+    assert stats.paired_delta([], [], [])["mdd"] is None
 
 
 def test_bounds_stay_within_the_possible_range():
-    r = stats.paired_delta([0, 0], [1, 1], ["a", "b"])
+    n = 40
+    r = stats.paired_delta(np.zeros(n), np.ones(n), [f"d{i}" for i in range(n)])
     assert r["delta"] == 100.0 and r["ci"][1] == 100.0 and r["upper_bound"] == 100.0
-    assert -100.0 <= r["ci"][0] <= r["lower_bound"] < 100.0
+    assert -100.0 <= r["ci"][0] == r["lower_bound"] < 100.0
 
 
 def test_single_cluster_gives_no_interval():
     r = stats.paired_delta([1, 1, 0], [0, 1, 0], ["d", "d", "d"])
     assert r["ci"] is None and r["lower_bound"] is None and r["delta"] == pytest.approx(-100 / 3)
+    assert not r["decidable"] and "1 document" in r["reason"]
 
 
 def test_text_leak_is_whole_word():

@@ -1,9 +1,10 @@
 """`kvaudit audit RUN`: prove that only the reuse differs between the arms of a run.
 
 Runs every check of :mod:`kvaudit.audit.checks` on a run directory, writes ``RUN/audit.json``
-(``{"passed": bool, "checks": [{"name", "passed", "required", "detail", "failing_cases",
-"warning"}]}``), prints a table, and returns 0 when every required check passes, 1 otherwise.
-Missing or corrupt run files raise a user error (exit 2 through the dispatcher).
+(bound to the hashes of the files it judged: :mod:`kvaudit.audit.trust`), prints a table, and
+returns 0 when every required check passes, 1 when one fails, 2 when one cannot be judged (the
+run lacks its evidence). Missing or corrupt run files raise a user error (exit 2 through the
+dispatcher).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
 
-from kvaudit.audit.checks import CheckResult, load_run, run_checks
+from kvaudit.audit.checks import CheckResult
+from kvaudit.audit.trust import build_audit
 from kvaudit.errors import KvauditError
 from kvaudit.schema import AUDIT_FILE, write_json
 
@@ -35,16 +37,15 @@ def audit(run_dir: str | Path, *, identity_tol: float | None = None,
     """Audit ``run_dir``, write ``audit.json`` there and return its content."""
     if identity_tol is not None and not (math.isfinite(identity_tol) and identity_tol >= 0):
         raise KvauditError(f"--identity-tol must be a non-negative number, got {identity_tol}")
-    run = load_run(run_dir, dataset_dir)
-    checks = run_checks(run, identity_tol)
-    result = {"passed": all(c.passed for c in checks if c.required),
-              "checks": [asdict(c) for c in checks]}
-    write_json(run.path / AUDIT_FILE, result)
+    result = build_audit(run_dir, identity_tol=identity_tol, dataset_dir=dataset_dir)
+    write_json(Path(run_dir) / AUDIT_FILE, result)
     return result
 
 
 def _status(c: CheckResult | dict) -> str:
     d = c if isinstance(c, dict) else asdict(c)
+    if d.get("cannot_judge"):
+        return "N/A" if d["required"] else "n/a"
     if not d["passed"]:
         return "FAIL" if d["required"] else "fail"
     return "WARN" if d["warning"] else "PASS"
@@ -67,11 +68,12 @@ def print_table(result: dict[str, Any], path: Path, out: TextIO | None = None) -
             print(f"{pad}failing cases: {shown}{more}", file=out)
     failed = [c["name"] for c in result["checks"] if c["required"] and not c["passed"]]
     n_warn = sum(1 for c in result["checks"] if c["warning"])
-    verdict = "PASSED" if result["passed"] else f"FAILED ({', '.join(failed)})"
+    verdict = {"passed": "PASSED", "failed": f"FAILED ({', '.join(failed)})",
+               "cannot_judge": f"CANNOT JUDGE ({', '.join(failed)})"}[result["verdict"]]
     print(f"\naudit {verdict}; {n_warn} warning(s); written to {path / AUDIT_FILE}", file=out)
 
 
 def run(args: argparse.Namespace) -> int:
     result = audit(args.run_dir, identity_tol=args.identity_tol, dataset_dir=args.dataset)
     print_table(result, Path(args.run_dir))
-    return 0 if result["passed"] else 1
+    return {"passed": 0, "failed": 1, "cannot_judge": 2}[result["verdict"]]

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvaudit.audit.trust import VerifiedAudit, verify
 from kvaudit.reports import scoring, stats
 from kvaudit.reports.leaks import leak_summary
 from kvaudit.schema import (
-    AUDIT_FILE,
     PAIRS_FILE,
     DatasetError,
     PairRecord,
@@ -37,6 +37,7 @@ from kvaudit.schema import (
     read_json,
     read_manifest,
 )
+from kvaudit.stats.noninferiority import check_confidence
 
 SIMULATION_FILE = "simulation.json"
 REFERENCE_ARM = scoring.REFERENCE_ARM
@@ -63,24 +64,18 @@ def arm_reason(arm: str) -> str:
 
 @dataclass
 class Run:
+    """A run directory as read: ``audit`` is the verified state of its audit
+    (:func:`kvaudit.audit.trust.verify`); ``missing_cases`` the cases the manifest says the run
+    was to hold that ``pairs.jsonl`` lacks (ids from the dataset when it is still on disk)."""
+
     path: Path
     manifest: dict[str, Any]
     pairs: list[PairRecord]
-    audit: dict[str, Any] | None = None
+    audit: VerifiedAudit
     simulation: dict[str, Any] | None = None
     questions: dict[str, str] = field(default_factory=dict)
-
-
-def _check_audit(obj: Any, path: Path) -> dict[str, Any]:
-    if not isinstance(obj, dict) or not isinstance(obj.get("passed"), bool):
-        raise DatasetError(f"{path}: field 'passed' must be true or false")
-    checks = obj.get("checks", [])
-    if not isinstance(checks, list):
-        raise DatasetError(f"{path}: field 'checks' must be a list")
-    for i, c in enumerate(checks):
-        if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not isinstance(c.get("passed"), bool):
-            raise DatasetError(f"{path}: checks[{i}] needs a string 'name' and a boolean 'passed'")
-    return obj
+    n_expected: int | None = None
+    missing_cases: list[str] = field(default_factory=list)
 
 
 _ARM_TYPES = {"answer": str, "margin": (int, float), "ttft_s": (int, float), "tokens_reused": int,
@@ -114,21 +109,28 @@ def _read_pairs(path: Path) -> list[PairRecord]:
     return out
 
 
-def _questions(manifest: dict[str, Any], run_dir: Path) -> dict[str, str]:
-    """Question text per case id from the dataset the run names, when it is still on disk."""
+def _get_int(d: Any, *keys: str) -> int | None:
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d if isinstance(d, int) and not isinstance(d, bool) else None
+
+
+def _dataset_cases(manifest: dict[str, Any], run_dir: Path) -> list[tuple[str, str]]:
+    """``(case id, question)`` in dataset order from the dataset the run names, when it is still
+    on disk (empty otherwise)."""
     ds = manifest.get("dataset")
     path = ds.get("path") if isinstance(ds, dict) else None
     if not path:
-        return {}
+        return []
     # a relative path is relative to where the run was started: try there, then the run's parent
     candidates = [Path(str(path)) / "cases.jsonl", run_dir.parent / str(path) / "cases.jsonl"]
     cases = next((c for c in candidates if c.is_file()), None)
     if cases is None:
-        return {}
+        return []
     try:
-        return {str(o.get("id")): str(o.get("question", "")) for _, o in iter_jsonl(cases)}
+        return [(str(o.get("id")), str(o.get("question", ""))) for _, o in iter_jsonl(cases)]
     except DatasetError:
-        return {}
+        return []
 
 
 def load_run(run_dir: str | Path) -> Run:
@@ -146,16 +148,20 @@ def load_run(run_dir: str | Path) -> Run:
             raise DatasetError(f"{path / 'pairs.jsonl'}, record {i}: field 'case_id': duplicate case {p.case_id!r}")
         seen.add(p.case_id)
         _check_pair(p, f"{path / 'pairs.jsonl'}, record {i} ({p.case_id})")
-    audit = None
-    if (path / AUDIT_FILE).exists():
-        audit = _check_audit(read_json(path / AUDIT_FILE), path / AUDIT_FILE)
+    audit = verify(path)
     simulation = None
     if (path / SIMULATION_FILE).exists():
         simulation = read_json(path / SIMULATION_FILE)
         if not isinstance(simulation, dict):
             raise DatasetError(f"{path / SIMULATION_FILE}: expected a JSON object")
+    cases = _dataset_cases(manifest, path)
+    n_expected = _get_int(manifest, "dataset", "n_cases")
+    missing: list[str] = []
+    if n_expected is not None and len(pairs) < n_expected:
+        expected = [cid for cid, _ in cases[:n_expected]] if len(cases) >= n_expected else []
+        missing = [cid for cid in expected if cid not in seen] or [f"({n_expected - len(pairs)} unnamed)"]
     return Run(path=path, manifest=manifest, pairs=pairs, audit=audit, simulation=simulation,
-               questions=_questions(manifest, path))
+               questions=dict(cases), n_expected=n_expected, missing_cases=missing)
 
 
 def _natural(v: str) -> tuple:
@@ -169,15 +175,15 @@ class Analysis:
     """Scores and statistics of one run; every number the report and gate show comes from here."""
 
     def __init__(self, run: Run, *, near_tie: float = scoring.DEFAULT_NEAR_TIE,
-                 confidence: float = stats.DEFAULT_CONFIDENCE, n_boot: int = stats.DEFAULT_BOOT):
+                 confidence: float = stats.DEFAULT_CONFIDENCE):
         self.run = run
         self.near_tie = near_tie
-        self.confidence = confidence
-        self.n_boot = n_boot
+        self.confidence = check_confidence(confidence)
         self.scores = scoring.score_pairs(run.pairs, near_tie=near_tie)
         quality = self.scores[self.scores["scorable"]]
         self._wide = quality.pivot(index="case_id", columns="arm", values="score")
         self._meta = quality.drop_duplicates("case_id").set_index("case_id")
+        self._docs = self.scores.drop_duplicates("case_id").set_index("case_id")["documents"]
 
     @cached_property
     def rows(self) -> dict[tuple[str, str], dict[str, Any]]:
@@ -213,17 +219,31 @@ class Analysis:
         return sorted(c.split(":", 1)[1] for c in self._meta.columns if c.startswith("stratum:"))
 
     def groups(self) -> list[str]:
-        """``overall``, each task family, then each stratum value, in a stable order."""
-        out = ["overall"] + [f"task:{t}" for t in self.tasks]
+        """``overall``, ``agreement`` (when the run has such cases), each task family, then each
+        stratum value, in a stable order."""
+        out = ["overall"] + (["agreement"] if self._agreement.any() else []) + [f"task:{t}" for t in self.tasks]
         for key in self.strata_keys:
             values = self._meta[f"stratum:{key}"].dropna().unique()
             out += [f"{key}:{v}" for v in sorted(map(str, values), key=_natural)]
         return out
 
+    @cached_property
+    def _agreement(self) -> pd.Series:
+        return self._meta["metric"] == "agreement"
+
     def select(self, group: str) -> pd.Index:
-        """Case ids (answer-quality cases) that a group selector picks."""
+        """Case ids (answer-quality cases) that a group selector picks.
+
+        ``overall`` and stratum groups hold the gold-scored cases only: an agreement case scores
+        recompute against itself (always 1), so every arm's delta there is at most 0 and a
+        paraphrase counts as a loss; those cases form the ``agreement`` group (and their task
+        family's) instead of biasing ``overall``.
+        """
+        gold = self._meta.index[~self._agreement.to_numpy(bool)]
         if group == "overall":
-            return self._meta.index
+            return gold
+        if group == "agreement":
+            return self._meta.index[self._agreement.to_numpy(bool)]
         key, sep, pattern = group.partition(":")
         if not sep:
             raise ValueError(f"group {group!r} must be 'overall', 'task:<glob>' or '<stratum>:<glob>'")
@@ -234,7 +254,8 @@ class Analysis:
         # even through astype(str), so test for it explicitly.
         values = self._meta[column]
         picked = values.map(lambda v: not pd.isna(v) and fnmatch.fnmatchcase(str(v), pattern))
-        return self._meta.index[picked.to_numpy(bool)]
+        ids = self._meta.index[picked.to_numpy(bool)]
+        return ids if key == "task" else ids.intersection(gold, sort=False)
 
     # ------------------------------------------------------------------ quality deltas
 
@@ -246,9 +267,23 @@ class Analysis:
         else:
             both = pd.DataFrame(columns=[REFERENCE_ARM, arm])
         out = stats.paired_delta(both[REFERENCE_ARM].to_numpy(float), both[arm].to_numpy(float),
-                                 self._meta.loc[both.index, "cluster"].tolist(),
-                                 confidence=self.confidence, n_boot=self.n_boot)
+                                 self._docs.loc[both.index].tolist(), confidence=self.confidence)
         out.update(arm=arm, group=group)
+        return out
+
+    def flip_excess(self, arm: str, noise_arm: str = NOISE_ARM) -> dict[str, Any] | None:
+        """``arm``'s flip rate minus the noise floor's on the same cases (points), with the
+        paired interval of :func:`stats.paired_delta` (flips as 0/1 scores)."""
+        rows = self.scores[self.scores["flip"].notna()]
+        wide = rows.pivot(index="case_id", columns="arm", values="flip")
+        if arm not in wide.columns or noise_arm not in wide.columns or arm == noise_arm:
+            return None
+        both = wide[[noise_arm, arm]].dropna().astype(float)
+        if both.empty:
+            return None
+        out = stats.paired_delta(both[noise_arm].to_numpy(float), both[arm].to_numpy(float),
+                                 self._docs.loc[both.index].tolist(), confidence=self.confidence)
+        out.update(arm=arm, noise_arm=noise_arm)
         return out
 
     def comparisons(self, arm: str) -> list[dict[str, Any]]:
@@ -295,7 +330,8 @@ class Analysis:
         try:
             return fn(self.run.pairs, arm).rate
         except ValueError as e:
-            raise DatasetError(f"{self.run.path / 'pairs.jsonl'}: field 'tokens_reused' of arm '{arm}': {e}") from None
+            field_ = "tokens_reused" if basis == "segment" else "cache_hit_tokens"
+            raise DatasetError(f"{self.run.path / 'pairs.jsonl'}: field '{field_}' of arm '{arm}': {e}") from None
 
     def simulated_hit_rates(self) -> dict[str, float]:
         """``"<policy> @ <capacity>" -> token hit rate`` from ``simulation.json`` (``results``)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvaudit.errors import DatasetError
 from kvaudit.reports.analysis import REFERENCE_ARM, Run
+from kvaudit.schema import flipped
 
 
 def _dataset_hash(run: Run) -> Any:
@@ -43,7 +44,7 @@ def _max_diff(run: Run, arm: str) -> float | None:
 
 def _flip_rate(run: Run, arm: str) -> tuple[int, int]:
     both = [p for p in run.pairs if arm in p.arms and REFERENCE_ARM in p.arms]
-    return sum(p.arms[arm].answer != p.arms[REFERENCE_ARM].answer for p in both), len(both)
+    return sum(flipped(p.arms[arm], p.arms[REFERENCE_ARM]) for p in both), len(both)
 
 
 def compare_runs(a: Run, b: Run) -> dict[str, Any]:
@@ -71,8 +72,8 @@ def compare_runs(a: Run, b: Run) -> dict[str, Any]:
                               and x.arms[arm].top_k[0][0] == y.arms[arm].top_k[0][0] for x, y in pairs),
         }
         if arm != REFERENCE_ARM:
-            fa = [x.arms[arm].answer != x.arms[REFERENCE_ARM].answer for x, _ in pairs]
-            fb = [y.arms[arm].answer != y.arms[REFERENCE_ARM].answer for _, y in pairs]
+            fa = [flipped(x.arms[arm], x.arms[REFERENCE_ARM]) for x, _ in pairs]
+            fb = [flipped(y.arms[arm], y.arms[REFERENCE_ARM]) for _, y in pairs]
             row.update(flips_a=sum(fa), flips_b=sum(fb), flip_cases_agree=sum(u == v for u, v in zip(fa, fb)))
         rows.append(row)
     controls = []

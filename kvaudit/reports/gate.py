@@ -1,7 +1,9 @@
 """CI gate: check a run against a policy (`kvaudit gate RUN [--policy FILE] [--junit FILE]`).
 
 Exit status: 0 every threshold holds, 1 some threshold fails, 2 the run cannot be judged
-(missing or corrupt files, audit not run, a threshold without data, a bad policy). Prints a
+(missing or corrupt files; the audit not run, stale, foreign or hand-written; a threshold
+without data or with too few documents to decide; the noise floor failing a threshold; a run
+with missing cases unless ``--allow-partial``; a policy without thresholds or otherwise bad). Prints a
 Markdown summary (fit for a CI job summary) and can write JUnit XML with one test case per
 threshold, so CI systems list each threshold as a test.
 """
@@ -23,8 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
     parser.add_argument("--markdown", metavar="FILE",
                         help="also write the Markdown summary here (e.g. \"$GITHUB_STEP_SUMMARY\")")
-    parser.add_argument("--bootstrap", type=int, default=2000, metavar="N",
-                        help="cluster-bootstrap resamples (default 2000, as in the report)")
+    parser.add_argument("--allow-partial", action="store_true",
+                        help="judge a run that lacks some of its cases (they are listed); without "
+                             "it such a run cannot be judged, since the missing cases may be the hard ones")
 
 
 def _cell(text: str) -> str:
@@ -73,7 +76,24 @@ def junit_xml(results: list, *, run_dir: str, policy: str, error: str | None = N
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, n_boot: int = 2000):
+def completeness(run, *, allow_partial: bool):
+    """A gate row for a run that lacks cases: cannot judge, or pass with the cases named."""
+    from kvaudit.reports.policy import CheckResult
+
+    if not run.missing_cases:
+        return None
+    n = run.n_expected - len(run.pairs) if run.n_expected else len(run.missing_cases)
+    shown = ", ".join(run.missing_cases[:10]) + (" ..." if len(run.missing_cases) > 10 else "")
+    observed = f"{len(run.pairs)} of {run.n_expected} cases"
+    if allow_partial:
+        return CheckResult("run complete", "completeness", "pass", observed, "all cases (--allow-partial)",
+                           f"judged on the finished cases only; {n} missing: {shown}")
+    return CheckResult("run complete", "completeness", "error", observed, "all cases",
+                       f"{n} case(s) missing ({shown}): finish the run (rerun `kvaudit run`) or pass "
+                       "--allow-partial")
+
+
+def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_partial: bool = False):
     """``(verdict, results, policy_source, arm, error)``; never raises for bad user input."""
     from kvaudit.errors import USER_ERRORS
     from kvaudit.reports.analysis import Analysis, load_run
@@ -82,8 +102,10 @@ def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, n_boot:
     source = str(policy_path or DEFAULT_POLICY)
     try:
         policy = load_policy(policy_path)
-        an = Analysis(load_run(run_dir), confidence=policy.confidence, n_boot=n_boot)
-        results = evaluate(policy, an)
+        run = load_run(run_dir)
+        results = evaluate(policy, Analysis(run, confidence=policy.confidence))
+        row = completeness(run, allow_partial=allow_partial)
+        results = ([row] if row else []) + results
     except USER_ERRORS as e:
         return "error", [], source, None, str(e)
     return verdict(results), results, policy.source, policy.arm, None
@@ -92,7 +114,7 @@ def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, n_boot:
 def run(args: argparse.Namespace) -> int:
     from kvaudit.schema import write_atomic
 
-    result, results, source, arm, error = judge(args.run_dir, args.policy, n_boot=args.bootstrap)
+    result, results, source, arm, error = judge(args.run_dir, args.policy, allow_partial=args.allow_partial)
     md = markdown(result, results, run_dir=str(args.run_dir), policy=source, arm=arm, error=error)
     print(md)
     if args.markdown:

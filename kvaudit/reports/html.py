@@ -21,6 +21,7 @@ from typing import Any
 from kvaudit.reports.analysis import REFERENCE_ARM, Analysis
 from kvaudit.reports.plots import forest_svg
 from kvaudit.reports.policy import Policy
+from kvaudit.schema import flipped
 
 TEMPLATES = Path(__file__).with_name("templates")
 DEFAULT_MAX_CASES = 2000
@@ -78,7 +79,7 @@ def _cases(an: Analysis, arm: str, max_cases: int) -> tuple[list[dict[str, Any]]
         if ref is None:
             continue
         left, right = diff_spans(ref.answer, other.answer) if other else ([(ref.answer, False)], [])
-        flip = other is not None and ref.answer.strip() != other.answer.strip()
+        flip = other is not None and flipped(other, ref)
 
         def score(a: str, case_id: str = p.case_id) -> float | None:
             v = an.rows.get((case_id, a), {}).get("score")

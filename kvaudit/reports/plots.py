@@ -42,7 +42,8 @@ def forest_svg(rows: Sequence[dict[str, Any]], *, margins: Sequence[tuple[str, f
         ax.set_yticks(ys)
         ax.set_yticklabels([f"{_short(r['group'])} (n={r['n']})" for r in rows])
         ax.set_ylim(-0.7, len(rows) - 0.3)
-        ax.set_xlabel(f"delta vs recompute (points, {confidence:.0%} cluster-bootstrap CI)")
+        ax.set_xlabel(f"delta vs recompute (points, {confidence:.0%} score interval with document "
+                      "design effect; its lower end is what the gate judges)")
         if title:
             ax.set_title(title, fontsize=10, loc="left")
         ax.grid(axis="x", color="#eeeeee")

@@ -3,7 +3,8 @@
 A policy file (see ``policy_default.toml`` for the shipped one and ``docs/reports.md``)::
 
     arm = "reuse"            # the arm the thresholds judge
-    confidence = 0.95        # one-sided confidence of lower bounds
+    confidence = 0.95        # two-sided level of the plotted interval; its lower end (a one-sided
+                             # 97.5% bound) is what a delta threshold judges
     missing = "error"        # when a check's data is absent: "error" (exit 2), "fail" or "skip"
 
     [[delta]]                # one table per quality threshold
@@ -21,22 +22,31 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
                              # "simulated" with key = "<entry of simulation.json>"
 
     [leak]
-    max_neutral_text_leak_rate = 0.0
-    forbid_neutral_exposure = true
+    max_neutral_text_leak_rate = 0.05   # the Wilson upper bound of the text-leak rate must be at most this
+    forbid_neutral_exposure = true      # fail when the exact rank test finds exposure; cannot judge with
+                                        # fewer probes than the test needs for 80% power
 
 Every section may set its own ``missing``. A check's status is pass, fail, error (could not be
 judged) or skip; the gate's verdict is error if any check errored, else fail if any failed.
+A policy without a single threshold is an error: a gate that checks nothing must not pass.
+
+Where the run has ``recompute_again`` (the noise floor), every delta threshold is also applied to
+it as a negative control: recompute against itself must clear the margin, or the run cannot be
+judged (its noise, or its size, is as large as the effect the gate is asked to rule out).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvaudit.errors import KvauditError
-from kvaudit.reports.analysis import Analysis
+from kvaudit.reports.analysis import NOISE_ARM, Analysis
+from kvaudit.stats.leak_tests import text_leak_decision
+from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, check_confidence
 
 DEFAULT_POLICY = Path(__file__).with_name("policy_default.toml")
 MISSING = ("error", "fail", "skip")
@@ -61,7 +71,7 @@ class Check:
 class Policy:
     source: str
     arm: str = "reuse"
-    confidence: float = 0.95
+    confidence: float = DEFAULT_CONFIDENCE
     checks: list[Check] = field(default_factory=list)
 
     def margin_for_task(self, task: str) -> float | None:
@@ -134,9 +144,11 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
     arm = raw.get("arm", "reuse")
     if not isinstance(arm, str) or not arm:
         raise KvauditError(f"{source}: field 'arm' must be a non-empty string")
-    conf = _num(f"{source}: field 'confidence'", raw.get("confidence", 0.95))
-    if not 0.5 <= conf < 1:
-        raise KvauditError(f"{source}: field 'confidence' must be in [0.5, 1)")
+    conf = _num(f"{source}: field 'confidence'", raw.get("confidence", DEFAULT_CONFIDENCE))
+    try:
+        check_confidence(conf)
+    except ValueError as e:
+        raise KvauditError(f"{source}: field 'confidence': {e}") from None
     default_missing = _missing(source, "", raw, "error")
     pol = Policy(source=source, arm=arm, confidence=conf)
 
@@ -183,6 +195,9 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
                 pol.checks.append(Check("neutral-policy text leak rate", "leak_text", {"max": mx}, missing))
             if sec.get("forbid_neutral_exposure", False):
                 pol.checks.append(Check("neutral-policy canary exposure", "leak_exposure", {}, missing))
+    if not pol.checks:
+        raise KvauditError(f"{source}: the policy sets no threshold (no [[delta]], [audit], [hit_rate] "
+                           "or [leak] check): a gate that checks nothing cannot pass a run")
     return pol
 
 
@@ -204,28 +219,22 @@ def _pct(x: float | None) -> str:
 def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
     k, p = check.kind, check.params
     if k == "delta":
-        thr = f"lower bound ≥ {p['min_lower_bound']:+.1f} pts"
-        d = an.delta(arm, p["group"])
-        if d["n"] == 0:
-            return _missing_result(check, "no cases", thr,
-                                   f"no answer-quality cases with arm '{arm}' match group '{p['group']}'")
-        if d["lower_bound"] is None:
-            return CheckResult(check.name, k, "fail", f"delta {d['delta']:+.1f} pts, no bound", thr,
-                               f"{d['n']} cases in {d['n_clusters']} cluster(s): at least 2 clusters are "
-                               "needed to bound the delta")
-        ok = d["lower_bound"] >= p["min_lower_bound"]
-        return CheckResult(check.name, k, "pass" if ok else "fail", f"lower bound {d['lower_bound']:+.1f} pts", thr,
-                           f"delta {d['delta']:+.1f} pts, {an.confidence:.0%} one-sided bound, "
-                           f"n={d['n']} in {d['n_clusters']} clusters, MDD {d['mdd']:.1f} pts")
+        return _delta_result(check, an, arm)
     if k == "audit":
         audit = an.run.audit
-        if audit is None:
-            return _missing_result(check, "not run", "passed", "audit.json is missing: run `kvaudit audit RUN` first")
-        failed = [c["name"] for c in audit.get("checks", []) if not c["passed"] and c.get("required", True)]
-        if audit["passed"]:
-            return CheckResult(check.name, k, "pass", "passed", "passed")
-        return CheckResult(check.name, k, "fail", "failed", "passed",
-                           "failed checks: " + (", ".join(failed) or "(none listed)"))
+        if audit.state == "missing":
+            return _missing_result(check, "not run", "passed", audit.reason)
+        if audit.state != "verified":
+            return CheckResult(check.name, k, "error", "refused", "passed", audit.reason)
+        required = [c for c in audit.checks if c.get("required", True)]
+        unjudged = [c["name"] for c in required if c.get("cannot_judge")]
+        failed = [c["name"] for c in required if not c["passed"] and not c.get("cannot_judge")]
+        if audit.verdict == "passed":
+            return CheckResult(check.name, k, "pass", "passed", "passed", "verified against the run's files")
+        if audit.verdict == "cannot_judge":
+            return CheckResult(check.name, k, "error", "cannot judge", "passed",
+                               "checks without their evidence: " + ", ".join(unjudged))
+        return CheckResult(check.name, k, "fail", "failed", "passed", "failed checks: " + ", ".join(failed))
     if k == "hit_rate":
         thr = f"≥ {_pct(p['min'])}"
         if p["source"] in ("measured", "segment"):
@@ -238,25 +247,99 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
             return _missing_result(check, "n/a", thr, where)
         return CheckResult(check.name, k, "pass" if rate >= p["min"] else "fail", _pct(rate), thr)
     if k == "leak_text":
-        thr = f"≤ {_pct(p['max'])}"
+        thr = f"Wilson upper bound ≤ {_pct(p['max'])}"
         t = an.leaks["text"].get("reuse")
         if t is None:
             return _missing_result(check, "no probes", thr, "the run has no leak probes with a 'reuse' arm")
-        detail = f"{t['leaks']} of {t['n']} probes" + (f": {', '.join(t['cases'][:5])}" if t["cases"] else "")
-        return CheckResult(check.name, k, "pass" if t["rate"] <= p["max"] else "fail", _pct(t["rate"]), thr, detail)
+        dec = text_leak_decision(t["leaks"], t["n"], p["max"], confidence=an.confidence)
+        obs = f"{t['leaks']} of {t['n']} ({_pct(dec.rate)}, upper bound {_pct(dec.upper)})"
+        detail = ", ".join(t["cases"][:5])
+        if dec.verdict == "undecided":
+            need = (f"; {dec.probes_to_pass} probes without a leak would be needed"
+                    if dec.probes_to_pass else "")
+            return CheckResult(check.name, k, "error", obs, thr,
+                               f"cannot judge: too few probes for the bound to reach {_pct(p['max'])}{need}"
+                               + (f"; leaks in {detail}" if detail else ""))
+        return CheckResult(check.name, k, dec.verdict, obs, thr, detail)
     if k == "leak_exposure":
         e = an.leaks["exposure"].get("neutral")
+        thr = f"rank test p > {an.leaks['alpha']:g} with enough probes"
         if e is None:
-            return _missing_result(check, "no probes", "not beyond chance",
-                                   "no leak probes with canary log-probs under 'reuse' and 'recompute'")
-        obs = f"gain beyond decoys {e['beyond_chance_mean']:+.2f} nats, sign test p={e['sign_test_p']:.3g}"
-        return CheckResult(check.name, k, "fail" if e["beyond_chance"] else "pass", obs, "not beyond chance",
-                           f"{e['n_positive']} of {e['n']} probes gained more than their decoys")
+            return _missing_result(check, "no probes", thr,
+                                   "no leak probes with candidate log-probs under 'reuse' and 'recompute'")
+        obs = (f"rank test p={e['rank_test_p']:.3g}, mean rank {e['mean_rank']:.2f} vs chance "
+               f"{e['chance_rank']:.2f}, {e['n']} probes")
+        power = f"power {e['power']:.0%} at the reference effect; {e['min_probes']} probes needed"
+        if e["verdict"] == "fail":
+            return CheckResult(check.name, k, "fail", obs, thr,
+                               "the true name gains more than its decoys beyond chance: "
+                               + ", ".join(e["ranked_first_cases"][:5]))
+        if e["verdict"] == "undecided":
+            return CheckResult(check.name, k, "error", obs, thr, f"cannot judge: too few probes ({power})")
+        return CheckResult(check.name, k, "pass", obs, thr, power)
     raise ValueError(f"unknown check kind {k!r}")
 
 
+def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = None) -> CheckResult:
+    p = check.params
+    name = label or check.name
+    thr = f"lower bound ≥ {p['min_lower_bound']:+.1f} pts"
+    d = an.delta(arm, p["group"])
+    if d["n"] == 0:
+        return _missing_result(Check(name, "delta", p, check.missing), "no cases", thr,
+                               f"no answer-quality cases with arm '{arm}' match group '{p['group']}'")
+    if not d["decidable"]:
+        need = cases_needed(d, p["min_lower_bound"])
+        return CheckResult(name, "delta", "error", f"delta {d['delta']:+.1f} pts, no bound", thr,
+                           f"cannot judge: {d['reason']}" + (f"; about {need} cases needed "
+                                                             "(`kvaudit plan` simulates it)" if need else ""))
+    ok = d["lower_bound"] >= p["min_lower_bound"]
+    detail = (f"delta {d['delta']:+.1f} pts, {an.confidence:.0%} interval [{d['lower_bound']:+.1f}, "
+              f"{d['upper_bound']:+.1f}], n={d['n']} on {d['n_clusters']} documents "
+              f"(design effect {d['deff']:.2f}), MDD {d['mdd']:.1f} pts")
+    if not ok:
+        need = cases_needed(d, p["min_lower_bound"])
+        if need and need > d["n"] and d["upper_bound"] >= p["min_lower_bound"]:
+            detail += f"; about {need} cases would be needed to pass a true delta of 0"
+    return CheckResult(name, "delta", "pass" if ok else "fail", f"lower bound {d['lower_bound']:+.1f} pts",
+                       thr, detail)
+
+
+def cases_needed(delta: dict[str, Any], margin_points: float) -> int | None:
+    """Approximate cases needed for 80% power at a true delta of 0 against ``margin_points``
+    (normal approximation with the run's design effect and spread, floored at the spread a
+    loss rate equal to the margin would give); ``kvaudit plan`` simulates it exactly."""
+    from scipy.stats import norm
+
+    m = abs(margin_points) / 100
+    if m <= 0 or delta["n"] == 0:
+        return None
+    var = max(delta.get("var") or 0.0, m * (1 - m))
+    z = norm.ppf((1 + DEFAULT_CONFIDENCE) / 2) + norm.ppf(0.80)
+    return int(math.ceil(max(delta.get("deff") or 1.0, 1.0) * var * (z / m) ** 2))
+
+
+def noise_control(policy: Policy, an: Analysis) -> list[CheckResult]:
+    """Every delta threshold applied to ``recompute_again`` (when it ran): it must pass, or the
+    run cannot be judged."""
+    if NOISE_ARM not in an.arms or policy.arm == NOISE_ARM:
+        return []
+    out = []
+    for c in policy.checks:
+        if c.kind != "delta":
+            continue
+        r = _delta_result(c, an, NOISE_ARM, label=f"{c.name}: noise floor ({NOISE_ARM})")
+        if r.status == "fail":
+            r = CheckResult(r.name, "noise_control", "error", r.observed, r.threshold,
+                            f"cannot judge: recompute against itself does not clear the margin ({r.detail})")
+        else:
+            r = CheckResult(r.name, "noise_control", r.status, r.observed, r.threshold, r.detail)
+        out.append(r)
+    return out
+
+
 def evaluate(policy: Policy, an: Analysis) -> list[CheckResult]:
-    return [evaluate_check(c, an, policy.arm) for c in policy.checks]
+    return [evaluate_check(c, an, policy.arm) for c in policy.checks] + noise_control(policy, an)
 
 
 def verdict(results: list[CheckResult]) -> str:

@@ -17,8 +17,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", metavar="FILE", help="gate policy TOML (default: the shipped policy)")
     parser.add_argument("--near-tie", type=float, default=1.0, metavar="LOGITS",
                         help="recompute first-token margins below this count as near ties (default 1.0)")
-    parser.add_argument("--bootstrap", type=int, default=2000, metavar="N",
-                        help="cluster-bootstrap resamples (default 2000)")
     parser.add_argument("--max-cases", type=int, default=2000, metavar="N",
                         help="cases shown in the drill-down, flips first (default 2000)")
     parser.add_argument("--compare", action="append", default=[], metavar="OTHER_RUN",
@@ -27,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, near_tie: float = 1.0,
-                 n_boot: int = 2000, max_cases: int = 2000, compare: list[str | Path] = ()) -> Path:
+                 max_cases: int = 2000, compare: list[str | Path] = ()) -> Path:
     """Write the three report files into ``run_dir``; return the path of ``report.html``.
 
     ``compare``: runs of the same dataset on other backends, for the cross-backend table.
@@ -42,7 +40,7 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
 
     policy = load_policy(policy_path)
     run = load_run(run_dir)
-    an = Analysis(run, near_tie=near_tie, confidence=policy.confidence, n_boot=n_boot)
+    an = Analysis(run, near_tie=near_tie, confidence=policy.confidence)
     summary = build_summary(an, policy)
     summary["cross_backend"] = [compare_runs(run, load_run(other)) for other in compare]
     write_json(run.path / SUMMARY_FILE, summary)
@@ -53,11 +51,7 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.errors import KvauditError
-
-    if args.bootstrap < 100:
-        raise KvauditError("--bootstrap must be at least 100")
     path = write_report(args.run_dir, policy_path=args.policy, near_tie=args.near_tie,
-                        n_boot=args.bootstrap, max_cases=args.max_cases, compare=args.compare)
+                        max_cases=args.max_cases, compare=args.compare)
     print(path)
     return 0

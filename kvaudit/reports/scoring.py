@@ -11,7 +11,7 @@ counted as a flip).
 
 Per arm other than ``recompute`` each row also carries:
 
-``flip``          the answer text (stripped) differs from recompute's;
+``flip``          :func:`kvaudit.schema.flipped` against recompute;
 ``logit_diff``    ``ArmResult.logit_diff_vs_recompute`` (max abs first-token logit difference);
 ``top1_changed``  the first token's top-1 id differs from recompute's (from ``top_k``);
 ``near_tie``      recompute's top-1/top-2 first-token margin is below the near-tie threshold,
@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvaudit.schema import ArmResult, PairRecord
+from kvaudit.schema import ArmResult, PairRecord, flipped
 
 REFERENCE_ARM = "recompute"
 SCORE_METRICS = ("em", "f1", "rouge_l", "contains")
@@ -152,7 +152,7 @@ def cluster_key(pair: PairRecord) -> str:
 def score_pairs(pairs: Iterable[PairRecord], near_tie: float = DEFAULT_NEAR_TIE) -> pd.DataFrame:
     """One row per (case, arm) with scores, the primary score and divergence signals.
 
-    Columns: case_id, task, arm, cluster, metric, scorable, em, f1, rouge_l, contains, score,
+    Columns: case_id, task, arm, cluster, documents (tuple), metric, scorable, em, f1, rouge_l, contains, score,
     flip, logit_diff, top1_changed, near_tie, ttft_s, tokens_reused, tokens_computed, and one
     ``stratum:<key>`` column per key found in ``PairRecord.strata`` (values as strings).
     Rows whose case cannot be scored (no gold and not an agreement case, or a leak probe) keep
@@ -173,11 +173,12 @@ def score_pairs(pairs: Iterable[PairRecord], near_tie: float = DEFAULT_NEAR_TIE)
                 "task": pair.task,
                 "arm": name,
                 "cluster": cluster_key(pair),
+                "documents": documents(pair),
                 "metric": pair.metric,
                 "scorable": scorable,
                 **scores,
                 "score": scores[primary_metric(pair.metric)],
-                "flip": None if is_ref or ref_arm is None else arm.answer.strip() != ref_arm.answer.strip(),
+                "flip": None if is_ref or ref_arm is None else flipped(arm, ref_arm),
                 "logit_diff": None if is_ref else arm.logit_diff_vs_recompute,
                 "top1_changed": (None if is_ref or ref_arm is None or first_token(arm) is None
                                  or first_token(ref_arm) is None

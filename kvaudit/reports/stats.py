@@ -1,25 +1,23 @@
-"""Paired statistics for arm-vs-recompute comparisons (statsmodels and scipy do the maths).
+"""Paired statistics for arm-vs-recompute comparisons, in points, for the report and the gate.
 
 Conventions used throughout the report and the gate:
 
 * A *delta* is ``mean(arm score) - mean(recompute score)`` over the same cases, in points
   (scores in [0, 1] times 100), so -2 means "two points worse than recompute".
-* Intervals come from a paired **cluster bootstrap**: the per-case differences are grouped by
-  cluster (cases resting on the same evidence documents, see
-  :func:`kvaudit.reports.scoring.cluster_key`) and whole clusters are resampled with
-  replacement; the statistic is the case-weighted mean difference. ``ci`` is the two-sided
-  percentile interval at ``confidence``; ``lower_bound`` / ``upper_bound`` are the one-sided
-  bounds at ``confidence`` (what non-inferiority uses). Fewer than two clusters gives no interval.
-  Every bound lies at least ``z * SE_floor`` from the mean, where ``SE_floor`` is the SE that 3
-  discordant cases in n would give (rule of three): a bootstrap of pairs that never differ has
-  no spread, yet 30 unchanged cases cannot rule out a 10% change.
+* The interval is :func:`kvaudit.stats.noninferiority.paired_bound`: a score interval (Tango's
+  for 0/1 scores, its restricted-likelihood extension for F1-like scores) widened by the design
+  effect of cases sharing documents (a case on several documents shares with each), with a t
+  quantile on the number of documents. ``ci`` is the two-sided interval at ``confidence``
+  (default 95%); ``lower_bound``/``upper_bound`` are its ends, each a one-sided bound at
+  ``(1 + confidence) / 2``: what the forest plot draws is what the gate judges. Fewer than
+  :data:`~kvaudit.stats.noninferiority.MIN_CLUSTERS` documents, or too small an effective sample,
+  give no interval (``decidable`` False, ``reason`` says why).
 * The paired test is McNemar (exact binomial when fewer than 25 discordant pairs) when both
-  arms' scores are 0/1, else the Wilcoxon signed-rank test. These tests treat cases as
-  independent; the clustered interval is the primary evidence. Holm adjusts p-values across
-  the strata of one comparison.
-* The **minimum detectable delta** is ``(z[confidence] + z[power]) * SE``, with SE the bootstrap
-  standard error, floored at ``SE_floor``, so a run in which nothing changed still says how
-  small a change it could have missed; it is capped at 100 points (cannot detect any).
+  arms' scores are 0/1, else the Wilcoxon signed-rank test; Holm adjusts p-values across the
+  strata of one comparison. These tests are descriptive (they treat cases as independent); the
+  interval is the evidence the gate uses.
+* The **minimum detectable delta** (:func:`kvaudit.stats.noninferiority.detectable_delta`) is
+  the smallest loss the run would detect with 80% power; it is capped at 100 points.
 """
 
 from __future__ import annotations
@@ -29,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-DEFAULT_CONFIDENCE = 0.95
-DEFAULT_BOOT = 2000
-DEFAULT_POWER = 0.80
+from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, detectable_delta, paired_bound
+
+DEFAULT_BOOT = 2000  # resamples of cluster_bootstrap_means (descriptive intervals only)
 SCALE = 100.0  # scores are in [0, 1]; deltas are reported in points
 _EXACT_MCNEMAR_BELOW = 25
 
@@ -104,26 +102,9 @@ def wilson(k: int, n: int, confidence: float = DEFAULT_CONFIDENCE) -> tuple[floa
     return float(lo), float(hi)
 
 
-def min_detectable_delta(se: float, n: int, *, confidence: float = DEFAULT_CONFIDENCE,
-                         power: float = DEFAULT_POWER) -> float | None:
-    """Smallest true delta (same units as ``se``, on the [0, 1] score scale) the run would
-    detect one-sided at ``confidence`` with ``power``."""
-    from scipy.stats import norm
-
-    if n <= 0:
-        return None
-    # Scores live in [0, 1], so no delta beyond 1 can exist: cap there ("cannot detect any").
-    return min(1.0, float((norm.ppf(confidence) + norm.ppf(power)) * max(se, _se_floor(n))))
-
-
 def _points(x: float) -> float:
     """A delta on the [0, 1] score scale in points, clipped to the possible [-100, 100]."""
     return SCALE * min(1.0, max(-1.0, x))
-
-
-def _se_floor(n: int) -> float:
-    """SE of a mean of n paired 0/±1 differences if 3 in n differed (rule of three)."""
-    return float(np.sqrt(min(1.0, 3.0 / n) / n))
 
 
 def non_inferior(lower_bound: float | None, margin: float) -> bool:
@@ -131,44 +112,33 @@ def non_inferior(lower_bound: float | None, margin: float) -> bool:
     return lower_bound is not None and lower_bound >= margin
 
 
-def paired_delta(ref: Sequence[float], arm: Sequence[float], clusters: Sequence[Any], *,
-                 confidence: float = DEFAULT_CONFIDENCE, n_boot: int = DEFAULT_BOOT,
-                 seed: int = 0) -> dict[str, Any]:
+def paired_delta(ref: Sequence[float], arm: Sequence[float], memberships: Sequence[Sequence[str]], *,
+                 confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
     """Everything the report says about one paired comparison, deltas in points.
 
+    ``memberships``: per case, the documents it rests on (:func:`kvaudit.reports.scoring.documents`).
     Keys: n, n_clusters, mean_ref, mean_arm, delta, ci [lo, hi] or None, lower_bound,
-    upper_bound, se, test, p, mdd, binary.
+    upper_bound, deff, n_eff, var (per-case variance of the differences), decidable, reason,
+    test, p, mdd, binary.
     """
     r, a = np.asarray(ref, dtype=float), np.asarray(arm, dtype=float)
-    if r.shape != a.shape or len(r) != len(clusters):
-        raise ValueError("ref, arm and clusters must have the same length")
+    if r.shape != a.shape or len(r) != len(memberships):
+        raise ValueError("ref, arm and memberships must have the same length")
     n = len(r)
-    out: dict[str, Any] = {"n": n, "n_clusters": len(set(map(str, clusters))), "binary": None,
-                           "mean_ref": None, "mean_arm": None, "delta": None, "ci": None,
-                           "lower_bound": None, "upper_bound": None, "se": None, "test": None,
-                           "p": None, "mdd": None}
+    b = paired_bound(a - r, memberships, confidence=confidence)
+    out: dict[str, Any] = {"n": n, "n_clusters": b.n_clusters, "binary": None, "mean_ref": None,
+                           "mean_arm": None, "delta": None, "ci": None, "lower_bound": None,
+                           "upper_bound": None, "deff": b.deff, "n_eff": b.n_eff, "var": b.var,
+                           "decidable": b.decidable, "reason": b.reason, "test": None, "p": None,
+                           "mdd": None}
     if n == 0:
         return out
-    d = a - r
-    out.update(mean_ref=SCALE * r.mean(), mean_arm=SCALE * a.mean(), delta=SCALE * d.mean(),
+    out.update(mean_ref=SCALE * r.mean(), mean_arm=SCALE * a.mean(), delta=SCALE * b.mean,
                binary=is_binary(r, a))
     out["test"], out["p"] = paired_test(r, a)
-    se = 0.0
-    if out["n_clusters"] >= 2:
-        from scipy.stats import norm
-
-        boots = cluster_bootstrap_means(d, clusters, n_boot=n_boot, seed=seed)
-        tail = (1 - confidence) / 2
-        # A bootstrap of pairs that (almost) never differ has (almost) no spread; widen each
-        # bound to at least the rule-of-three SE so "nothing changed in 30 cases" is not "safe".
-        mean, floor = float(d.mean()), _se_floor(n)
-        two, one = norm.ppf(1 - tail) * floor, norm.ppf(confidence) * floor
-        out["ci"] = [_points(min(float(np.quantile(boots, tail)), mean - two)),
-                     _points(max(float(np.quantile(boots, 1 - tail)), mean + two))]
-        out["lower_bound"] = _points(min(float(np.quantile(boots, 1 - confidence)), mean - one))
-        out["upper_bound"] = _points(max(float(np.quantile(boots, confidence)), mean + one))
-        se = float(boots.std(ddof=1))
-        out["se"] = SCALE * se
-    mdd = min_detectable_delta(se, n, confidence=confidence)
+    if b.decidable:
+        out["lower_bound"], out["upper_bound"] = _points(b.lower), _points(b.upper)
+        out["ci"] = [out["lower_bound"], out["upper_bound"]]
+    mdd = detectable_delta(b)
     out["mdd"] = None if mdd is None else SCALE * mdd
     return out

@@ -3,12 +3,15 @@
 Top-level keys:
 
 ``run``          path, number of cases, arms (with the reason each exists), manifest scalars
-``audit``        ``{"ran", "passed", "checks"}`` copied from ``audit.json``
+``audit``        ``{"ran", "state", "reason", "verdict", "passed", "checks"}``: ``audit.json``
+                 verified against the run's files and re-derived (kvaudit.audit.trust)
 ``gate``         policy source, verdict (pass / fail / error) and one entry per threshold
 ``comparisons``  per compared arm, one row per group (overall, ``task:*``, strata): n, clusters,
                  mean per arm and delta (points), CI, one-sided bounds, test, p, Holm p, MDD
 ``flips``        per compared arm: flip rate with Wilson CI, near-tie flips, logit differences
 ``noise_floor``  the ``recompute_again`` flips entry (None when the arm was not run)
+``flip_excess``  per compared arm: its flip rate minus the noise floor's on the same cases
+                 (points) with the paired interval (empty when recompute_again did not run)
 ``leaks``        :func:`kvaudit.reports.leaks.leak_summary`
 ``hit_rate``     per arm measured token hit rate; ``simulated`` entries from simulation.json
 ``ttft``         per arm seconds (n, mean, p50, p90, p99); ``speedup`` per arm vs recompute
@@ -106,16 +109,22 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
             "model": _scalars(manifest_model) if isinstance(manifest_model, dict) else manifest_model,
             "near_tie_threshold": an.near_tie,
             "confidence": an.confidence,
-            "bootstrap_resamples": an.n_boot,
-            "cluster_key": "sorted evidence segment ids (all segment ids when a case has no evidence)",
+            "interval": "score interval (Tango for 0/1 scores) with a network-robust document design "
+                        "effect; two-sided at confidence, each end a one-sided bound at (1 + confidence) / 2",
+            "cluster_key": "the documents a case rests on (evidence segment ids, else all its segment "
+                           "ids); cases sharing any document are dependent",
+            "n_expected_cases": run.n_expected,
+            "missing_cases": run.missing_cases,
         },
-        "audit": {"ran": audit is not None, "passed": None if audit is None else audit["passed"],
-                  "checks": [] if audit is None else audit.get("checks", [])},
+        "audit": {"ran": audit.state != "missing", "state": audit.state, "reason": audit.reason,
+                  "verdict": audit.verdict, "passed": audit.passed, "checks": audit.checks},
         "gate": {"policy": policy.source, "arm": policy.arm, "verdict": verdict(gate),
                  "checks": [asdict(r) for r in gate]},
         "comparisons": {arm: an.comparisons(arm) for arm in an.compared_arms},
         "flips": {arm: an.flips(arm) for arm in an.compared_arms},
         "noise_floor": an.flips(NOISE_ARM) if NOISE_ARM in an.arms else None,
+        "flip_excess": {arm: an.flip_excess(arm) for arm in an.compared_arms if arm != NOISE_ARM}
+        if NOISE_ARM in an.arms else {},
         "leaks": an.leaks,
         "hit_rate": {"measured": {a: an.hit_rate(a) for a in an.arms},
                      "segment": {a: an.hit_rate(a, "segment") for a in an.arms},

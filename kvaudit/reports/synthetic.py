@@ -41,6 +41,13 @@ def _arm(name: str, answer: str, rng: np.random.Generator, n_tokens: int, *, reu
     )
 
 
+def _spans(n_reused: int, k: int) -> list[tuple[int, int]]:
+    """``k`` contiguous segment spans after a 10-token head, ``n_reused`` tokens in all (what
+    the reuse arms load, as in a real run)."""
+    cuts = [10 + n_reused * j // k for j in range(k + 1)]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
 def make_pairs(n_per_task: int = 30, *, loss: dict[str, float] | None = None, seed: int = 0,
                n_docs: int = 12, leak_probes: int = 10, neutral_exposure: float = 0.0,
                injected: str = "", base_accuracy: float = 0.85) -> list[PairRecord]:
@@ -88,7 +95,7 @@ def make_pairs(n_per_task: int = 30, *, loss: dict[str, float] | None = None, se
                         "prefix_variant": ["none", "date"][i % 2]},
                 n_prompt_tokens=n_tok, ids_hash=ids_hash([i, n_tok]), segment_ids=segs,
                 segment_hashes=[f"b{j}" for j in range(len(segs))],
-                segment_spans=[(10 + 100 * j, 110 + 100 * j) for j in range(len(segs))],
+                segment_spans=_spans(int(n_tok * 0.9), len(segs)),
                 truncation={}, decoding={"greedy": True}, arm_order=list(arms), arms=arms,
                 answers=[] if task == "agreement" else [gold],
                 metric={"aggregate": "f1", "agreement": "agreement"}.get(task, "em"),
@@ -110,28 +117,57 @@ def make_pairs(n_per_task: int = 30, *, loss: dict[str, float] | None = None, se
                           ttft=0.1, logit_diff=0.3, first_id=7, canary=neutral),
             "reuse_first_user": _arm("reuse_first_user", "I don't know.", rng, n_tok, reused=0.9,
                                      margin=2.0, ttft=0.1, logit_diff=0.5, first_id=7, canary=first_user),
+            "recompute_again": _arm("recompute_again", "I don't know your name.", rng, n_tok, reused=0,
+                                    margin=2.0, ttft=1.02, logit_diff=1e-5, first_id=7),
+            "identity": _arm("identity", "I don't know your name.", rng, n_tok, reused=0.9, margin=2.0,
+                             ttft=0.1, logit_diff=5e-5, first_id=7),
         }
         pairs.append(PairRecord(
             case_id=f"leak_probe-{i:03d}", task="leak_probe", strata={}, n_prompt_tokens=n_tok,
             ids_hash=ids_hash([999, i]), segment_ids=[seg], segment_hashes=["b0"],
-            segment_spans=[(10, 110)], truncation={}, decoding={"greedy": True},
+            segment_spans=_spans(int(n_tok * 0.9), 1), truncation={}, decoding={"greedy": True},
             arm_order=list(arms), arms=arms, answers=[value], metric="contains", evidence=[seg],
             canary={"value": value, "decoys": decoys, "capture_prefix": f"My name is {value}.\n"},
         ))
+    for p in pairs:
+        _consistent(p)
     return pairs
+
+
+def _consistent(p: PairRecord) -> None:
+    """Every arm consumed the pair's inputs and the reuse arms loaded one fingerprint per
+    segment, as in a real run, so the real audit passes on synthetic pairs."""
+    for name, a in p.arms.items():
+        a.ids_hash, a.segment_hashes = p.ids_hash, list(p.segment_hashes)
+        a.truncation, a.decoding = dict(p.truncation), dict(p.decoding)
+        if name == "reuse":
+            a.segment_kv_fingerprints = {sid: f"fp-{sid}" for sid in p.segment_ids}
 
 
 def make_run(run_dir: str | Path, pairs: list[PairRecord] | None = None, *,
              audit_passed: bool | None = True, coverage: dict[str, Any] | None = None,
              **kwargs: Any) -> Path:
-    """Write a run directory; ``audit_passed=None`` leaves out ``audit.json`` (audit not run)."""
+    """Write a run directory and audit it with the real audit (:mod:`kvaudit.audit.trust`).
+
+    ``audit_passed=None`` leaves out ``audit.json`` (audit not run); ``False`` breaks the first
+    case's identity control before the audit, so the audit fails for a real reason.
+    """
+    from kvaudit.audit.trust import build_audit
+
     d = Path(run_dir)
     pairs = make_pairs(**kwargs) if pairs is None else pairs
+    if audit_passed is False:
+        pairs[0].arms["identity"].logit_diff_vs_recompute = 0.9
     arms = list(dict.fromkeys(a for p in pairs for a in p.arms))
+    decoding = {"greedy": True}
     write_json(d / MANIFEST_FILE, {
-        "model": {"name": "synthetic", "fingerprint": "0" * 16}, "backend": "synthetic",
-        "dtype": "float32", "arms": arms, "git_revision": "synthetic",
-        "dataset": {"name": "synthetic", "hash": "0" * 32,
+        "identity": {"dataset_hash": "0" * 32, "model_fingerprint": "0" * 16, "model": "synthetic",
+                     "backend": "synthetic", "dtype": "float32", "arms": arms, "decoding": decoding},
+        "model": {"name": "synthetic", "fingerprint": "0" * 16, "dtype": "float32"},
+        "backend": {"backend": "synthetic", "dtype": "float32"},
+        "dtype": "float32", "arms": arms, "git_revision": "synthetic", "decoding": decoding,
+        "status": "complete",
+        "dataset": {"name": "synthetic", "hash": "0" * 32, "n_cases": len(pairs),
                     "coverage": coverage if coverage is not None else {
                         "refs_per_segment": {"min": 1, "median": 4, "max": 9},
                         "distinct_positions_per_segment": {"median": 3},
@@ -139,11 +175,5 @@ def make_run(run_dir: str | Path, pairs: list[PairRecord] | None = None, *,
     })
     write_jsonl(d / PAIRS_FILE, (pair_to_dict(p) for p in pairs))
     if audit_passed is not None:
-        write_json(d / AUDIT_FILE, {"passed": audit_passed, "checks": [
-            {"name": "identical inputs across arms", "passed": True, "required": True,
-             "detail": "ids, boundaries, truncation and decoding match", "failing_cases": [], "warning": None},
-            {"name": "identity control equals recompute", "passed": audit_passed, "required": True,
-             "detail": "max logit diff 5e-05" if audit_passed else "max logit diff 0.9",
-             "failing_cases": [] if audit_passed else [pairs[0].case_id], "warning": None},
-        ]})
+        write_json(d / AUDIT_FILE, build_audit(d))
     return d

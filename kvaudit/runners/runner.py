@@ -23,11 +23,13 @@ from kvaudit.runners.arms import ARMS, check_backend
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.transformers_backend import TransformersBackend
 from kvaudit.schema import (
+    AUDIT_FILE,
     MANIFEST_FILE,
     PAIRS_FILE,
     Case,
     Dataset,
     PairRecord,
+    flipped,
     iter_jsonl,
     read_manifest,
     write_atomic,
@@ -130,7 +132,7 @@ class Progress:
         if "reuse" in rec.arms:
             self.reused += rec.arms["reuse"].tokens_reused
             self.prompt_tokens += rec.n_prompt_tokens
-            self.flips += rec.arms["reuse"].answer != rec.arms["recompute"].answer
+            self.flips += flipped(rec.arms["reuse"], rec.arms["recompute"])
 
     def postfix(self) -> dict[str, str]:
         out = {}
@@ -207,6 +209,8 @@ def execute(cfg: RunConfig, backend: TransformersBackend, *, progress: bool = Tr
     done = load_done(out)
     cases = cfg.dataset.cases[: cfg.limit] if cfg.limit else cfg.dataset.cases
     todo = [c for c in cases if c.id not in done]
+    if todo:  # new pairs make any earlier audit stale: remove it rather than leave it lying
+        (out / AUDIT_FILE).unlink(missing_ok=True)
     info = backend.info()
     manifest: dict[str, Any] = {
         "kvaudit_version": __import__("kvaudit").__version__,

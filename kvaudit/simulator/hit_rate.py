@@ -95,11 +95,20 @@ def run_segment_hit_rate(pairs: Iterable, arm: str = "reuse") -> HitRate:
 
     A working reuse arm loads every segment, so this is 1.0; anything lower means segments were
     silently recomputed (the "prompt tokens" of the returned HitRate are segment tokens here).
+    Not defined for an engine prefix-cache arm, whose cached prefix also covers the template
+    head and can exceed the segment tokens (the report does not ask for it).
+
+    Raises ``ValueError`` naming the case and the field when a record claims more reused tokens
+    than its segments hold, or fewer than 0.
     """
     hits, seg = [], []
     for p in pairs:
         if arm in p.arms:
             n = sum(int(e) - int(s) for s, e in p.segment_spans)
-            hits.append(min(int(p.arms[arm].tokens_reused), n))
+            h = int(p.arms[arm].tokens_reused)
+            if not 0 <= h <= n:
+                raise ValueError(f"case {getattr(p, 'case_id', '?')!r}: tokens_reused {h} "
+                                 f"outside 0..segment tokens ({n})")
+            hits.append(h)
             seg.append(n)
     return token_hit_rate(np.array(hits, np.int64), np.array(seg, np.int64))

@@ -82,12 +82,14 @@ def check_confidence(confidence: float, where: str = "confidence") -> float:
 def _clusters_of(memberships: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
     out = []
     for i, m in enumerate(memberships):
-        docs = tuple(sorted({str(x) for x in m}))
+        # one label (a string or a number) is one document; a collection is a set of them
+        single = isinstance(m, (str, bytes, int, float, np.integer))
+        docs = (str(m),) if single else tuple(sorted({str(x) for x in m}))
         out.append(docs or (f"\x00case{i}",))  # a case on no document is its own cluster
     return out
 
 
-def shared_sum(e: np.ndarray, memberships: Sequence[Sequence[str]]) -> tuple[float, int]:
+def shared_sum(e: np.ndarray, memberships: Sequence[Sequence[str] | str]) -> tuple[float, int]:
     """``(Σ_{i~j} e_i e_j, G)``: the sum over ordered pairs of cases sharing a document (each
     case with itself included) and the number of distinct documents."""
     from scipy import sparse
