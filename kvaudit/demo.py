@@ -11,7 +11,8 @@ from pathlib import Path
 
 DEMO_ARMS = "recompute,reuse,identity,reuse_norope,recompute_again,reuse_first_user"
 VLLM_EXTRA_ARMS = ",prefix_cache"  # vLLM's own prefix cache as the baseline, cold and warm
-# Enough leak probes (about 10 in 50 cases) for the leak sign test to be able to reject.
+# About 10 leak probes in 50 cases: enough for the exposure rank test's power at the reference
+# effect, too few for the text-leak rate's Wilson bound (the gate says so).
 DEMO_FAMILIES = ("single_doc=3,multi_hop_bridge=2,multi_hop_compare=2,aggregate=1,"
                  "position_probe=1,leak_probe=2")
 
@@ -64,7 +65,12 @@ def run(args: argparse.Namespace) -> int:
     gate_code = main(["gate", str(run_dir)])
     report = (run_dir / "report.html").resolve()
     print(f"\nHTML report: {report}")
-    print(f"audit {'passed' if audit_code == 0 else 'FAILED'}; gate "
-          f"{'passed' if gate_code == 0 else 'failed' if gate_code == 1 else 'could not judge'}")
-    # The demo succeeded if it produced a report; the verdicts are its findings, not errors.
-    return 0 if audit_code in (0, 1) and gate_code in (0, 1) else 2
+    audit_word = {0: "passed", 1: "FAILED", 2: "could not judge"}.get(audit_code, "error")
+    gate_word = {0: "passed", 1: "failed", 2: "could not judge"}.get(gate_code, "error")
+    print(f"audit {audit_word}; gate {gate_word}")
+    if gate_code == 2:
+        print(f"(the gate's table says why; `kvaudit plan --from {run_dir}` says how many cases a "
+              "decision needs)")
+    # The demo succeeded if it produced a report; the verdicts, "cannot judge" included, are its
+    # findings, not errors (a broken run would have stopped before the report).
+    return 0
