@@ -96,6 +96,10 @@ def test_killed_run_resumes_without_loss(smollm2_run: Path, tmp_path: Path):
     proc.wait()
     n_before = pairs.read_text().count("\n")
     assert 2 <= n_before < 5
+    from kvaudit.cli import main
+
+    main(["audit", str(out)])  # an audit of the partial run must not survive its resumption
+    assert (out / "audit.json").exists()
     with open(pairs, "a") as f:  # a torn line, as a kill during a write leaves
         f.write('{"case_id": "ex-0')
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -111,6 +115,7 @@ def test_killed_run_resumes_without_loss(smollm2_run: Path, tmp_path: Path):
             assert res.answer_ids == r.arms[name].answer_ids, (p.case_id, name)
     manifest = read_manifest(out)
     assert manifest["status"] == "complete" and len(manifest["sessions"]) == 2
+    assert not (out / "audit.json").exists()
 
 
 def test_run_dir_of_other_arm_set_is_refused(smollm2_run: Path, tmp_path: Path, capsys):

@@ -34,21 +34,26 @@ from kvaudit.reports.policy import Policy, evaluate, verdict
 def route(delta: dict[str, Any], margin: float) -> tuple[str, str]:
     """Routing recommendation for one task family from its paired delta and margin (points).
 
-    safe: the one-sided lower bound clears the margin (non-inferior);
-    unsafe: even the one-sided upper bound is below the margin (worse than the margin with
-    confidence); undecided otherwise, saying whether the run was too small to tell.
+    safe: the interval's lower end clears the margin (non-inferior);
+    unsafe: even its upper end is below the margin (worse than the margin with confidence);
+    undecided otherwise, saying whether the run was too small to tell and, then, about how many
+    cases a decision would need (``kvaudit plan`` simulates it).
     """
+    from kvaudit.reports.policy import cases_needed
+
     lb, ub, mdd = delta["lower_bound"], delta["upper_bound"], delta["mdd"]
+    need = cases_needed(delta, margin)
+    needs = f"; about {need} cases needed (`kvaudit plan`)" if need and need > delta["n"] else ""
     if lb is None:
-        return "undecided", f"{delta['n']} case(s) in {delta['n_clusters']} cluster(s): too few to bound"
+        return "undecided", f"{delta['reason'] or 'too few cases to bound'}{needs}"
     if lb >= margin:
         return "safe", f"lower bound {lb:+.1f} ≥ margin {margin:+.1f}"
     if ub < margin:
         return "unsafe", f"upper bound {ub:+.1f} < margin {margin:+.1f}"
     if mdd is not None and mdd > abs(margin):
         return "undecided", (f"too few cases: the smallest detectable delta ({mdd:.1f} pts) "
-                             f"is larger than the margin ({abs(margin):.1f})")
-    return "undecided", f"interval [{lb:+.1f}, {ub:+.1f}] straddles margin {margin:+.1f}"
+                             f"is larger than the margin ({abs(margin):.1f}){needs}")
+    return "undecided", f"interval [{lb:+.1f}, {ub:+.1f}] straddles margin {margin:+.1f}{needs}"
 
 
 def routing(an: Analysis, policy: Policy) -> list[dict[str, Any]]:
