@@ -232,9 +232,12 @@ class VllmBackend:
         t0 = time.perf_counter()
         first: dict[str, float] = {}
         final: dict[str, Any] = {}
+        plps: dict[str, Any] = {}  # prompt log-probabilities as first returned (an output may carry them once)
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
                 rid = out.request_id
+                if rid not in plps and out.prompt_logprobs:
+                    plps[rid] = out.prompt_logprobs
                 if rid not in first and out.outputs and out.outputs[0].token_ids:
                     first[rid] = time.perf_counter() - t0
                 if out.finished:
@@ -249,7 +252,7 @@ class VllmBackend:
             runs[rid] = _Run(token_ids=list(comp.token_ids), first_lp={int(k): float(v.logprob) for k, v in lps.items()},
                              ttft_s=first.get(rid, total), total_s=total,
                              num_cached_tokens=int(out.num_cached_tokens or 0),
-                             prompt_logprobs=out.prompt_logprobs)
+                             prompt_logprobs=out.prompt_logprobs or plps.get(rid))
         return runs
 
     def _one(self, ids: list[int], *, transfer: dict[str, Any] | None = None, max_tokens: int | None = None,
@@ -375,7 +378,11 @@ class VllmBackend:
             for j, t in enumerate(cids):
                 entry = plps[n + j] if n + j < len(plps) else None
                 if not entry or t not in entry:
-                    raise KvauditError(f"vLLM returned no prompt log-probability for candidate {cand!r}")
+                    raise KvauditError(
+                        f"vLLM returned no prompt log-probability for candidate {cand!r} (token {t} at prompt "
+                        f"position {n + j} of {len(plps)} returned; entry there: "
+                        f"{sorted(entry)[:5] if entry else entry!r}; loaded {runs[rids[cand]].num_cached_tokens} "
+                        f"of {n - 1} tokens)")
                 lp += float(entry[t].logprob)
             out[cand] = lp
         self.store_rpc("drop", [arm_key])
