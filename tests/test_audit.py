@@ -78,12 +78,15 @@ def test_untampered_run_passes(run_copy, capsys):
         assert checks_[name]["required"] and checks_[name]["passed"], checks_[name]
         assert checks_[name]["failing_cases"] == []
     for c in result["checks"]:
-        assert set(c) == {"name", "passed", "required", "detail", "failing_cases", "warning"}
+        assert set(c) == {"name", "passed", "required", "detail", "failing_cases", "warning", "cannot_judge"}
+        assert c["cannot_judge"] is False
+    assert result["verdict"] == "passed" and result["format"] == 2
+    assert set(result["inputs"]) == {"pairs.jsonl", "manifest.json", "dataset"}
     # the noise floor and the leak probes report numbers, not just a verdict
     assert "recompute_again flips 0 of 8" in checks_["noise_floor"]["detail"]
     assert "tolerance 0.0001 for float32" in checks_["identity_control"]["detail"]
     assert "1 probes" in checks_["leak_probes"]["detail"]
-    assert "needs at least 5" in checks_["leak_probes"]["warning"]  # one probe cannot test exposure
+    assert "needs 5 for 80%" in checks_["leak_probes"]["warning"]  # one probe cannot test exposure
     out = capsys.readouterr().out
     assert "audit PASSED" in out and "identity_control" in out
 
@@ -260,7 +263,7 @@ def test_neutral_exposure_beyond_chance_fails_leak_check(run_copy):
     result = assert_fails(run_copy, "leak_probes", "leak-0")
     c = by_name(result)["leak_probes"]
     assert "ex-08" not in c["failing_cases"] and len(c["failing_cases"]) == 8
-    assert "sign test" in c["detail"]
+    assert "rank test" in c["detail"]
     # the audit and the report read the same leak statistics
     from kvaudit.reports.leaks import leak_summary
 
