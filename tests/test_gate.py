@@ -320,3 +320,16 @@ def test_partial_run_cannot_be_judged_unless_allowed(tmp_path, capsys):
     assert "| run complete | ⚠️ cannot judge |" in out and "5 case(s) missing" in out
     assert cli([str(run), "--allow-partial"]) == 0
     assert "judged on the finished cases only; 5 missing" in capsys.readouterr().out
+
+
+def test_min_icc_floors_the_design_effect(passing, tmp_path):
+    """A policy's min_icc makes the bound wider on clustered cases (and is validated)."""
+    from kvaudit.reports.analysis import Analysis, load_run
+
+    run = load_run(passing)
+    plain, floored = Analysis(run).delta("reuse", "overall"), Analysis(run, min_icc=0.2).delta("reuse", "overall")
+    assert floored["deff"] > plain["deff"] and floored["lower_bound"] < plain["lower_bound"]
+    policy = tmp_path / "p.toml"
+    policy.write_text("min_icc = 1.5\n[audit]\n")
+    with pytest.raises(KvauditError, match="min_icc"):
+        load_policy(policy)

@@ -175,10 +175,11 @@ class Analysis:
     """Scores and statistics of one run; every number the report and gate show comes from here."""
 
     def __init__(self, run: Run, *, near_tie: float = scoring.DEFAULT_NEAR_TIE,
-                 confidence: float = stats.DEFAULT_CONFIDENCE):
+                 confidence: float = stats.DEFAULT_CONFIDENCE, min_icc: float = 0.0):
         self.run = run
         self.near_tie = near_tie
         self.confidence = check_confidence(confidence)
+        self.min_icc = min_icc
         self.scores = scoring.score_pairs(run.pairs, near_tie=near_tie)
         quality = self.scores[self.scores["scorable"]]
         self._wide = quality.pivot(index="case_id", columns="arm", values="score")
@@ -267,7 +268,8 @@ class Analysis:
         else:
             both = pd.DataFrame(columns=[REFERENCE_ARM, arm])
         out = stats.paired_delta(both[REFERENCE_ARM].to_numpy(float), both[arm].to_numpy(float),
-                                 self._docs.loc[both.index].tolist(), confidence=self.confidence)
+                                 self._docs.loc[both.index].tolist(), confidence=self.confidence,
+                                 min_icc=self.min_icc)
         out.update(arm=arm, group=group)
         return out
 

@@ -103,7 +103,7 @@ def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_p
     try:
         policy = load_policy(policy_path)
         run = load_run(run_dir)
-        results = evaluate(policy, Analysis(run, confidence=policy.confidence))
+        results = evaluate(policy, Analysis(run, confidence=policy.confidence, min_icc=policy.min_icc))
         row = completeness(run, allow_partial=allow_partial)
         results = ([row] if row else []) + results
     except USER_ERRORS as e:

@@ -5,6 +5,7 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
     arm = "reuse"            # the arm the thresholds judge
     confidence = 0.95        # two-sided level of the plotted interval; its lower end (a one-sided
                              # 97.5% bound) is what a delta threshold judges
+    min_icc = 0.0            # optional floor on the documents' design effect: 1 + (m - 1) * min_icc
     missing = "error"        # when a check's data is absent: "error" (exit 2), "fail" or "skip"
 
     [[delta]]                # one table per quality threshold
@@ -50,7 +51,7 @@ from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, check_confidence
 
 DEFAULT_POLICY = Path(__file__).with_name("policy_default.toml")
 MISSING = ("error", "fail", "skip")
-_TOP = {"arm", "confidence", "missing", "delta", "audit", "hit_rate", "leak"}
+_TOP = {"arm", "confidence", "min_icc", "missing", "delta", "audit", "hit_rate", "leak"}
 _SECTIONS = {
     "delta": {"name", "group", "min_lower_bound", "missing"},
     "audit": {"require_passed", "missing"},
@@ -72,6 +73,7 @@ class Policy:
     source: str
     arm: str = "reuse"
     confidence: float = DEFAULT_CONFIDENCE
+    min_icc: float = 0.0
     checks: list[Check] = field(default_factory=list)
 
     def margin_for_task(self, task: str) -> float | None:
@@ -149,8 +151,11 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
         check_confidence(conf)
     except ValueError as e:
         raise KvauditError(f"{source}: field 'confidence': {e}") from None
+    icc = _num(f"{source}: field 'min_icc'", raw.get("min_icc", 0.0))
+    if not 0 <= icc < 1:
+        raise KvauditError(f"{source}: field 'min_icc' must be in [0, 1)")
     default_missing = _missing(source, "", raw, "error")
-    pol = Policy(source=source, arm=arm, confidence=conf)
+    pol = Policy(source=source, arm=arm, confidence=conf, min_icc=icc)
 
     deltas = raw.get("delta", [])
     if not isinstance(deltas, list):

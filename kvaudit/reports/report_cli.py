@@ -40,7 +40,7 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
 
     policy = load_policy(policy_path)
     run = load_run(run_dir)
-    an = Analysis(run, near_tie=near_tie, confidence=policy.confidence)
+    an = Analysis(run, near_tie=near_tie, confidence=policy.confidence, min_icc=policy.min_icc)
     summary = build_summary(an, policy)
     summary["cross_backend"] = [compare_runs(run, load_run(other)) for other in compare]
     write_json(run.path / SUMMARY_FILE, summary)

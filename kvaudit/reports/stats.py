@@ -113,7 +113,7 @@ def non_inferior(lower_bound: float | None, margin: float) -> bool:
 
 
 def paired_delta(ref: Sequence[float], arm: Sequence[float], memberships: Sequence[Sequence[str]], *,
-                 confidence: float = DEFAULT_CONFIDENCE) -> dict[str, Any]:
+                 confidence: float = DEFAULT_CONFIDENCE, min_icc: float = 0.0) -> dict[str, Any]:
     """Everything the report says about one paired comparison, deltas in points.
 
     ``memberships``: per case, the documents it rests on (:func:`kvaudit.reports.scoring.documents`).
@@ -125,7 +125,7 @@ def paired_delta(ref: Sequence[float], arm: Sequence[float], memberships: Sequen
     if r.shape != a.shape or len(r) != len(memberships):
         raise ValueError("ref, arm and memberships must have the same length")
     n = len(r)
-    b = paired_bound(a - r, memberships, confidence=confidence)
+    b = paired_bound(a - r, memberships, confidence=confidence, min_icc=min_icc)
     out: dict[str, Any] = {"n": n, "n_clusters": b.n_clusters, "binary": None, "mean_ref": None,
                            "mean_arm": None, "delta": None, "ci": None, "lower_bound": None,
                            "upper_bound": None, "deff": b.deff, "n_eff": b.n_eff, "var": b.var,
