@@ -440,6 +440,7 @@ def check_identity(run: LoadedRun, tol: float | None = None) -> CheckResult:
     dtype = _get(run.manifest, "identity", "dtype") or _get(run.manifest, "model", "dtype")
     dtype = dtype if isinstance(dtype, str) else None
     tol, why = identity_tolerance(dtype, tol)
+    base_tol = tol
     # The engine's own prefix cache is exact and not kvaudit's code: the identity arm does not vouch for it.
     has_reuse = any(is_reuse_arm(a) and a != "identity" and _source(a) != "engine_prefix"
                     for p in run.pairs for a in p.arms)
@@ -460,7 +461,7 @@ def check_identity(run: LoadedRun, tol: float | None = None) -> CheckResult:
     if relative:
         floor = noise["max_diff"] or 0.0
         tol = max(tol, IDENTITY_NOISE_SLACK * floor)
-        why = (f"tolerance {tol:.3g} = max({why.split(' ')[1]}, {IDENTITY_NOISE_SLACK:g} x the noise "
+        why = (f"tolerance {tol:.3g} = max({base_tol:g}, {IDENTITY_NOISE_SLACK:g} x the noise "
                f"floor's max logit diff {floor:.3g}); noise floor flips {noise['n_flips']} of {noise['n']}")
     exact = dtype in EXACT_DTYPES and not relative
     problems: dict[str, list[str]] = defaultdict(list)

@@ -129,7 +129,9 @@ def verify(run_dir: str | Path) -> VerifiedAudit:
         fresh = build_audit(path, identity_tol=tol, dataset_dir=params.get("dataset_dir"))
     except (*USER_ERRORS, OSError) as e:
         return VerifiedAudit("refused", f"the audit cannot be re-checked: {e}")
-    if fresh["inputs"]["dataset"] != inputs.get("dataset"):
+    # A dataset the audit read that is no longer on disk (a run directory copied elsewhere) only
+    # changes the non-required coverage check; a dataset that is there must be the same one.
+    if fresh["inputs"]["dataset"] is not None and fresh["inputs"]["dataset"] != inputs.get("dataset"):
         return VerifiedAudit("refused", f"the run's dataset changed after the audit (content hash differs "
                                         f"from {file}, field 'inputs.dataset'): {rerun}")
     if _summary(recorded.get("checks") or []) != _summary(fresh["checks"]) \

@@ -294,7 +294,7 @@ def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = N
         return _missing_result(Check(name, "delta", p, check.missing), "no cases", thr,
                                f"no answer-quality cases with arm '{arm}' match group '{p['group']}'")
     if not d["decidable"]:
-        need = cases_needed(d, p["min_lower_bound"])
+        need = cases_needed(d, p["min_lower_bound"], confidence=an.confidence)
         return CheckResult(name, "delta", "error", f"delta {d['delta']:+.1f} pts, no bound", thr,
                            f"cannot judge: {d['reason']}" + (f"; about {need} cases needed "
                                                              "(`kvaudit plan` simulates it)" if need else ""))
@@ -303,14 +303,15 @@ def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = N
               f"{d['upper_bound']:+.1f}], n={d['n']} on {d['n_clusters']} documents "
               f"(design effect {d['deff']:.2f}), MDD {d['mdd']:.1f} pts")
     if not ok:
-        need = cases_needed(d, p["min_lower_bound"])
+        need = cases_needed(d, p["min_lower_bound"], confidence=an.confidence)
         if need and need > d["n"] and d["upper_bound"] >= p["min_lower_bound"]:
             detail += f"; about {need} cases would be needed to pass a true delta of 0"
     return CheckResult(name, "delta", "pass" if ok else "fail", f"lower bound {d['lower_bound']:+.1f} pts",
                        thr, detail)
 
 
-def cases_needed(delta: dict[str, Any], margin_points: float) -> int | None:
+def cases_needed(delta: dict[str, Any], margin_points: float, *,
+                 confidence: float = DEFAULT_CONFIDENCE) -> int | None:
     """Approximate cases needed for 80% power at a true delta of 0 against ``margin_points``
     (normal approximation with the run's design effect and spread, floored at the spread a
     loss rate equal to the margin would give); ``kvaudit plan`` simulates it exactly."""
@@ -320,7 +321,7 @@ def cases_needed(delta: dict[str, Any], margin_points: float) -> int | None:
     if m <= 0 or delta["n"] == 0:
         return None
     var = max(delta.get("var") or 0.0, m * (1 - m))
-    z = norm.ppf((1 + DEFAULT_CONFIDENCE) / 2) + norm.ppf(0.80)
+    z = norm.ppf((1 + confidence) / 2) + norm.ppf(0.80)
     return int(math.ceil(max(delta.get("deff") or 1.0, 1.0) * var * (z / m) ** 2))
 
 
