@@ -374,9 +374,16 @@ class VllmBackend:
                                    f"prompt tokens when scoring candidate {cand!r}: it would be scored on "
                                    "recomputed KV, not the arm's")
             plps = runs[rids[cand]].prompt_logprobs or []
+            # vLLM 0.32 returns one entry per prompt position; 0.26 only from the first computed
+            # one on (seen on the H200: 8 entries for a 429-token prompt that loaded 428). Both end
+            # at the last prompt token, so index from the end.
+            first = len(plps) - len(cids)
+            if first < 1:
+                raise KvauditError(f"vLLM returned {len(plps)} prompt log-probabilities for candidate {cand!r} "
+                                   f"({len(cids)} tokens)")
             lp = 0.0
             for j, t in enumerate(cids):
-                entry = plps[n + j] if n + j < len(plps) else None
+                entry = plps[first + j]
                 if not entry or t not in entry:
                     raise KvauditError(
                         f"vLLM returned no prompt log-probability for candidate {cand!r} (token {t} at prompt "
