@@ -138,11 +138,123 @@ def test_empty_folder(tmp_path, capsys):
     assert str(tmp_path / "empty") in err and "no .txt" in err and "1 other files" in err
 
 
-def test_undecodable_file_is_named(folder, tmp_path, capsys):
+def test_undecodable_file_is_refused_under_strict(folder, tmp_path, capsys):
     (folder / "bad.txt").write_bytes(b"caf\xe9 latin-1 text")
-    assert _gen(folder, tmp_path / "o") == 2
+    assert _gen(folder, tmp_path / "o", "--strict") == 2
     err = _err(capsys)
-    assert "bad.txt" in err and "not UTF-8" in err
+    assert "bad.txt" in err and "not UTF-8" in err and "--strict" in err
+    assert not (tmp_path / "o").exists()
+
+
+def _five_docs(d: Path) -> Path:
+    d.mkdir()
+    for i in range(5):
+        (d / f"doc{i}.txt").write_text(_prose(40 + i, 6), encoding="utf-8")
+    return d
+
+
+def test_skipped_file_leaves_the_other_cases_byte_identical(tmp_path, capsys):
+    """Five documents, one not UTF-8: the other four give exactly the bytes they give alone."""
+    src = _five_docs(tmp_path / "five")
+    (src / "doc2.txt").write_bytes("Caf\u00e9 au lait, na\u00efve.\n\n".encode("latin-1") * 20)
+    opts = ("--cases", "30", "--chunk-words", "40", "--seed", "3")
+    assert _gen(src, tmp_path / "with", *opts) == 0
+    out = capsys.readouterr().out
+    assert "skipped 1 file" in out and f"{src / 'doc2.txt'}: not UTF-8 text" in out
+    (src / "doc2.txt").unlink()
+    assert _gen(src, tmp_path / "without", *opts) == 0
+    assert "file (listed in dataset.json" not in capsys.readouterr().out
+    for f in (CASES_FILE, SEGMENTS_FILE):
+        assert (tmp_path / "with" / f).read_bytes() == (tmp_path / "without" / f).read_bytes()
+    a, b = read_dataset(tmp_path / "with"), read_dataset(tmp_path / "without")
+    assert a.card.content_hash == b.card.content_hash  # the hash covers cases and segments only
+    assert a.card.counts["skipped_files"] == [{
+        "file": str(src / "doc2.txt"), "kind": "unreadable",
+        "reason": "not UTF-8 text (undecodable byte at offset 3)"}]
+    assert a.card.counts["skipped"] == {"unreadable_files": 1}
+    # dataset.json differs by the skip list and its count only
+    ja, jb = (json.loads((tmp_path / d / CARD_FILE).read_text()) for d in ("with", "without"))
+    for j in (ja, jb):
+        j["counts"].pop("skipped_files")
+        j["counts"]["skipped"].pop("unreadable_files", None)
+    assert ja == jb
+
+
+def test_empty_oversized_unreadable_and_damaged_files_are_skipped(folder, tmp_path, capsys,
+                                                                 monkeypatch):
+    (folder / "blank.txt").write_text("  \n\n ")
+    (folder / "zero.md").write_bytes(b"")
+    (folder / "huge.txt").write_text(_prose(99, 40))
+    (folder / "locked.txt").write_text(_prose(98))
+    (folder / "sub" / "torn.jsonl").write_text('{"text": "fine words here"}\n{"text": "cut')
+    (folder / "sub" / "broken.parquet").write_bytes(b"PAR1 not really")
+    real = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:  # tests run as root: chmod 000 would not stop a read
+        if self.name == "locked.txt":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    limit = str(len(_prose(99, 40)) - 1)
+    assert _gen(folder, tmp_path / "o", "--max-file-bytes", limit) == 0
+    out = capsys.readouterr().out
+    ds = read_dataset(tmp_path / "o")
+    got = {Path(s["file"]).name: (s["kind"], s["reason"]) for s in ds.card.counts["skipped_files"]}
+    assert got == {
+        "blank.txt": ("empty", "empty file (whitespace only)"),
+        "zero.md": ("empty", "empty file (0 bytes)"),
+        "huge.txt": ("oversized", f"{int(limit) + 1} bytes, over --max-file-bytes {limit}"),
+        "locked.txt": ("unreadable", "cannot read (Permission denied)"),
+        "torn.jsonl": ("unreadable", "line 2: not valid JSON (Unterminated string starting at)"),
+        "broken.parquet": got["broken.parquet"],
+    }
+    assert got["broken.parquet"][0] == "unreadable"
+    assert "cannot read as parquet" in got["broken.parquet"][1]
+    assert ds.card.counts["skipped"] == {
+        "empty_documents": 1, "empty_files": 2, "hidden_files": 1, "oversized_files": 1,
+        "unreadable_files": 3, "unsupported_files": 1}
+    assert ds.card.counts["documents_read"] == 10  # the fixture's documents, as without them
+    assert ds.card.params["max_file_bytes"] == int(limit) and ds.card.params["strict"] is False
+    assert "skipped 6 files" in out and "locked.txt: cannot read (Permission denied)" in out
+    # --strict refuses at the first such file in path order, naming it and the reason
+    for name, reason in (("blank.txt", "empty file"), ("huge.txt", "over --max-file-bytes"),
+                         ("locked.txt", "Permission denied"), ("sub/broken.parquet", "parquet"),
+                         ("sub/torn.jsonl", "line 2: not valid JSON"), ("zero.md", "0 bytes")):
+        assert _gen(folder, tmp_path / "s", "--strict", "--max-file-bytes", limit) == 2
+        err = _err(capsys)
+        assert str(folder / name) in err and reason in err and "--strict" in err
+        (folder / name).unlink()
+    assert _gen(folder, tmp_path / "s", "--strict", "--max-file-bytes", limit) == 0
+
+
+def test_no_limit_and_nothing_usable(tmp_path, capsys, monkeypatch):
+    src = _five_docs(tmp_path / "five")
+    assert _gen(src, tmp_path / "o", "--max-file-bytes", "0", "--cases", "10") == 0
+    assert read_dataset(tmp_path / "o").card.counts["skipped_files"] == []
+    assert _gen(src, tmp_path / "o", "--max-file-bytes", "-1") == 2
+    assert "--max-file-bytes must be >= 0" in _err(capsys)
+    # every file skipped: a clear error that names them, not an empty dataset
+    assert _gen(src, tmp_path / "o", "--max-file-bytes", "10") == 2
+    err = _err(capsys)
+    assert "no usable document: 5 skipped" in err and "doc0.txt" in err and "and 2 more" in err
+    # a single file given by name is not skipped: it is an error naming it
+    (src / "bad.txt").write_bytes(b"\xff\xfe")
+    assert _gen(src / "bad.txt", tmp_path / "o") == 2
+    assert "bad.txt: not UTF-8" in _err(capsys)
+
+
+def test_unreadable_folder_is_named(folder, tmp_path, capsys, monkeypatch):
+    real = corpus.os.access
+    monkeypatch.setattr(corpus.os, "access",
+                        lambda p, mode: Path(p).name != "sub" and real(p, mode))
+    assert _gen(folder, tmp_path / "o") == 0
+    ds = read_dataset(tmp_path / "o")
+    assert ds.card.counts["skipped_files"][0] == {
+        "file": str(folder / "sub"), "kind": "unreadable",
+        "reason": "cannot read folder (permission denied)"}
+    assert _gen(folder, tmp_path / "o2", "--strict") == 2
+    assert "sub: cannot read folder" in _err(capsys)
 
 
 def test_too_long_document_is_named_or_counted(folder, tmp_path, capsys):

@@ -12,13 +12,18 @@ the same segments. Cases need no hand labels:
   is N." / "N was born in Y.");
 - ``agreement``: open questions scored by agreement with the recompute arm's answer.
 
-Anything not used is counted in ``dataset.json`` (``counts``), never dropped silently.
+Anything not used is counted in ``dataset.json`` (``counts``), never dropped silently. A file
+that cannot be used (unreadable: not UTF-8, permission denied, damaged JSONL or parquet; empty; or
+larger than ``--max-file-bytes``) is skipped and named with its reason in ``counts.skipped_files``
+and the printed summary; ``--strict`` refuses the corpus instead. Skipping a file changes nothing
+about the other files' segments and cases: they are byte-identical to a run without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 from collections import Counter
@@ -51,6 +56,8 @@ from kvaudit.schema import Case, DatasetCard, Segment, segment_id
 FAMILIES = ("needle", "multi_hop_bridge", "agreement")
 DEFAULT_FAMILIES = "needle=3,multi_hop_bridge=1,agreement=1"
 SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
+DEFAULT_MAX_FILE_BYTES = 64 * 2**20  # 64 MiB; 0 = no limit
+SKIP_KINDS = ("unreadable", "empty", "oversized")
 CHUNK_RULES = ("paragraph", "words")
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
 _AGREEMENT_QUESTIONS = (
@@ -88,34 +95,59 @@ def _field(obj: Any, field: str, where: str, keys: list[str]) -> str | None:
     return obj if obj.strip() else None
 
 
+class SkippedFile(Exception):
+    """A corpus file that cannot be used: ``kind`` is one of :data:`SKIP_KINDS`."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind, self.reason = kind, reason
+
+
 def _read_text(path: Path) -> str:
     try:
         return path.read_bytes().decode("utf-8").lstrip("\ufeff")
     except UnicodeDecodeError as e:
-        raise KvauditError(f"{path}: not UTF-8 text (undecodable byte at offset {e.start})") from None
+        raise SkippedFile("unreadable", f"not UTF-8 text (undecodable byte at offset {e.start})") from None
     except OSError as e:
-        raise KvauditError(f"{path}: cannot read ({e.strerror})") from None
+        raise SkippedFile("unreadable", f"cannot read ({e.strerror or type(e).__name__})") from None
 
 
-def _load_file(path: Path, text_field: str, skipped: Counter) -> list[SourceDoc]:
+def _check_size(path: Path, max_file_bytes: int) -> None:
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise SkippedFile("unreadable", f"cannot read ({e.strerror or type(e).__name__})") from None
+    if size == 0:
+        raise SkippedFile("empty", "empty file (0 bytes)")
+    if max_file_bytes and size > max_file_bytes:
+        raise SkippedFile("oversized", f"{size} bytes, over --max-file-bytes {max_file_bytes}")
+
+
+def _load_file(path: Path, text_field: str, skipped: Counter,
+               max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> list[SourceDoc]:
+    """The documents of one file; raises :class:`SkippedFile` when the file cannot be used and
+    :class:`KvauditError` for a configuration mistake (a JSONL row without ``text_field``)."""
+    _check_size(path, max_file_bytes)
     suffix = path.suffix.lower()
     if suffix in (".txt", ".md"):
         text = _read_text(path)
         if not text.strip():
-            skipped["empty_documents"] += 1
-            return []
+            raise SkippedFile("empty", "empty file (whitespace only)")
         return [SourceDoc(str(path), text)]
     out = []
     if suffix == ".jsonl":
-        for n, line in enumerate(_read_text(path).splitlines(), 1):
+        lines = _read_text(path).splitlines()
+        if not any(line.strip() for line in lines):
+            raise SkippedFile("empty", "empty file (whitespace only)")
+        for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise KvauditError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
+                raise SkippedFile("unreadable", f"line {n}: not valid JSON ({e.msg})") from None
             if not isinstance(obj, dict):
-                raise KvauditError(f"{path}, line {n}: expected a JSON object")
+                raise SkippedFile("unreadable", f"line {n}: expected a JSON object")
             text = _field(obj.get(text_field), text_field, f"{path}, line {n}", list(obj))
             if text is None:
                 skipped["empty_documents"] += 1
@@ -128,7 +160,9 @@ def _load_file(path: Path, text_field: str, skipped: Counter) -> list[SourceDoc]
         try:
             df = pd.read_parquet(path)
         except Exception as e:  # pyarrow raises many types for a damaged file
-            raise KvauditError(f"{path}: cannot read as parquet ({type(e).__name__}: {e})") from None
+            raise SkippedFile("unreadable", f"cannot read as parquet ({type(e).__name__}: {e})") from None
+        if not len(df):
+            raise SkippedFile("empty", "empty file (no rows)")
         cols = [str(c) for c in df.columns]
         if text_field not in cols:
             _field(None, text_field, str(path), cols)
@@ -170,11 +204,24 @@ def _load_saved_dataset(path: Path, text_field: str, split: str | None,
     return out
 
 
+def _refuse(path: Path, e: SkippedFile) -> KvauditError:
+    return KvauditError(f"{path}: {e.reason}; refused by --strict (without it the file is skipped "
+                        "and named in dataset.json)")
+
+
 def load_corpus(path: str | Path, text_field: str = "text", split: str | None = None,
-                skipped: Counter | None = None) -> list[SourceDoc]:
-    """Read every document under ``path``; skipped items are counted in ``skipped``."""
+                skipped: Counter | None = None, *, strict: bool = False,
+                max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                skipped_files: list[dict[str, str]] | None = None) -> list[SourceDoc]:
+    """Read every document under ``path``; skipped items are counted in ``skipped``.
+
+    A file that cannot be used (:class:`SkippedFile`: unreadable, empty, over ``max_file_bytes``,
+    0 = no limit) is appended to ``skipped_files`` as ``{"file", "kind", "reason"}`` and
+    counted as ``<kind>_files``; with ``strict`` it is a :class:`KvauditError` naming the file.
+    """
     p = Path(path)
     skipped = skipped if skipped is not None else Counter()
+    skipped_files = skipped_files if skipped_files is not None else []
     if not p.exists():
         raise KvauditError(f"{p}: no such file or folder")
     if p.is_dir() and _is_saved_dataset(p):
@@ -189,6 +236,13 @@ def load_corpus(path: str | Path, text_field: str = "text", split: str | None = 
             rel = f.relative_to(p)
             if any(part.startswith(".") for part in rel.parts):
                 skipped["hidden_files"] += int(f.is_file())
+            elif f.is_dir():
+                if not os.access(f, os.R_OK | os.X_OK):  # rglob passes over it without a word
+                    e = SkippedFile("unreadable", "cannot read folder (permission denied)")
+                    if strict:
+                        raise _refuse(f, e)
+                    skipped["unreadable_folders"] += 1
+                    skipped_files.append({"file": str(f), "kind": e.kind, "reason": e.reason})
             elif f.is_file():
                 if f.suffix.lower() in SUFFIXES:
                     files.append(f)
@@ -199,10 +253,34 @@ def load_corpus(path: str | Path, text_field: str = "text", split: str | None = 
                                f"({skipped['unsupported_files']} other files)")
     docs = []
     for f in files:
-        docs.extend(_load_file(f, text_field, skipped))
+        try:
+            docs.extend(_load_file(f, text_field, skipped, max_file_bytes))
+        except SkippedFile as e:
+            if strict or p.is_file():
+                raise (_refuse(f, e) if strict else KvauditError(f"{f}: {e.reason}")) from None
+            skipped[f"{e.kind}_files"] += 1
+            skipped_files.append({"file": str(f), "kind": e.kind, "reason": e.reason})
     if not docs:
-        raise KvauditError(f"{p}: every document is empty")
+        if not skipped_files:
+            raise KvauditError(f"{p}: every document is empty")
+        named = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped_files[:3])
+        more = f"; and {len(skipped_files) - 3} more" if len(skipped_files) > 3 else ""
+        raise KvauditError(f"{p}: no usable document: {len(skipped_files)} skipped ({named}{more}), "
+                           "any others empty")
     return docs
+
+
+def format_skipped(skipped_files: list[dict[str, str]], limit: int = 20) -> str:
+    """The skipped files for the printed summary, one per line (at most ``limit`` named)."""
+    if not skipped_files:
+        return ""
+    n = len(skipped_files)
+    lines = [f"skipped {n} file{'s' if n != 1 else ''} (listed in dataset.json counts.skipped_files; "
+             "--strict refuses instead):"]
+    lines += [f"  {s['file']}: {s['reason']}" for s in skipped_files[:limit]]
+    if n > limit:
+        lines.append(f"  ... and {n - limit} more")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- chunking
@@ -319,6 +397,8 @@ class CorpusOptions:
     needles: int = 0
     families: str = DEFAULT_FAMILIES
     number_metric: str = "em"
+    strict: bool = False
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
 
 
 def _word_in(needle: str, hay: str) -> bool:
@@ -339,6 +419,8 @@ def _validate(opts: CorpusOptions) -> None:
         raise KvauditError("--on-long must be error or skip")
     if opts.needles < 0 or opts.max_doc_tokens < 1:
         raise KvauditError("--needles must be >= 0 and --max-doc-tokens >= 1")
+    if opts.max_file_bytes < 0:
+        raise KvauditError("--max-file-bytes must be >= 0 (0 = no limit)")
 
 
 def chunk_corpus(docs: list[SourceDoc], opts: CorpusOptions, count_tokens: TokenCounter | None,
@@ -494,7 +576,9 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
     _validate(opts)
     weights = parse_weights(opts.families, FAMILIES, "--families")
     skipped: Counter = Counter()
-    docs = load_corpus(path, opts.text_field, opts.split, skipped)
+    skipped_files: list[dict[str, str]] = []
+    docs = load_corpus(path, opts.text_field, opts.split, skipped, strict=opts.strict,
+                       max_file_bytes=opts.max_file_bytes, skipped_files=skipped_files)
     chunks, sources, n_used = chunk_corpus(docs, opts, count_tokens, skipped)
     if len(chunks) < 2:
         raise KvauditError(f"{path}: only {len(chunks)} usable chunk(s) after chunking "
@@ -565,10 +649,12 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
         "skipped": dict(sorted(skipped.items())), "chunks": len(chunks),
         "chunks_unused_by_cases": len(chunks) - len(used),
         "needles": {f: len(v) for f, v in needles.items()},
+        "skipped_files": skipped_files,
     }
     params = {"path": str(path), "text_field": opts.text_field, "split": opts.split,
               "chunking": chunk_rule(opts.chunk, opts.chunk_words, opts.min_chunk_words),
               "max_doc_tokens": opts.max_doc_tokens, "on_long": opts.on_long,
+              "max_file_bytes": opts.max_file_bytes, "strict": opts.strict,
               "needles": opts.needles, "families": weights, "number_metric": opts.number_metric,
               **knobs.params()}
     return segments, cases, params, counts
@@ -602,6 +688,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="task families and weights, e.g. needle=3,multi_hop_bridge=1,agreement=1")
     g.add_argument("--number-metric", choices=("em", "contains"), default=d.number_metric,
                    help="metric for year and number answers")
+    g.add_argument("--max-file-bytes", type=int, default=d.max_file_bytes,
+                   help="larger files are skipped and named (default 64 MiB; 0 = no limit)")
+    g.add_argument("--strict", action="store_true",
+                   help="refuse the corpus on an unreadable, empty or too large file "
+                        "instead of skipping it")
 
 
 def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
@@ -611,12 +702,15 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
         text_field=args.text_field, split=args.split, chunk=args.chunk, chunk_words=args.chunk_words,
         min_chunk_words=args.min_chunk_words, max_doc_tokens=args.max_doc_tokens,
         on_long=args.on_long, needles=args.needles, families=args.families,
-        number_metric=args.number_metric)
+        number_metric=args.number_metric, strict=args.strict, max_file_bytes=args.max_file_bytes)
     segments, cases, params, counts = generate(args.path, seed=args.seed, knobs=knobs, opts=opts,
                                                count_tokens=count_tokens)
     params["tokenizer"] = args.tokenizer
-    return finish(args.out, generator="corpus", seed=args.seed, params=params, segments=segments,
+    card = finish(args.out, generator="corpus", seed=args.seed, params=params, segments=segments,
                   cases=cases, counts=counts, count_tokens=count_tokens, quiet=quiet)
+    if not quiet and counts["skipped_files"]:
+        print(format_skipped(counts["skipped_files"]))
+    return card
 
 
 def run(args: argparse.Namespace) -> int:
