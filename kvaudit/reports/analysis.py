@@ -375,6 +375,29 @@ class Analysis:
         cov = ds.get("coverage") if isinstance(ds, dict) else None
         return cov if isinstance(cov, dict) and cov else None
 
+    # ------------------------------------------------------------------ figures (additive)
+
+    def flips_by_group(self, arm: str, groups: list[str] | None = None) -> list[dict[str, Any]]:
+        """``arm``'s flip rate on each group's answer-quality cases (default: every group of
+        :meth:`groups`), with Wilson intervals at the run's confidence; a group where the arm
+        has no case is left out. With ``recompute_again`` it gives the noise floor per group."""
+        rows = self.scores[(self.scores["arm"] == arm) & self.scores["flip"].notna()]
+        flips = rows.set_index("case_id")["flip"]
+        out = []
+        for g in self.groups() if groups is None else groups:
+            picked = flips.loc[flips.index.intersection(self.select(g), sort=False)].astype(bool)
+            k, n = int(picked.sum()), len(picked)
+            if n:
+                out.append({"group": g, "arm": arm, "n": n, "flips": k, "rate": k / n,
+                            "ci": _list(stats.wilson(k, n, self.confidence))})
+        return out
+
+    def ttft_samples(self, arm: str) -> list[float]:
+        """Every case's time to first token (seconds) under ``arm``, in case order: the values
+        :meth:`ttft` summarises, for the distribution figure."""
+        t = self.scores.loc[self.scores["arm"] == arm, "ttft_s"].dropna().astype(float)
+        return [float(x) for x in t]
+
 
 def _list(x: tuple[float, float] | None) -> list[float] | None:
     return None if x is None else list(x)

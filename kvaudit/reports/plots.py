@@ -1,33 +1,64 @@
-"""Forest plot of paired deltas by group, as an SVG string to embed inline in the report.
+"""The report's figures, as SVG strings to embed inline (no external resource, no script).
 
-matplotlib's SVG writer escapes text, so group labels taken from the data (stratum values)
-cannot inject markup; text stays text (``svg.fonttype = none``) so it is searchable.
+Every figure is drawn with matplotlib's Agg canvas and written by its SVG backend with
+``svg.fonttype = none`` (text stays text: searchable, and escaped by matplotlib, so labels taken
+from the data, such as stratum values, cannot inject markup) and a fixed ``svg.hashsalt`` (the
+same data gives the same bytes). Figures:
+
+- :func:`forest_svg`: paired delta and interval per group, zero and margin lines;
+- :func:`flip_strata_svg`: flip rate per group beside the noise floor's, Wilson intervals;
+- :func:`ttft_svg`: time to first token per arm, box plot over a strip of cases, log scale;
+- :func:`refs_histogram_svg`, :func:`per_segment_svg`, :func:`shares_svg`: reuse-dynamics
+  coverage of the dataset (``manifest["dataset"]["coverage"]``).
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+ARM_COLOUR = "#2166ac"
+NOISE_COLOUR = "#8c8c8c"
+LOSS_COLOUR = "#b2182b"
+MAX_STRIP_POINTS = 400  # cases drawn per arm in the TTFT strip (the box uses every case)
 
-def forest_svg(rows: Sequence[dict[str, Any]], *, margins: Sequence[tuple[str, float]] = (),
-               title: str = "", confidence: float = 0.95) -> str:
-    """Point delta and CI per row (``group``, ``delta``, ``ci``, ``n``), zero and margin lines."""
+
+def _figure(width: float, height: float):
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
+    return Figure(figsize=(width, height))
+
+
+def _rc():
+    import matplotlib
+
+    return matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "kvaudit", "font.size": 9})
+
+
+def _svg(fig: Any) -> str:
+    fig.tight_layout()
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
+    svg = buf.getvalue()
+    return svg[svg.index("<svg"):]
+
+
+def forest_svg(rows: Sequence[dict[str, Any]], *, margins: Sequence[tuple[str, float]] = (),
+               title: str = "", confidence: float = 0.95) -> str:
+    """Point delta and CI per row (``group``, ``delta``, ``ci``, ``n``), zero and margin lines."""
     rows = [r for r in rows if r.get("delta") is not None]
     height = 1.2 + 0.28 * max(len(rows), 1)
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "kvaudit", "font.size": 9}):
-        fig = Figure(figsize=(10, height))
+    with _rc():
+        fig = _figure(10, height)
         ax = fig.add_subplot()
         ys = list(range(len(rows)))[::-1]
         for y, r in zip(ys, rows, strict=True):
             ci = r.get("ci")
-            colour = "#b2182b" if ci and ci[1] < 0 else "#2166ac" if ci and ci[0] > 0 else "#444444"
+            colour = LOSS_COLOUR if ci and ci[1] < 0 else ARM_COLOUR if ci and ci[0] > 0 else "#444444"
             if ci:
                 ax.plot(ci, [y, y], color=colour, linewidth=1.6, solid_capstyle="butt")
             marker = "D" if r["group"] == "overall" else "o"
@@ -47,11 +78,166 @@ def forest_svg(rows: Sequence[dict[str, Any]], *, margins: Sequence[tuple[str, f
         if title:
             ax.set_title(title, fontsize=10, loc="left")
         ax.grid(axis="x", color="#eeeeee")
-        fig.tight_layout()
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
-    svg = buf.getvalue()
-    return svg[svg.index("<svg"):]
+        return _svg(fig)
+
+
+def flip_strata_svg(arm_rows: Sequence[dict[str, Any]], noise_rows: Sequence[dict[str, Any]] = (), *,
+                    arm: str = "reuse", noise_arm: str = "recompute_again",
+                    confidence: float = 0.95) -> str:
+    """Flip rate (percent) per group for ``arm`` and, just below it, the noise floor's on the
+    same group, each with its Wilson interval (rows: ``group``, ``n``, ``rate``, ``ci``, from
+    :meth:`kvaudit.reports.analysis.Analysis.flips_by_group`)."""
+    noise = {r["group"]: r for r in noise_rows}
+    rows = list(arm_rows)
+    height = 1.3 + 0.34 * max(len(rows), 1)
+    with _rc():
+        fig = _figure(10, height)
+        ax = fig.add_subplot()
+        ys = list(range(len(rows)))[::-1]
+        labelled: set[str] = set()
+
+        def point(y: float, r: dict[str, Any], colour: str, label: str, marker: str) -> None:
+            if r.get("ci"):
+                ax.plot([100 * r["ci"][0], 100 * r["ci"][1]], [y, y], color=colour, linewidth=1.6,
+                        solid_capstyle="butt")
+            ax.plot([100 * r["rate"]], [y], marker=marker, color=colour, markersize=5, linestyle="none",
+                    label=None if label in labelled else label)
+            labelled.add(label)
+
+        for y, r in zip(ys, rows, strict=True):
+            point(y + 0.15, r, ARM_COLOUR, f"{arm} vs recompute", "D" if r["group"] == "overall" else "o")
+            if r["group"] in noise:
+                point(y - 0.15, noise[r["group"]], NOISE_COLOUR, f"{noise_arm} (noise floor)", "s")
+        ax.set_yticks(ys)
+        ax.set_yticklabels([f"{_short(r['group'])} (n={r['n']})" for r in rows])
+        ax.set_ylim(-0.7, len(rows) - 0.3)
+        ax.set_xlim(-2, 102)
+        ax.set_xlabel(f"answers changed vs recompute (%, {confidence:.0%} Wilson interval)")
+        ax.set_title(f"Flip rate by group: {arm} beside the noise floor", fontsize=10, loc="left")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+        ax.grid(axis="x", color="#eeeeee")
+        return _svg(fig)
+
+
+def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = "reuse") -> str:
+    """Time to first token per arm: a box (quartiles, whiskers at 1.5 IQR) over a jittered strip
+    of the cases (at most :data:`MAX_STRIP_POINTS` per arm, an even subsample), log-scaled x."""
+    import numpy as np
+
+    arms = [a for a, v in samples.items() if len(v)]
+    height = 1.2 + 0.45 * max(len(arms), 1)
+    rng = np.random.default_rng(0)
+    with _rc():
+        fig = _figure(10, height)
+        ax = fig.add_subplot()
+        ys = list(range(len(arms)))[::-1]
+        data = [np.asarray(samples[a], dtype=float) for a in arms]
+        data = [np.clip(d, 1e-6, None) for d in data]  # log scale: a 0 s timing drawn at 1 µs
+        if arms:
+            ax.boxplot(data, positions=ys, orientation="horizontal", widths=0.55, showfliers=False,
+                       patch_artist=True, medianprops={"color": "#111111", "linewidth": 1.4},
+                       boxprops={"facecolor": "#f1f1f1", "edgecolor": "#555555"},
+                       whiskerprops={"color": "#555555"}, capprops={"color": "#555555"})
+        for y, a, d in zip(ys, arms, data, strict=True):
+            shown = d if len(d) <= MAX_STRIP_POINTS else d[np.linspace(0, len(d) - 1, MAX_STRIP_POINTS).astype(int)]
+            colour = ARM_COLOUR if a == highlight else LOSS_COLOUR if a == "recompute" else NOISE_COLOUR
+            ax.scatter(shown, y + rng.uniform(-0.2, 0.2, len(shown)), s=7, color=colour, alpha=0.45,
+                       linewidths=0, zorder=3)
+        ax.set_xscale("log")
+        from matplotlib.ticker import FuncFormatter
+
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _secs(x)))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
+        ax.set_yticks(ys)
+        ax.set_yticklabels([f"{_short(a, 28)} (n={len(d)}, median {_secs(float(np.median(d)))})"
+                            for a, d in zip(arms, data, strict=True)])
+        ax.set_ylim(-0.7, len(arms) - 0.3)
+        ax.set_xlabel("time to first token (seconds, log scale); box: quartiles, whiskers 1.5 IQR, dots: cases")
+        ax.set_title("Time to first token per arm", fontsize=10, loc="left")
+        ax.grid(axis="x", which="both", color="#eeeeee")
+        return _svg(fig)
+
+
+def refs_histogram_svg(histogram: Sequence[Mapping[str, Any]]) -> str:
+    """Segments per bucket of references (``refs_histogram`` of the coverage: ``refs``, ``segments``)."""
+    labels = [str(h["refs"]) for h in histogram]
+    counts = [int(h["segments"]) for h in histogram]
+    with _rc():
+        fig = _figure(4.6, 3.0)
+        ax = fig.add_subplot()
+        xs = list(range(len(labels)))
+        colours = [NOISE_COLOUR if lab == "1" else ARM_COLOUR for lab in labels]
+        ax.bar(xs, counts, color=colours, width=0.7)
+        for x, c in zip(xs, counts, strict=True):
+            ax.annotate(str(c), (x, c), ha="center", va="bottom", fontsize=8, xytext=(0, 2),
+                        textcoords="offset points")
+        ax.set_xticks(xs)
+        ax.set_xticklabels(labels)
+        ax.set_ylim(0, max(counts, default=1) * 1.18 + 0.5)
+        ax.set_xlabel("references per segment (cases holding it)")
+        ax.set_ylabel("segments")
+        ax.set_title("How often segments recur (grey: never reused)", fontsize=10, loc="left")
+        ax.spines[["top", "right"]].set_visible(False)
+        return _svg(fig)
+
+
+def per_segment_svg(measures: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per segment, distinct slots / offsets / orders / contexts (label -> ``mean``, ``median``,
+    ``max``, ``share_gt1``): a bar to the max, the median (dot) and mean (diamond) on it, and the
+    share of segments with more than one written beside it."""
+    labels = list(measures)
+    with _rc():
+        fig = _figure(4.6, 0.9 + 0.55 * max(len(labels), 1))
+        ax = fig.add_subplot()
+        ys = list(range(len(labels)))[::-1]
+        top = max((float(m.get("max") or 0) for m in measures.values()), default=1.0) or 1.0
+        for y, lab in zip(ys, labels, strict=True):
+            m = measures[lab]
+            ax.plot([1, float(m.get("max") or 1)], [y, y], color="#c6dbef", linewidth=7, solid_capstyle="butt",
+                    label="1 to max" if y == ys[0] else None)
+            ax.plot([float(m.get("median") or 0)], [y], "o", color=ARM_COLOUR, markersize=6,
+                    label="median" if y == ys[0] else None)
+            ax.plot([float(m.get("mean") or 0)], [y], "D", color="#111111", markersize=4,
+                    label="mean" if y == ys[0] else None)
+            share = m.get("share_gt1")
+            if share is not None:
+                ax.annotate(f"{100 * float(share):.0f}% > 1", (top * 1.04, y), va="center", fontsize=8,
+                            color="#444444")
+        ax.set_yticks(ys)
+        ax.set_yticklabels(labels)
+        ax.set_xlim(0, top * 1.32)
+        ax.set_ylim(-0.7, len(labels) - 0.3 + 0.6)
+        ax.set_xlabel("distinct values per segment")
+        ax.set_title("Positions and orders each segment is seen in", fontsize=10, loc="left")
+        ax.legend(loc="upper right", fontsize=7, frameon=False, ncol=3)
+        ax.spines[["top", "right"]].set_visible(False)
+        return _svg(fig)
+
+
+def shares_svg(shares: Sequence[tuple[str, float]]) -> str:
+    """Horizontal 0-100% bars, one per ``(label, share)`` (never-cached position share, ...)."""
+    with _rc():
+        fig = _figure(4.6, 0.9 + 0.5 * max(len(shares), 1))
+        ax = fig.add_subplot()
+        ys = list(range(len(shares)))[::-1]
+        for y, (_, v) in zip(ys, shares, strict=True):
+            ax.barh([y], [100], color="#eeeeee", height=0.55)
+            ax.barh([y], [100 * v], color=ARM_COLOUR, height=0.55)
+            ax.annotate(f"{100 * v:.0f}%", (100 * v, y), xytext=(3, 0), textcoords="offset points",
+                        va="center", fontsize=8, color="#111111")
+        ax.set_yticks(ys)
+        ax.set_yticklabels([_short(lab, 34) for lab, _ in shares])
+        ax.set_xlim(0, 112)
+        ax.set_xlabel("share (%)")
+        ax.set_title("What reuse must repair", fontsize=10, loc="left")
+        ax.spines[["top", "right"]].set_visible(False)
+        return _svg(fig)
+
+
+def _secs(x: float) -> str:
+    if x < 1e-3:
+        return f"{x * 1e6:.3g} µs"
+    return f"{x * 1000:.3g} ms" if x < 1 else f"{x:.3g} s"
 
 
 def _short(label: str, width: int = 40) -> str:

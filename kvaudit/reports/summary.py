@@ -12,11 +12,15 @@ Top-level keys:
 ``noise_floor``  the ``recompute_again`` flips entry (None when the arm was not run)
 ``flip_excess``  per compared arm: its flip rate minus the noise floor's on the same cases
                  (points) with the paired interval (empty when recompute_again did not run)
+``flips_by_group`` per compared arm (``recompute_again`` included: the noise floor), one row per
+                 group (overall, task families, strata): n, flips, rate, Wilson CI
 ``leaks``        :func:`kvaudit.reports.leaks.leak_summary`
 ``hit_rate``     per arm measured token hit rate; ``simulated`` entries from simulation.json
 ``ttft``         per arm seconds (n, mean, p50, p90, p99); ``speedup`` per arm vs recompute
 ``coverage``     reuse-dynamics coverage from ``manifest["dataset"]["coverage"]`` or None
 ``routing``      per task family: safe / unsafe / undecided for the policy's arm, with the reason
+``cases_needed`` each delta threshold that did not pass and each undecided task family, with the
+                 cases the run has and about how many a decision needs (policy.cases_needed)
 """
 
 from __future__ import annotations
@@ -68,6 +72,37 @@ def routing(an: Analysis, policy: Policy) -> list[dict[str, Any]]:
             rec, why = route(d, margin)
         out.append({"task": task, "recommendation": rec, "reason": why, "margin": margin,
                     "delta": d["delta"], "lower_bound": d["lower_bound"], "n": d["n"]})
+    return out
+
+
+def cases_needed_rows(an: Analysis, policy: Policy, gate: list[Any],
+                      routes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Open decisions and about how many cases each needs (80% power to pass at a true delta
+    of 0; :func:`kvaudit.reports.policy.cases_needed`, which ``kvaudit plan`` simulates exactly):
+    one row per delta threshold whose gate row did not pass while its interval still reaches the
+    margin (or has no interval), one per undecided task family."""
+    from kvaudit.reports.policy import cases_needed
+
+    status = {r.name: r.status for r in gate}
+    out = []
+    for c in policy.checks:
+        if c.kind != "delta" or status.get(c.name) == "pass":
+            continue
+        d = an.delta(policy.arm, c.params["group"])
+        if d["decidable"] and d["upper_bound"] < c.params["min_lower_bound"]:
+            continue  # decided: even the upper end misses the margin, more cases will not pass it
+        need = cases_needed(d, c.params["min_lower_bound"], confidence=an.confidence) if d["n"] else None
+        out.append({"kind": "threshold", "name": c.name, "group": c.params["group"],
+                    "margin": c.params["min_lower_bound"], "status": status.get(c.name), "n": d["n"],
+                    "needed": need if need and need > d["n"] else None})
+    for r in routes:
+        if r["recommendation"] != "undecided" or r["margin"] is None or not r["n"]:
+            continue
+        d = an.delta(policy.arm, f"task:{r['task']}")
+        need = cases_needed(d, r["margin"], confidence=an.confidence)
+        out.append({"kind": "routing", "name": r["task"], "group": f"task:{r['task']}",
+                    "margin": r["margin"], "status": "undecided", "n": d["n"],
+                    "needed": need if need and need > d["n"] else None})
     return out
 
 
@@ -130,6 +165,7 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
         "noise_floor": an.flips(NOISE_ARM) if NOISE_ARM in an.arms else None,
         "flip_excess": {arm: an.flip_excess(arm) for arm in an.compared_arms if arm != NOISE_ARM}
         if NOISE_ARM in an.arms else {},
+        "flips_by_group": {arm: an.flips_by_group(arm) for arm in an.compared_arms},
         "leaks": an.leaks,
         "hit_rate": {"measured": {a: an.hit_rate(a) for a in an.arms},
                      "segment": {a: an.hit_rate(a, "segment") for a in an.arms},
@@ -139,4 +175,5 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
         "coverage": an.coverage,
         "routing": routing(an, policy),
     }
+    summary["cases_needed"] = cases_needed_rows(an, policy, gate, summary["routing"])
     return jsonable(summary)
