@@ -144,8 +144,9 @@ def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = "reuse"
             ax.scatter(shown, y + rng.uniform(-0.2, 0.2, len(shown)), s=7, color=colour, alpha=0.45,
                        linewidths=0, zorder=3)
         ax.set_xscale("log")
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FuncFormatter, LogLocator
 
+        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _secs(x)))
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
         ax.set_yticks(ys)

@@ -80,7 +80,8 @@ def cases_needed_rows(an: Analysis, policy: Policy, gate: list[Any],
     """Open decisions and about how many cases each needs (80% power to pass at a true delta
     of 0; :func:`kvaudit.reports.policy.cases_needed`, which ``kvaudit plan`` simulates exactly):
     one row per delta threshold whose gate row did not pass while its interval still reaches the
-    margin (or has no interval), one per undecided task family."""
+    margin (or has no interval), one per noise-floor control that did not pass (recompute against
+    itself must clear the same margin), one per undecided task family."""
     from kvaudit.reports.policy import cases_needed
 
     status = {r.name: r.status for r in gate}
@@ -94,6 +95,16 @@ def cases_needed_rows(an: Analysis, policy: Policy, gate: list[Any],
         need = cases_needed(d, c.params["min_lower_bound"], confidence=an.confidence) if d["n"] else None
         out.append({"kind": "threshold", "name": c.name, "group": c.params["group"],
                     "margin": c.params["min_lower_bound"], "status": status.get(c.name), "n": d["n"],
+                    "needed": need if need and need > d["n"] else None})
+    noise = {r.name: r for r in gate if r.kind == "noise_control" and r.status != "pass"}
+    for c in policy.checks:
+        name = f"{c.name}: noise floor ({NOISE_ARM})"
+        if c.kind != "delta" or name not in noise:
+            continue
+        d = an.delta(NOISE_ARM, c.params["group"])
+        need = cases_needed(d, c.params["min_lower_bound"], confidence=an.confidence) if d["n"] else None
+        out.append({"kind": "noise floor", "name": name, "group": c.params["group"],
+                    "margin": c.params["min_lower_bound"], "status": noise[name].status, "n": d["n"],
                     "needed": need if need and need > d["n"] else None})
     for r in routes:
         if r["recommendation"] != "undecided" or r["margin"] is None or not r["n"]:
