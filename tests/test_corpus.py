@@ -281,3 +281,16 @@ def test_missing_path_and_tiny_corpus(tmp_path, capsys):
     (tmp_path / "t" / "a.txt").write_text("Just one short paragraph with a few words in it.")
     assert _gen(tmp_path / "t", tmp_path / "o") == 2
     assert "usable chunk" in _err(capsys)
+
+
+def test_progress_bars_change_no_bytes(folder, tmp_path, capsys, monkeypatch):
+    from kvaudit.generators import _common
+
+    monkeypatch.setattr(_common, "PROGRESS_DELAY_S", 0.0)  # show the bars on sub-second work
+    assert _gen(folder, tmp_path / "bars") == 0
+    err = capsys.readouterr().err
+    assert "reading files" in err and "chunking documents" in err and "drafting cases" in err
+    assert _gen(folder, tmp_path / "quiet", "--no-progress") == 0
+    assert "drafting cases" not in capsys.readouterr().err
+    for f in (SEGMENTS_FILE, CASES_FILE, CARD_FILE):
+        assert (tmp_path / "bars" / f).read_bytes() == (tmp_path / "quiet" / f).read_bytes()

@@ -13,7 +13,7 @@ import gc
 import random
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,6 +199,52 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
     p.add_argument("--tokenizer", choices=("none", "smollm2"), default="none",
                    help="token counts for coverage and length checks: none = whitespace words")
+    add_progress_argument(p)
+
+
+# --------------------------------------------------------------------------- progress
+
+PROGRESS_DELAY_S = 2.0  # a bar appears only once its work has taken this long
+
+
+def add_progress_argument(p: argparse.ArgumentParser) -> None:
+    """``--no-progress``, as ``kvaudit run`` spells it."""
+    p.add_argument("--no-progress", action="store_true",
+                   help=f"no progress bar (bars go to stderr, and only for work that takes over "
+                        f"{PROGRESS_DELAY_S:.0f} s)")
+
+
+def progress_bar(iterable: Any = None, *, total: int | None = None, desc: str = "",
+                 unit: str = "case", enabled: bool = True) -> Any:
+    """A tqdm bar on stderr that shows only after :data:`PROGRESS_DELAY_S` (so sub-second work
+    prints nothing) and disappears when done; a no-op bar when ``enabled`` is false. It only
+    counts: wrapping a loop in it never changes what the loop produces."""
+    from tqdm import tqdm
+
+    return tqdm(iterable, total=total, desc=desc, unit=unit, disable=not enabled,
+                delay=PROGRESS_DELAY_S, leave=False, dynamic_ncols=True, file=sys.stderr)
+
+
+def progress_print(bar: Any, line: str) -> None:
+    """Print ``line`` to stderr above ``bar`` (a plain print while the bar is not shown yet:
+    tqdm's own write would draw a bar still inside its delay)."""
+    shown = getattr(bar, "last_print_t", 0.0) >= getattr(bar, "start_t", 0.0) + PROGRESS_DELAY_S
+    if shown and not bar.disable:
+        bar.write(line, file=sys.stderr)
+    else:
+        print(line, file=sys.stderr)
+
+
+def bar_iter(bar: Any, items: Iterable[Any]) -> Iterator[Any]:
+    """``items``, advancing ``bar`` by one as each is done (one bar over several loops)."""
+    for x in items:
+        yield x
+        bar.update()
+
+
+def show_progress(args: argparse.Namespace, quiet: bool = False) -> bool:
+    """Whether a generator's bars are on: not ``--no-progress`` and not a quiet build."""
+    return not (quiet or getattr(args, "no_progress", False))
 
 
 def add_reuse_arguments(p: argparse.ArgumentParser, *, cases: int = 48) -> None:
@@ -390,8 +436,10 @@ def check_structure(segments: dict[str, Segment], cases: list[Case]) -> None:
 
 def finish(out: str | Path, *, generator: str, seed: int | None, params: dict[str, Any],
            segments: dict[str, Segment], cases: list[Case], counts: dict[str, Any] | None = None,
-           count_tokens: TokenCounter | None = None, quiet: bool = False) -> DatasetCard:
-    """Fill the refs strata, compute coverage, write the dataset and print its summary."""
+           count_tokens: TokenCounter | None = None, quiet: bool = False,
+           progress: bool = False) -> DatasetCard:
+    """Fill the refs strata, compute coverage, write the dataset and print its summary
+    (``progress``: a bar while the cases are written, shown when that takes over 2 s)."""
     used: dict[str, None] = {}
     for c in cases:
         used.update(dict.fromkeys(c.segment_ids))
@@ -405,7 +453,8 @@ def finish(out: str | Path, *, generator: str, seed: int | None, params: dict[st
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise KvauditError(f"{out_dir}: exists and is not a directory")
-    write_dataset(out_dir, segs.values(), cases, card)
+    write_dataset(out_dir, segs.values(),
+                  progress_bar(cases, desc="writing cases", enabled=progress and not quiet), card)
     if not quiet:
         print(f"wrote {len(cases)} cases over {len(segs)} segments to {out_dir}")
         print(format_summary(coverage))

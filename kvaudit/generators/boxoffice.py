@@ -28,6 +28,7 @@ from kvaudit.generators._common import (
     add_reuse_arguments,
     allocate,
     arrange,
+    bar_iter,
     finish,
     len_bucket,
     make_token_counter,
@@ -36,6 +37,8 @@ from kvaudit.generators._common import (
     paused_gc,
     pick,
     position_label,
+    progress_bar,
+    show_progress,
     target_slot,
 )
 from kvaudit.generators.boxoffice_world import GENRES, Film, Person, World
@@ -409,8 +412,10 @@ def auto_films(cases: int) -> int:
 
 def generate(*, seed: int = 0, knobs: ReuseKnobs | None = None, films: int = 0,
              min_words: int = 60, max_words: int = 150, families: str = DEFAULT_FAMILIES,
-             number_metric: str = "em") -> tuple[dict[str, Segment], list[Case], dict[str, Any]]:
-    """Draw a Boxoffice dataset in memory: ``(segments, cases, params)``."""
+             number_metric: str = "em", progress: bool = False,
+             ) -> tuple[dict[str, Segment], list[Case], dict[str, Any]]:
+    """Draw a Boxoffice dataset in memory: ``(segments, cases, params)`` (``progress``: a bar
+    on stderr while drafting, when that takes over 2 s)."""
     knobs = knobs or ReuseKnobs()
     knobs.validate()
     if not 10 <= min_words <= max_words:
@@ -425,21 +430,23 @@ def generate(*, seed: int = 0, knobs: ReuseKnobs | None = None, films: int = 0,
     drafter = Drafter(world, knobs, seed)
     rng = random.Random(f"{seed}:cases")
     drafts: list[Draft] = []
+    bar = progress_bar(total=knobs.cases, desc="drafting cases", enabled=progress)
     for fi, (family, total) in enumerate(allocate(knobs.cases, weights).items()):
         if total == 0:
             continue
         n_var = min(round(total * knobs.reorder_share), total - 1)
         targets = [knobs.positions[(i + fi) % len(knobs.positions)] for i in range(total - n_var)]
         bases = [_draw(partial(drafter.draft, family, rng, t), world, number_metric, family)
-                 for t in targets]
+                 for t in bar_iter(bar, targets)]
         drafts.extend(bases)
-        for _ in range(n_var):
+        for _ in bar_iter(bar, range(n_var)):
             try:
                 drafts.append(_draw(partial(drafter.reorder, bases, rng), world, number_metric,
                                     family, tries=20))
             except KvauditError:  # every reorder ambiguous: draw a fresh case instead
                 drafts.append(_draw(partial(drafter.draft, family, rng, targets[0]), world,
                                     number_metric, family))
+    bar.close()
     rng.shuffle(drafts)
     segments: dict[str, Segment] = {}
     sid_of: dict[str, str] = {}
@@ -523,10 +530,12 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
     knobs = ReuseKnobs.from_args(args)
     segments, cases, params = generate(
         seed=args.seed, knobs=knobs, films=args.films, min_words=args.min_words,
-        max_words=args.max_words, families=args.families, number_metric=args.number_metric)
+        max_words=args.max_words, families=args.families, number_metric=args.number_metric,
+        progress=show_progress(args, quiet))
     params["tokenizer"] = args.tokenizer
     return finish(args.out, generator="boxoffice", seed=args.seed, params=params,
-                  segments=segments, cases=cases, count_tokens=count_tokens, quiet=quiet)
+                  segments=segments, cases=cases, count_tokens=count_tokens, quiet=quiet,
+                  progress=show_progress(args, quiet))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ from kvaudit.generators._common import (
     add_reuse_arguments,
     allocate,
     arrange,
+    bar_iter,
     count_words,
     finish,
     len_bucket,
@@ -49,6 +50,8 @@ from kvaudit.generators._common import (
     parse_weights,
     paused_gc,
     position_label,
+    progress_bar,
+    show_progress,
     target_slot,
 )
 from kvaudit.schema import Case, DatasetCard, Segment, segment_id
@@ -212,7 +215,8 @@ def _refuse(path: Path, e: SkippedFile) -> KvauditError:
 def load_corpus(path: str | Path, text_field: str = "text", split: str | None = None,
                 skipped: Counter | None = None, *, strict: bool = False,
                 max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-                skipped_files: list[dict[str, str]] | None = None) -> list[SourceDoc]:
+                skipped_files: list[dict[str, str]] | None = None,
+                progress: bool = False) -> list[SourceDoc]:
     """Read every document under ``path``; skipped items are counted in ``skipped``.
 
     A file that cannot be used (:class:`SkippedFile`: unreadable, empty, over ``max_file_bytes``,
@@ -252,7 +256,7 @@ def load_corpus(path: str | Path, text_field: str = "text", split: str | None = 
             raise KvauditError(f"{p}: no {', '.join(SUFFIXES)} files found "
                                f"({skipped['unsupported_files']} other files)")
     docs = []
-    for f in files:
+    for f in progress_bar(files, desc="reading files", unit="file", enabled=progress):
         try:
             docs.extend(_load_file(f, text_field, skipped, max_file_bytes))
         except SkippedFile as e:
@@ -424,7 +428,7 @@ def _validate(opts: CorpusOptions) -> None:
 
 
 def chunk_corpus(docs: list[SourceDoc], opts: CorpusOptions, count_tokens: TokenCounter | None,
-                 skipped: Counter) -> tuple[list[str], list[str], int]:
+                 skipped: Counter, progress: bool = False) -> tuple[list[str], list[str], int]:
     """Distinct chunks, their source ids, and how many documents were used.
 
     A document over ``max_doc_tokens`` is an error naming it (or skipped and counted with
@@ -436,7 +440,7 @@ def chunk_corpus(docs: list[SourceDoc], opts: CorpusOptions, count_tokens: Token
     sources: list[str] = []
     seen: set[str] = set()
     used = 0
-    for d in docs:
+    for d in progress_bar(docs, desc="chunking documents", unit="doc", enabled=progress):
         n = count(d.text)
         if n > opts.max_doc_tokens:
             if opts.on_long == "error":
@@ -569,8 +573,10 @@ class _Drafter:
 
 def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None,
              opts: CorpusOptions | None = None, count_tokens: TokenCounter | None = None,
+             progress: bool = False,
              ) -> tuple[dict[str, Segment], list[Case], dict[str, Any], dict[str, Any]]:
-    """Build a dataset from the corpus at ``path``: ``(segments, cases, params, counts)``."""
+    """Build a dataset from the corpus at ``path``: ``(segments, cases, params, counts)``
+    (``progress``: bars on stderr for reading, chunking and drafting, when they take over 2 s)."""
     knobs, opts = knobs or ReuseKnobs(), opts or CorpusOptions()
     knobs.validate()
     _validate(opts)
@@ -578,8 +584,9 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
     skipped: Counter = Counter()
     skipped_files: list[dict[str, str]] = []
     docs = load_corpus(path, opts.text_field, opts.split, skipped, strict=opts.strict,
-                       max_file_bytes=opts.max_file_bytes, skipped_files=skipped_files)
-    chunks, sources, n_used = chunk_corpus(docs, opts, count_tokens, skipped)
+                       max_file_bytes=opts.max_file_bytes, skipped_files=skipped_files,
+                       progress=progress)
+    chunks, sources, n_used = chunk_corpus(docs, opts, count_tokens, skipped, progress)
     if len(chunks) < 2:
         raise KvauditError(f"{path}: only {len(chunks)} usable chunk(s) after chunking "
                            f"(skipped: {dict(sorted(skipped.items()))}); at least 2 are needed")
@@ -606,9 +613,10 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
     drafter = _Drafter(texts, needles, knobs, seed)
     rng = random.Random(f"{seed}:corpus")
     drafts: list[Draft] = []
+    bar = progress_bar(total=knobs.cases, desc="drafting cases", enabled=progress)
     for fi, family in enumerate(f for f in FAMILIES if per_family.get(f)):
         family_bases = []
-        for j in range(bases[family]):
+        for j in bar_iter(bar, range(bases[family])):
             target = knobs.positions[(j + fi) % len(knobs.positions)]
             for _ in range(50):
                 d = drafter.draft(family, rng, target)
@@ -619,9 +627,10 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
                 raise KvauditError(f"{path}: could not place an unambiguous {family} case "
                                    "(the corpus may repeat the generated names); try another --seed")
         drafts.extend(family_bases)
-        for _ in range(n_var[family]):
+        for _ in bar_iter(bar, range(n_var[family])):
             fam, item, order = rng.choice(family_bases)
             drafts.append((fam, item, new_order(rng, order)))
+    bar.close()
     rng.shuffle(drafts)
 
     cases = []
@@ -704,10 +713,12 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
         on_long=args.on_long, needles=args.needles, families=args.families,
         number_metric=args.number_metric, strict=args.strict, max_file_bytes=args.max_file_bytes)
     segments, cases, params, counts = generate(args.path, seed=args.seed, knobs=knobs, opts=opts,
-                                               count_tokens=count_tokens)
+                                               count_tokens=count_tokens,
+                                               progress=show_progress(args, quiet))
     params["tokenizer"] = args.tokenizer
     card = finish(args.out, generator="corpus", seed=args.seed, params=params, segments=segments,
-                  cases=cases, counts=counts, count_tokens=count_tokens, quiet=quiet)
+                  cases=cases, counts=counts, count_tokens=count_tokens, quiet=quiet,
+                  progress=show_progress(args, quiet))
     if not quiet and counts["skipped_files"]:
         print(format_skipped(counts["skipped_files"]))
     return card

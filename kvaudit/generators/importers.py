@@ -37,6 +37,8 @@ from kvaudit.generators._common import (
     make_token_counter,
     paused_gc,
     position_label,
+    progress_bar,
+    show_progress,
 )
 from kvaudit.generators.corpus import chunk_text
 from kvaudit.schema import METRICS, TASK_FAMILIES, Case, DatasetCard, Segment, segment_id
@@ -124,9 +126,10 @@ def split_context(context: str, chunk_words: int) -> tuple[list[str], str]:
 
 def generate(path: str | Path, fmt: str, *, seed: int = 0, reorders: int = 2, task: str = "imported",
              metric: str = "f1", chunk_words: int = 200, limit: int = 0,
-             prefixes: tuple[str, ...] = ("none",), systems: int = 1,
+             prefixes: tuple[str, ...] = ("none",), systems: int = 1, progress: bool = False,
              ) -> tuple[dict[str, Segment], list[Case], dict[str, Any], dict[str, Any]]:
-    """Import ``path`` in format ``fmt``: ``(segments, cases, params, counts)``."""
+    """Import ``path`` in format ``fmt``: ``(segments, cases, params, counts)`` (``progress``:
+    a bar on stderr over the records, when they take over 2 s)."""
     if fmt not in FORMATS:
         raise KvauditError(f"--format must be one of {', '.join(FORMATS)}")
     if task not in TASK_FAMILIES:
@@ -146,7 +149,8 @@ def generate(path: str | Path, fmt: str, *, seed: int = 0, reorders: int = 2, ta
     counts: Counter = Counter()
     segments: dict[str, Segment] = {}
     cases: list[Case] = []
-    for idx, (where, r) in enumerate(records):
+    for idx, (where, r) in enumerate(progress_bar(records, desc="importing records", unit="record",
+                                                  enabled=progress)):
         rng = random.Random(f"{seed}:record:{idx}")
         if fmt == "ctxs":
             question, answers = _str(r, "question", where), _answers(r, where)
@@ -242,11 +246,11 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
     segments, cases, params, counts = generate(
         args.file, args.format, seed=args.seed, reorders=args.reorders, task=args.task,
         metric=args.metric, chunk_words=args.chunk_words, limit=args.limit, prefixes=prefixes,
-        systems=args.systems)
+        systems=args.systems, progress=show_progress(args, quiet))
     params["tokenizer"] = args.tokenizer
     return finish(args.out, generator=f"import-{args.format}", seed=args.seed, params=params,
                   segments=segments, cases=cases, counts=counts, count_tokens=count_tokens,
-                  quiet=quiet)
+                  quiet=quiet, progress=show_progress(args, quiet))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from kvaudit.errors import KvauditError
+from kvaudit.generators._common import add_progress_argument, progress_bar
 from kvaudit.simulator.trace import DOCUMENT, PREFIX, QUESTION, Trace
 
 
@@ -201,8 +202,10 @@ def workload_lines(trace: Trace, params: WorkloadParams):
         yield f'{{"id":"{request_id(r)}","pieces":[{pieces}],"timestamp":{ts[r]!r}}}\n'
 
 
-def write_workload(path: str | Path, trace: Trace, params: WorkloadParams) -> None:
-    """Write the workload JSONL atomically (temp file, then rename).
+def write_workload(path: str | Path, trace: Trace, params: WorkloadParams,
+                   progress: bool = False) -> None:
+    """Write the workload JSONL atomically (temp file, then rename); ``progress``: a bar on
+    stderr over the requests, when writing takes over 2 s.
 
     Streams line by line instead of using ``kvaudit.schema.write_atomic``, which takes the whole
     text: a million requests are 680 MB of JSON.
@@ -212,7 +215,8 @@ def write_workload(path: str | Path, trace: Trace, params: WorkloadParams) -> No
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(workload_lines(trace, params))
+            f.writelines(progress_bar(workload_lines(trace, params), total=trace.n_requests,
+                                      desc="writing requests", unit="request", enabled=progress))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -242,6 +246,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="reshuffle popularity every N requests (bursts that decay); 0 = never")
     a("--rate", type=float, default=d.rate, help=f"arrivals per second for timestamps (default {d.rate})")
     a("--seed", type=int, default=d.seed)
+    add_progress_argument(parser)
 
 
 def params_from_args(args: argparse.Namespace) -> WorkloadParams:
@@ -251,7 +256,7 @@ def params_from_args(args: argparse.Namespace) -> WorkloadParams:
 def run(args: argparse.Namespace) -> int:
     params = params_from_args(args)
     trace = generate(params)
-    write_workload(args.out, trace, params)
+    write_workload(args.out, trace, params, progress=not args.no_progress)
     s = trace.summary()
     print(f"wrote {args.out}: {s['requests']} requests, {s['prompt_tokens']} prompt tokens "
           f"({s['mean_prompt_tokens']:.0f} per request), {s['distinct_documents']} distinct documents")

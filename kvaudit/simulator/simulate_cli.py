@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from kvaudit.errors import KvauditError
+from kvaudit.generators._common import add_progress_argument, progress_bar, progress_print
 from kvaudit.simulator.kv_bytes import DTYPE_BYTES, PRESETS, parse_capacity, resolve_model
 from kvaudit.simulator.segment_cache import CAPTURE_MODES
 from kvaudit.simulator.trace import KINDS
@@ -37,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--cold-fraction", type=float, default=0.2,
       help="share of requests counted as the cold phase (default 0.2)")
     a("--windows", type=int, default=20, help="windows for hit rate over time (default 20)")
+    add_progress_argument(parser)
 
 
 def _csv(text: str) -> list[str]:
@@ -110,10 +112,15 @@ def run(args: argparse.Namespace) -> int:
     trace = read_trace(args.workload)
     print(f"read {trace.n_requests:,} requests in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
 
+    bar = progress_bar(total=len(config.policies) * len(config.capacities), desc="simulating",
+                       unit="run", enabled=not args.no_progress)
+
     def progress(r: dict) -> None:
-        print(f"  {r['policy']:>7} @ {r['capacity']:>6}: {100 * r['token_hit_rate']:.1f}%", file=sys.stderr)
+        progress_print(bar, f"  {r['policy']:>7} @ {r['capacity']:>6}: {100 * r['token_hit_rate']:.1f}%")
+        bar.update()
 
     sim = simulate(trace, config, progress)
+    bar.close()
     sim["workload"]["path"] = str(args.workload)
     out = Path(args.out)
     write_json(out / "simulation.json", sim)
