@@ -48,8 +48,9 @@ def _svg(fig: Any) -> str:
 
 
 def forest_svg(rows: Sequence[dict[str, Any]], *, margins: Sequence[tuple[str, float]] = (),
-               title: str = "", confidence: float = 0.95) -> str:
-    """Point delta and CI per row (``group``, ``delta``, ``ci``, ``n``), zero and margin lines."""
+               title: str = "", confidence: float = 0.95, label_width: int = 40) -> str:
+    """Point delta and CI per row (``group``, ``delta``, ``ci``, ``n``), zero and margin lines;
+    labels longer than ``label_width`` characters are shortened with an ellipsis."""
     rows = [r for r in rows if r.get("delta") is not None]
     height = 1.2 + 0.28 * max(len(rows), 1)
     with _rc():
@@ -71,7 +72,7 @@ def forest_svg(rows: Sequence[dict[str, Any]], *, margins: Sequence[tuple[str, f
         if margins:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
         ax.set_yticks(ys)
-        ax.set_yticklabels([f"{_short(r['group'])} (n={r['n']})" for r in rows])
+        ax.set_yticklabels([f"{_short(r['group'], label_width)} (n={r['n']})" for r in rows])
         ax.set_ylim(-0.7, len(rows) - 0.3)
         ax.set_xlabel(f"delta vs recompute (points, {confidence:.0%} score interval with document "
                       "design effect; its lower end is what the gate judges)")

@@ -1,0 +1,221 @@
+"""Runs side by side (`kvaudit compare RUN... --out DIR`): one row per (run, arm under test).
+
+Each run is read with :func:`kvaudit.reports.analysis.load_run` and analysed on its own
+(:class:`~kvaudit.reports.analysis.Analysis` at the policy's confidence): every number in a row
+is the number that run's own report and gate give. Per row: model, backend, dtype, dataset,
+arm; the overall delta with its interval, the flip rate beside the run's noise floor, the
+chunk-aligned and token hit rates, the TTFT speed-up, the gate's verdict (the checks of
+:func:`kvaudit.reports.policy.evaluate` plus the completeness row, exactly what
+:func:`kvaudit.reports.gate.judge` returns, with the policy's arm set to the row's arm); per task
+family: the delta with its interval, the flips and the routing recommendation
+(:func:`kvaudit.reports.summary.routing`).
+
+Runs are grouped by the dataset they ran (``manifest["identity"]["dataset_hash"]``, else
+``manifest["dataset"]["hash"]``); a run that records no dataset hash is a group of its own. Each
+group is its own table: deltas measured on different cases are never put in one table.
+
+:func:`build_comparison` returns the JSON summary; :func:`write_comparison` writes
+``DIR/compare.json`` and the self-contained ``DIR/compare.html`` (no script, no fetch: its
+Content-Security-Policy is ``default-src 'none'``; all run-derived text escaped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvaudit.errors import KvauditError
+
+JSON_FILE = "compare.json"
+HTML_FILE = "compare.html"
+FORMAT = 1
+TEMPLATES = Path(__file__).with_name("templates")
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
+
+
+def _text(d: Any, *keys: str) -> str | None:
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d if isinstance(d, str) and d else None
+
+
+def run_identity(manifest: dict[str, Any]) -> dict[str, Any]:
+    """Model, weights fingerprint, backend, dtype and dataset (name, hash, cases) of a run."""
+    return {
+        "model": _text(manifest, "identity", "model") or _text(manifest, "model", "name")
+        or _text(manifest, "model"),
+        "model_fingerprint": _text(manifest, "identity", "model_fingerprint")
+        or _text(manifest, "model", "fingerprint"),
+        "backend": _text(manifest, "identity", "backend") or _text(manifest, "backend", "backend")
+        or _text(manifest, "backend"),
+        "dtype": _text(manifest, "identity", "dtype") or _text(manifest, "dtype")
+        or _text(manifest, "model", "dtype"),
+        "dataset": _text(manifest, "dataset", "name") or _text(manifest, "dataset", "generator")
+        or _text(manifest, "dataset", "path"),
+        "dataset_path": _text(manifest, "dataset", "path"),
+        "dataset_hash": _text(manifest, "identity", "dataset_hash") or _text(manifest, "dataset", "hash"),
+    }
+
+
+def _pick(d: dict[str, Any] | None, *keys: str) -> dict[str, Any] | None:
+    return None if d is None else {k: d.get(k) for k in keys}
+
+
+_DELTA_KEYS = ("n", "n_clusters", "delta", "ci", "lower_bound", "upper_bound", "decidable", "reason", "mdd")
+
+
+def _rows_for_run(path: Path, policy: Any, arms: Sequence[str] | None) -> tuple[list[dict[str, Any]],
+                                                                              list[dict[str, Any]], dict[str, Any]]:
+    """Rows of one run (one per arm under test), the arms skipped with why, and its identity."""
+    from kvaudit.reports.analysis import NOISE_ARM, Analysis, load_run
+    from kvaudit.reports.gate import completeness
+    from kvaudit.reports.policy import evaluate, verdict
+    from kvaudit.reports.summary import routing
+
+    run = load_run(path)
+    an = Analysis(run, confidence=policy.confidence, min_icc=policy.min_icc)
+    ident = run_identity(run.manifest)
+    rows, skipped = [], []
+    noise = an.flips(NOISE_ARM) if NOISE_ARM in an.arms else None
+    for arm in arms or [policy.arm]:
+        if arm not in an.compared_arms:
+            skipped.append({"run": str(run.path), "arm": arm,
+                            "reason": f"arm '{arm}' is not in this run (arms: {', '.join(an.arms)})"})
+            continue
+        p = dataclasses.replace(policy, arm=arm)
+        results = evaluate(p, an)
+        row = completeness(run, allow_partial=False)
+        results = ([row] if row else []) + results
+        routes = {r["task"]: r for r in routing(an, p)}
+        families = {}
+        for task in an.tasks:
+            d = an.delta(arm, f"task:{task}")
+            f = an.flips_by_group(arm, [f"task:{task}"])
+            r = routes.get(task, {})
+            families[task] = {**_pick(d, *_DELTA_KEYS),
+                              "flips": f[0]["flips"] if f else None, "flip_n": f[0]["n"] if f else None,
+                              "flip_rate": f[0]["rate"] if f else None,
+                              "recommendation": r.get("recommendation"), "routing_reason": r.get("reason"),
+                              "margin": r.get("margin")}
+        flips = an.flips(arm)
+        rows.append({
+            "run": str(run.path), **ident, "arm": arm,
+            "n_cases": len(run.pairs), "n_quality_cases": int(len(an.select("overall"))),
+            "missing_cases": len(run.missing_cases),
+            "audit": {"state": run.audit.state, "verdict": run.audit.verdict},
+            "gate": {"verdict": verdict(results), "policy": policy.source,
+                     "checks": [dataclasses.asdict(r) for r in results]},
+            "overall": _pick(an.delta(arm, "overall"), *_DELTA_KEYS),
+            "flips": _pick(flips, "n", "flips", "rate", "ci"),
+            "noise_floor": _pick(noise, "n", "flips", "rate", "ci"),
+            "flip_excess": _pick(an.flip_excess(arm), "n", "delta", "ci", "reason")
+            if noise is not None else None,
+            "hit_rate": {"segment": an.hit_rate(arm, "segment"), "token": an.hit_rate(arm)},
+            "speedup": an.speedup(arm),
+            "families": families,
+        })
+    return rows, skipped, ident
+
+
+def build_comparison(run_dirs: Sequence[str | Path], *, policy_path: str | Path | None = None,
+                     arms: Sequence[str] | None = None) -> dict[str, Any]:
+    """The JSON summary: ``groups`` (one per dataset, each with ``rows`` and the union of task
+    ``families``), ``skipped`` (arms a run lacks), the policy and its confidence.
+
+    Raises :class:`~kvaudit.errors.KvauditError` for no runs or a run given twice, and
+    :class:`~kvaudit.schema.DatasetError` (from :func:`load_run`) for a directory that is not a
+    readable run; a comparison never silently leaves a run out.
+    """
+    from kvaudit.reports.policy import load_policy
+    from kvaudit.reports.summary import jsonable
+
+    if not run_dirs:
+        raise KvauditError("kvaudit compare needs at least one run directory")
+    seen: dict[Path, str] = {}
+    for d in run_dirs:
+        key = Path(d).resolve()
+        if key in seen:
+            raise KvauditError(f"{d}: the same run is given twice (as {seen[key]!r} too)")
+        seen[key] = str(d)
+    policy = load_policy(policy_path)
+    groups: dict[str, dict[str, Any]] = {}
+    skipped: list[dict[str, Any]] = []
+    for i, d in enumerate(run_dirs):
+        rows, skip, ident = _rows_for_run(Path(d), policy, arms)
+        skipped += skip
+        h = ident["dataset_hash"]
+        key = h if h else f"(no dataset hash recorded: {d})#{i}"
+        g = groups.setdefault(key, {"dataset_hash": h, "datasets": [], "dataset_paths": [], "runs": [],
+                                    "families": [], "rows": []})
+        for k, v in (("datasets", ident["dataset"]), ("dataset_paths", ident["dataset_path"]), ("runs", str(d))):
+            if v and v not in g[k]:
+                g[k].append(v)
+        g["rows"] += rows
+        for r in rows:
+            g["families"] += [t for t in r["families"] if t not in g["families"]]
+    for g in groups.values():
+        g["families"].sort()
+    return jsonable({
+        "format": FORMAT, "policy": policy.source, "confidence": policy.confidence,
+        "arms": list(arms) if arms else [policy.arm],
+        "margins": [{"name": c.name, "group": c.params["group"], "min_lower_bound": c.params["min_lower_bound"]}
+                    for c in policy.checks if c.kind == "delta"],
+        "groups": list(groups.values()), "skipped": skipped,
+    })
+
+
+def render(comparison: dict[str, Any]) -> str:
+    """The comparison page (autoescaped jinja2; the figures are matplotlib SVG)."""
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+    from markupsafe import Markup
+
+    from kvaudit.reports.plots import forest_svg
+
+    margins = [(m["name"], m["min_lower_bound"]) for m in comparison["margins"] if m["group"] == "overall"]
+    figures = []
+    for g in comparison["groups"]:
+        rows = [{"group": row_label(r), "delta": r["overall"]["delta"], "ci": r["overall"]["ci"],
+                 "n": r["overall"]["n"]} for r in g["rows"] if r["overall"]["n"]]
+        figures.append(Markup(forest_svg(rows, margins=margins, title="overall delta per run and arm",
+                                         confidence=comparison["confidence"], label_width=70)) if rows else "")
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters.update(pts=_pts, pct=_pct, ratio=_ratio)
+    return env.get_template("compare.html.j2").render(c=comparison, figures=figures, csp=CSP)
+
+
+def row_label(r: dict[str, Any]) -> str:
+    """``run · model · backend · dtype · arm`` (how a row is named in the figure; the run as its
+    last two path parts)."""
+    run = "/".join(Path(r["run"]).parts[-2:])
+    return " · ".join(str(x) for x in (run, r["model"], r["backend"], r["dtype"], r["arm"]) if x)
+
+
+def write_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path, *,
+                     policy_path: str | Path | None = None,
+                     arms: Sequence[str] | None = None) -> tuple[Path, Path]:
+    """Write ``compare.json`` and ``compare.html`` into ``out_dir`` (atomically); return both paths."""
+    from kvaudit.schema import write_atomic, write_json
+
+    comparison = build_comparison(run_dirs, policy_path=policy_path, arms=arms)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise KvauditError(f"{out}: --out must be a directory")
+    page = render(comparison)
+    write_json(out / JSON_FILE, comparison)
+    write_atomic(out / HTML_FILE, page)
+    return out / JSON_FILE, out / HTML_FILE
+
+
+def _pts(x: Any) -> str:
+    return "–" if x is None else f"{x:+.1f}"
+
+
+def _pct(x: Any) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def _ratio(x: Any) -> str:
+    return "–" if x is None else f"{x:.1f}×"
