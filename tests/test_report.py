@@ -217,3 +217,61 @@ def test_cross_backend_table_counts_agreement_and_refuses_another_dataset(tmp_pa
     manifest["dataset"]["hash"] = manifest["identity"]["dataset_hash"] = "1" * 32
     (b / "manifest.json").write_text(json.dumps(manifest))
     assert cli([str(a), "--compare", str(b)]) == 2
+
+
+def test_figures_are_inline_svg_and_flip_rates_per_group_match_the_cases(run_dir):
+    page = (run_dir / "report.html").read_text()
+    for figure in ("forest-plot", "flip-strata-plot", "ttft-plot"):
+        assert re.search(rf'id="{figure}"><svg', page), figure
+    s = json.loads((run_dir / "summary.json").read_text())
+    by_group = {r["group"]: r for r in s["flips_by_group"]["reuse"]}
+    assert by_group["overall"]["n"] == s["run"]["n_quality_cases"]
+    flipped = set(s["flips"]["reuse"]["flipped_cases"])
+    bridge = by_group["task:multi_hop_bridge"]
+    assert bridge["flips"] == sum(c.startswith("multi_hop_bridge-") for c in flipped)
+    assert bridge["ci"][0] <= bridge["rate"] <= bridge["ci"][1]
+    assert all(r["flips"] == 0 for r in s["flips_by_group"]["recompute_again"])  # the noise floor
+
+
+def test_cases_needed_box_agrees_with_routing_and_gate(run_dir):
+    s = json.loads((run_dir / "summary.json").read_text())
+    rows = {(r["kind"], r["name"]): r for r in s["cases_needed"]}
+    for route in s["routing"]:
+        if route["recommendation"] == "undecided":
+            need = rows[("routing", route["task"])]["needed"]
+            assert f"about {need} cases needed" in route["reason"]
+        else:
+            assert ("routing", route["task"]) not in rows
+    gate = {c["name"]: c for c in s["gate"]["checks"]}
+    for (kind, name), r in rows.items():
+        if kind != "routing":
+            assert gate[name]["status"] != "pass"
+            assert r["needed"] is None or f"about {r['needed']} cases" in gate[name]["detail"]
+    assert ("threshold", "multi-hop quality") not in rows  # failed with its whole interval below the margin
+    page = (run_dir / "report.html").read_text()
+    assert page.index('id="cases-needed"') < page.index('<section id="audit">')
+
+
+def test_coverage_of_a_dataset_card_is_figures_and_a_compact_table(tmp_path):
+    from kvaudit.audit.coverage import compute_coverage
+    from kvaudit.schema import Case, Segment
+
+    pairs = make_pairs(n_per_task=8, leak_probes=0)
+    segments = {s: Segment(s, "a b c d e") for p in pairs for s in p.segment_ids}
+    cov = compute_coverage(segments, [Case(p.case_id, p.task, p.segment_ids, "q?", p.answers, strata=p.strata)
+                                      for p in pairs])
+    cov["strata"]["prefix_variant"][INJECT] = 1  # corpus-derived text in the card
+    page = write_report(make_run(tmp_path, pairs, coverage=cov)).read_text()
+    section = page[page.index('<section id="coverage">'):page.index('<section id="speed">')]
+    for figure in ("coverage-refs-plot", "coverage-per-segment-plot", "coverage-shares-plot"):
+        assert re.search(rf'id="{figure}"><svg', section), figure
+    assert "refs_histogram" not in section and "{'refs'" not in section  # no flattened dump
+    assert 'id="coverage-other"' not in section  # every key of compute_coverage has its place
+    assert f"{100 * cov['never_cached_position_share']:.1f}%" in section
+    assert "&lt;script&gt;" in section and INJECT not in section
+
+
+def test_coverage_keys_the_report_does_not_know_are_listed_not_dropped(run_dir):
+    page = (run_dir / "report.html").read_text()
+    section = page[page.index('<section id="coverage">'):page.index('<section id="speed">')]
+    assert 'id="coverage-other"' in section and "share_never_cached_position" in section
