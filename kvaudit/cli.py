@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("kvaudit.reports.report_cli", "statistics, summary.json and report.html for a run"),
     "gate": ("kvaudit.reports.gate", "CI gate: exit 0 pass, 1 fail, 2 cannot judge"),
     "plan": ("kvaudit.reports.plan_cli", "false-pass rate, power and cases needed for each gate threshold"),
+    "export": ("kvaudit.reports.export_cli", "write a run as an inspect-ai eval log or lm-eval results"),
     "compare": ("kvaudit.reports.compare_cli", "runs side by side: compare.html and compare.json per dataset"),
     "simulate": ("kvaudit.simulator.simulate_cli", "prefix vs segment cache hit rates on a workload"),
     "demo": ("kvaudit.demo", "full audit of the default model and dataset, ending in an HTML report"),
