@@ -35,7 +35,7 @@ from kvaudit.reports.analysis import NOISE_ARM, Analysis, arm_reason
 from kvaudit.reports.policy import Policy, evaluate, verdict
 
 
-def route(delta: dict[str, Any], margin: float) -> tuple[str, str]:
+def route(delta: dict[str, Any], margin: float, *, confidence: float = 0.95) -> tuple[str, str]:
     """Routing recommendation for one task family from its paired delta and margin (points).
 
     safe: the interval's lower end clears the margin (non-inferior);
@@ -46,7 +46,7 @@ def route(delta: dict[str, Any], margin: float) -> tuple[str, str]:
     from kvaudit.reports.policy import cases_needed
 
     lb, ub, mdd = delta["lower_bound"], delta["upper_bound"], delta["mdd"]
-    need = cases_needed(delta, margin)
+    need = cases_needed(delta, margin, confidence=confidence)
     needs = f"; about {need} cases needed (`kvaudit plan`)" if need and need > delta["n"] else ""
     if lb is None:
         return "undecided", f"{delta['reason'] or 'too few cases to bound'}{needs}"
@@ -69,7 +69,7 @@ def routing(an: Analysis, policy: Policy) -> list[dict[str, Any]]:
             rec, why = "undecided", ("no margin in the policy" if margin is None
                                      else f"no cases with arm '{policy.arm}'")
         else:
-            rec, why = route(d, margin)
+            rec, why = route(d, margin, confidence=an.confidence)
         out.append({"task": task, "recommendation": rec, "reason": why, "margin": margin,
                     "delta": d["delta"], "lower_bound": d["lower_bound"], "n": d["n"]})
     return out
