@@ -36,10 +36,10 @@ def time_cli(cases: int, out: Path) -> tuple[float, float]:
 
 def time_phases(cases: int) -> dict[str, tuple[float, float]]:
     """Wall and CPU seconds of each phase, in-process."""
-    from kvaudit.audit.coverage import compute_coverage
+    from kvaudit.core.coverage import compute_coverage
+    from kvaudit.core.records import dump_jsonl
     from kvaudit.generators import boxoffice
     from kvaudit.generators._common import ReuseKnobs, fill_refs_buckets, paused_gc
-    from kvaudit.schema import dump_jsonl
 
     out: dict[str, tuple[float, float]] = {}
     clock = [time.perf_counter(), time.process_time()]

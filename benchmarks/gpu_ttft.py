@@ -41,10 +41,10 @@ from typing import Any
 
 import torch
 
-from kvaudit.runners.arms import ARMS
+from kvaudit.core.arms import ARMS
+from kvaudit.core.records import ids_hash, write_json
 from kvaudit.runners.prompt import Prompt
 from kvaudit.runners.transformers_backend import TransformersBackend
-from kvaudit.schema import ids_hash, write_json
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from ttft import make_doc
 
-from kvaudit.runners.arms import parse_arms
+from kvaudit.core.arms import parse_arms
+from kvaudit.core.records import Case, DatasetCard, Segment, read_dataset, segment_id, write_dataset
 from kvaudit.runners.runner import RunConfig, execute
 from kvaudit.runners.session import open_backend
-from kvaudit.schema import Case, DatasetCard, Segment, read_dataset, segment_id, write_dataset
 
 
 def build_dataset(be, out: Path, docs: int, per_case: int, refs: int, doc_tokens: int, seed: int = 0) -> Path:

@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvaudit.core.trace import read_trace  # noqa: E402
 from kvaudit.generators.workload import WorkloadParams, generate, write_workload  # noqa: E402
 from kvaudit.simulator.kv_bytes import parse_capacity, resolve_model  # noqa: E402
 from kvaudit.simulator.prefix_cache import simulate_prefix  # noqa: E402
 from kvaudit.simulator.segment_cache import simulate_segment  # noqa: E402
-from kvaudit.simulator.trace import read_trace  # noqa: E402
 
 
 def main() -> int:

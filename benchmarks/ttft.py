@@ -22,10 +22,10 @@ import time
 
 import torch
 
-from kvaudit.runners.arms import ARMS
+from kvaudit.core.arms import ARMS
+from kvaudit.core.records import Case, Segment, segment_id
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.session import open_backend
-from kvaudit.schema import Case, Segment, segment_id
 
 WORDS = ("film studio director budget premiere audience critic sequel camera script actor festival "
          "release gross ticket season drama comedy thriller archive reel score editor producer").split()

@@ -37,11 +37,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kvaudit.runners.arms import ARMS
+from kvaudit.core.arms import ARMS
+from kvaudit.core.records import Case, Segment, segment_id
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.transformers_backend import Decoding
 from kvaudit.runners.vllm_backend import open_vllm_backend
-from kvaudit.schema import Case, Segment, segment_id
 
 WORDS = ("film studio director budget premiere audience critic sequel camera script actor festival "
          "release gross ticket season drama comedy thriller archive reel score editor producer").split()
@@ -108,8 +108,8 @@ def agreement(backend) -> None:
 
     import torch
 
+    from kvaudit.core.records import read_dataset
     from kvaudit.runners.session import open_backend
-    from kvaudit.schema import read_dataset
 
     ds = read_dataset(Path(__file__).resolve().parents[1] / "kvaudit" / "data" / "example")
     tb = open_backend("smollm2", max_new_tokens=backend.decoding.max_new_tokens)
@@ -135,7 +135,7 @@ def controls(backend, n_cases: int) -> None:
     import tempfile
 
     from kvaudit.cli import main as kvaudit_main
-    from kvaudit.schema import read_dataset
+    from kvaudit.core.records import read_dataset
 
     backend.decoding = Decoding(max_new_tokens=16)  # whole short answers, so flips can show
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,7 +176,7 @@ def make_shape(folder: Path, shape: str) -> None:
     """A served-with-dummy-weights model folder: the shape's config.json and SmolLM2's tokenizer."""
     from transformers import AutoTokenizer
 
-    from kvaudit.runners.models import smollm2_gguf_path
+    from kvaudit.models import smollm2_gguf_path
 
     if shape != "llama3-8b":
         raise SystemExit(f"unknown shape {shape!r} (known: llama3-8b)")

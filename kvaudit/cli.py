@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-from kvaudit.errors import USER_ERRORS
+from kvaudit.core.errors import USER_ERRORS
 
 # name -> (module, help)
 COMMANDS: dict[str, tuple[str, str]] = {

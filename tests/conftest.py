@@ -29,9 +29,9 @@ def smollm2_backend():
 @pytest.fixture(scope="session")
 def smollm2_run(smollm2_backend, tmp_path_factory) -> Path:
     """A real run of the example dataset under every arm; copy it before tampering."""
-    from kvaudit.runners.arms import parse_arms
+    from kvaudit.core.arms import parse_arms
+    from kvaudit.core.records import read_dataset
     from kvaudit.runners.runner import RunConfig, execute
-    from kvaudit.schema import read_dataset
 
     out = tmp_path_factory.mktemp("smollm2_run") / "run"
     cfg = RunConfig(dataset=read_dataset(EXAMPLE), out=out, arms=parse_arms(ALL_ARMS), model_name="smollm2")

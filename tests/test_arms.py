@@ -7,8 +7,8 @@ import importlib.util
 import pytest
 
 from kvaudit.cli import main
-from kvaudit.errors import KvauditError
-from kvaudit.runners.arms import ARMS, CANONICAL_ORDER, parse_arms
+from kvaudit.core.arms import ARMS, CANONICAL_ORDER, parse_arms
+from kvaudit.core.errors import KvauditError
 
 from .conftest import EXAMPLE
 

@@ -12,7 +12,7 @@ import pytest
 import kvaudit
 from kvaudit.audit import checks
 from kvaudit.cli import main
-from kvaudit.schema import read_pairs, write_json, write_jsonl
+from kvaudit.core.records import read_pairs, write_json, write_jsonl
 
 pytestmark = pytest.mark.slow  # the session fixture runs the real model once
 
@@ -265,7 +265,7 @@ def test_neutral_exposure_beyond_chance_fails_leak_check(run_copy):
     assert "ex-08" not in c["failing_cases"] and len(c["failing_cases"]) == 8
     assert "rank test" in c["detail"]
     # the audit and the report read the same leak statistics
-    from kvaudit.reports.leaks import leak_summary
+    from kvaudit.stats.leaks import leak_summary
 
     assert leak_summary(read_pairs(run_copy))["neutral_exposure_beyond_chance"] is True
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from kvaudit import cli
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 from kvaudit.generators import boxoffice
 from kvaudit.generators._common import ReuseKnobs
 from kvaudit.generators.boxoffice_world import GENRES, World
-from kvaudit.schema import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 
 FILES = (SEGMENTS_FILE, CASES_FILE, CARD_FILE)
 ORDINALS = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4, "sixth": 5}
@@ -236,7 +236,7 @@ def test_generate_api_raises_kvaudit_error():
 def test_tokenizer_option_counts_with_the_model_tokenizer(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from kvaudit.runners import models
+    from kvaudit import models
 
     calls = []
 

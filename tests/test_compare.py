@@ -11,13 +11,13 @@ import pytest
 
 from kvaudit import cli
 from kvaudit.audit.trust import build_audit
+from kvaudit.core.records import read_json, write_json
 from kvaudit.reports.analysis import Analysis, load_run
 from kvaudit.reports.compare import build_comparison, write_comparison
 from kvaudit.reports.gate import judge
 from kvaudit.reports.policy import load_policy
 from kvaudit.reports.summary import routing
 from kvaudit.reports.synthetic import make_pairs, make_run
-from kvaudit.schema import read_json, write_json
 
 INJECT = '<script>document.title="PWNED"</script><img src=x onerror=alert(1)>'
 

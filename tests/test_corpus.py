@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from kvaudit import cli
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 from kvaudit.generators import corpus
-from kvaudit.schema import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 
 WORDS = ("river stone market harvest council library bridge winter trade road mountain village "
          "school music water history people city").split()
@@ -284,9 +284,9 @@ def test_missing_path_and_tiny_corpus(tmp_path, capsys):
 
 
 def test_progress_bars_change_no_bytes(folder, tmp_path, capsys, monkeypatch):
-    from kvaudit.generators import _common
+    from kvaudit.core import progress
 
-    monkeypatch.setattr(_common, "PROGRESS_DELAY_S", 0.0)  # show the bars on sub-second work
+    monkeypatch.setattr(progress, "PROGRESS_DELAY_S", 0.0)  # show the bars on sub-second work
     assert _gen(folder, tmp_path / "bars") == 0
     err = capsys.readouterr().err
     assert "reading files" in err and "chunking documents" in err and "drafting cases" in err

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from kvaudit.audit.coverage import (
+from kvaudit.core.coverage import (
     POSITION_WARNING,
     REUSE_WARNING,
     compute_coverage,
     format_summary,
     refs_bucket,
 )
-from kvaudit.schema import Case, Segment
+from kvaudit.core.records import Case, Segment
 
 S = "Answer using only the documents."
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvaudit.errors import UnsupportedModelError
-from kvaudit.runners.arms import ARMS
+from kvaudit.core.arms import ARMS
+from kvaudit.core.errors import UnsupportedModelError
+from kvaudit.core.records import Case, Segment, segment_id
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.transformers_backend import Decoding, TransformersBackend
-from kvaudit.schema import Case, Segment, segment_id
 
 DOCS = [
     "Harrow Point is a 1987 drama film directed by Lisa Marvell and released by Corvane Studios.",
@@ -22,7 +22,7 @@ SEGS = {segment_id(t): Segment(segment_id(t), t) for t in DOCS}
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from kvaudit.runners.models import load_tokenizer
+    from kvaudit.models import load_tokenizer
 
     return load_tokenizer("smollm2")
 
@@ -146,7 +146,7 @@ def test_model_without_rope_is_refused():
 def test_sliding_window_limits_prompt_length(tokenizer):
     be = backend_for(tiny_model("mistral", sliding_window=64), tokenizer)
     assert be.max_prompt_tokens == 64
-    from kvaudit.errors import KvauditError
+    from kvaudit.core.errors import KvauditError
 
     with pytest.raises(KvauditError, match="over the limit"):
         assemble(make_case(), SEGS, be.tok, be.max_prompt_tokens)

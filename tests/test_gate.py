@@ -8,11 +8,11 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from kvaudit.errors import USER_ERRORS, KvauditError
+from kvaudit.core.errors import USER_ERRORS, KvauditError
+from kvaudit.core.records import write_json
 from kvaudit.reports import gate
 from kvaudit.reports.policy import load_policy
 from kvaudit.reports.synthetic import make_run
-from kvaudit.schema import write_json
 
 NO_LOSS = {"single_doc": 0.0, "multi_hop_bridge": 0.0, "aggregate": 0.0, "agreement": 0.0}
 

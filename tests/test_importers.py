@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvaudit import cli
+from kvaudit.core.records import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 from kvaudit.generators import importers
-from kvaudit.schema import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 
 CTXS = [
     {"question": "Who founded Varnholt?", "answers": ["Mara Voss"],

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from kvaudit.reports.leaks import leak_summary
+from kvaudit.core.records import PairRecord
 from kvaudit.reports.synthetic import make_pairs
-from kvaudit.schema import PairRecord
 from kvaudit.stats import leak_tests as lt
+from kvaudit.stats.leaks import leak_summary
 
 # --------------------------------------------------------------------------- exact p-values
 

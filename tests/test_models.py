@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvaudit.errors import KvauditError
-from kvaudit.runners import models
+from kvaudit import models
+from kvaudit.core.errors import KvauditError
 
 
 def test_smollm2_is_converted_once_into_a_plain_checkpoint():

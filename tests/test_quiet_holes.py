@@ -13,13 +13,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from kvaudit.core.hit_rate import run_hit_rate, run_segment_hit_rate
+from kvaudit.core.records import DatasetError
 from kvaudit.generators import boxoffice, corpus
 from kvaudit.generators._common import NameGen, ReuseKnobs
 from kvaudit.generators.boxoffice_world import World
 from kvaudit.reports.analysis import Analysis, load_run
 from kvaudit.reports.synthetic import make_pairs, make_run
-from kvaudit.schema import DatasetError
-from kvaudit.simulator.hit_rate import run_hit_rate, run_segment_hit_rate
 
 # --------------------------------------------------------------------------- canary guard
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from kvaudit.audit.coverage import compute_coverage
 from kvaudit.audit.trust import build_audit
+from kvaudit.core.coverage import compute_coverage
+from kvaudit.core.records import Case, Segment, read_json, write_json, write_jsonl
 from kvaudit.reports.report_cli import write_report
 from kvaudit.reports.synthetic import make_pairs, make_run
-from kvaudit.schema import Case, Segment, read_json, write_json, write_jsonl
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
@@ -52,7 +52,7 @@ def report(tmp_path_factory):
     d = tmp_path_factory.mktemp("browser")
     pairs = make_pairs(n_per_task=12, injected=ANSWER_INJECT)
     pairs[0].strata["prefix_variant"] = STRATUM_INJECT
-    # coverage as kvaudit.audit.coverage computes it for a dataset card, on the pairs' layout
+    # coverage as kvaudit.core.coverage computes it for a dataset card, on the pairs' layout
     segments = {s: Segment(s, " ".join(["word"] * (40 + 7 * i))) for i, s in
                 enumerate(sorted({s for p in pairs for s in p.segment_ids}))}
     cases = [Case(p.case_id, p.task, p.segment_ids, QUESTION_INJECT, p.answers, strata=p.strata,

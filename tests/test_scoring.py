@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from kvaudit.core.records import ArmResult, PairRecord
 from kvaudit.reports.scoring import (
     cluster_key,
     contains,
@@ -15,7 +16,6 @@ from kvaudit.reports.scoring import (
     score_pairs,
     token_f1,
 )
-from kvaudit.schema import ArmResult, PairRecord
 
 
 def arm(name: str, answer: str, *, first: int = 5, margin: float = 3.0, diff: float | None = None) -> ArmResult:

@@ -9,15 +9,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvaudit.errors import KvauditError
-from kvaudit.schema import DatasetError
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.hit_rate import run_hit_rate, run_segment_hit_rate, token_hit_rate, windowed
+from kvaudit.core.records import DatasetError
+from kvaudit.core.trace import read_trace, trace_from_requests
 from kvaudit.simulator import simulate_cli
 from kvaudit.simulator.engine import SimConfig, simulate
-from kvaudit.simulator.hit_rate import run_hit_rate, run_segment_hit_rate, token_hit_rate, windowed
 from kvaudit.simulator.kv_bytes import PRESETS, parse_capacity, resolve_model
 from kvaudit.simulator.prefix_cache import simulate_prefix
 from kvaudit.simulator.segment_cache import simulate_segment
-from kvaudit.simulator.trace import read_trace, trace_from_requests
 
 
 def P(cid, t):

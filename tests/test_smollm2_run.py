@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvaudit.runners.arms import ARMS
-from kvaudit.schema import read_manifest, read_pairs
+from kvaudit.core.arms import ARMS
+from kvaudit.core.records import read_manifest, read_pairs
 
 from .conftest import ALL_ARMS, EXAMPLE
 

@@ -15,7 +15,7 @@ import pytest
 vllm = pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
-from kvaudit.errors import KvauditError, UnsupportedModelError  # noqa: E402
+from kvaudit.core.errors import KvauditError, UnsupportedModelError  # noqa: E402
 from kvaudit.runners import vllm_connector as vc  # noqa: E402
 
 RUN_ARMS = "recompute,reuse,identity,prefix_cache,recompute_again"
@@ -82,7 +82,7 @@ def backend():
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     from kvaudit.cli import main
-    from kvaudit.schema import read_dataset
+    from kvaudit.core.records import read_dataset
 
     out = tmp_path_factory.mktemp("vllm_box") / "dataset"
     assert main(["generate", "boxoffice", "--out", str(out), "--cases", "5", "--seed", "3",
@@ -92,7 +92,7 @@ def dataset(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vllm_run(backend, dataset, tmp_path_factory) -> Path:
-    from kvaudit.runners.arms import parse_arms
+    from kvaudit.core.arms import parse_arms
     from kvaudit.runners.runner import RunConfig, execute
 
     out = tmp_path_factory.mktemp("vllm_run") / "run"
@@ -123,7 +123,7 @@ def test_rerotated_neutral_kv_equals_kv_computed_at_the_new_position(backend):
 
 
 def test_identity_reproduces_recompute_and_reuse_loads_the_segments(vllm_run):
-    from kvaudit.schema import read_pairs
+    from kvaudit.core.records import read_pairs
 
     pairs = read_pairs(vllm_run)
     assert len(pairs) == 5
@@ -152,7 +152,7 @@ def test_identity_reproduces_recompute_and_reuse_loads_the_segments(vllm_run):
 
 
 def test_manifest_records_the_engine(vllm_run):
-    from kvaudit.schema import read_manifest
+    from kvaudit.core.records import read_manifest
 
     m = read_manifest(vllm_run)
     assert m["identity"]["backend"] == "vllm" and m["status"] == "complete"
@@ -181,7 +181,7 @@ def test_audit_passes_and_a_tampered_run_fails(vllm_run, tmp_path):
 
 def test_prefix_cache_arms_find_what_vllm_cached(backend, vllm_run):
     from kvaudit.audit.audit_cli import audit
-    from kvaudit.schema import read_manifest, read_pairs
+    from kvaudit.core.records import read_manifest, read_pairs
 
     pairs = read_pairs(vllm_run)
     block = backend.engine_opts["block_size"]
@@ -217,11 +217,11 @@ def test_a_warm_prefix_cache_arm_that_found_nothing_fails(vllm_run, tmp_path):
 
 def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset, tmp_path):
     """The cross-backend table: a transformers run of the same dataset beside the vLLM run."""
+    from kvaudit.core.arms import parse_arms
+    from kvaudit.core.records import read_pairs
     from kvaudit.reports.report_cli import write_report
-    from kvaudit.runners.arms import parse_arms
     from kvaudit.runners.runner import RunConfig, execute
     from kvaudit.runners.session import open_backend
-    from kvaudit.schema import read_pairs
 
     tf_run = tmp_path / "tf"
     tb = open_backend("smollm2", max_new_tokens=8)
@@ -242,8 +242,8 @@ def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset
 def test_candidate_scores_of_recompute_equal_a_full_prefill(backend, dataset, vllm_run):
     """Scoring loads the arm's KV for n-1 tokens; for recompute that KV is exact, so the score must
     equal the one from a full prefill of prompt + candidate (no cache at all)."""
+    from kvaudit.core.records import read_pairs
     from kvaudit.runners.prompt import assemble
-    from kvaudit.schema import read_pairs
 
     rec = next(p for p in read_pairs(vllm_run) if p.canary)
     case = next(c for c in dataset.cases if c.id == rec.case_id)

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.trace import DOCUMENT, PREFIX, QUESTION, _read_careful, read_trace
 from kvaudit.generators import workload
 from kvaudit.generators.workload import WorkloadParams, generate, write_workload
 from kvaudit.simulator.kv_bytes import resolve_model
 from kvaudit.simulator.prefix_cache import simulate_prefix
 from kvaudit.simulator.segment_cache import simulate_segment
-from kvaudit.simulator.trace import DOCUMENT, PREFIX, QUESTION, _read_careful, read_trace
 
 SMALL = WorkloadParams(requests=400, documents=500, queries=30, docs_per_request=4,
                        doc_tokens="lognormal:300:0.5", prefix_tokens=50)

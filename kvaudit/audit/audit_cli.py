@@ -18,8 +18,8 @@ from typing import Any, TextIO
 
 from kvaudit.audit.checks import CheckResult
 from kvaudit.audit.trust import build_audit
-from kvaudit.errors import KvauditError
-from kvaudit.schema import AUDIT_FILE, write_json
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import AUDIT_FILE, write_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

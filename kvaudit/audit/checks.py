@@ -25,7 +25,7 @@ Thresholds and tests, in one place so the docs (docs/audit.md) can point here:
 * **leak probes**: exposure gain of a name = its log-probability under ``reuse`` minus under
   ``recompute``; per probe, the rank of the true name's gain among all candidates' gains,
   uniform without a leak; exact one-sided rank test across probes at :data:`ALPHA`
-  (:mod:`kvaudit.stats.leak_tests`, computed by :func:`kvaudit.reports.leaks.leak_summary`).
+  (:mod:`kvaudit.stats.leak_tests`, computed by :func:`kvaudit.stats.leaks.leak_summary`).
   The neutral policy fails the audit when the test rejects. With fewer probes than the test
   needs for 80% power at the SmolLM2 first-user effect (``min_probes``) the check warns.
 * **coverage minimums**: :data:`MIN_REFS_PER_SEGMENT`, :data:`MIN_NEVER_CACHED_SHARE`.
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import KvauditError
-from kvaudit.runners.arms import ARMS
-from kvaudit.schema import (
+from kvaudit.core.arms import ARMS
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import (
     MANIFEST_FILE,
     PAIRS_FILE,
     Dataset,
@@ -684,7 +684,7 @@ def check_prefix_cache_control(run: LoadedRun) -> CheckResult:
 def _coverage(run: LoadedRun) -> tuple[dict | None, str]:
     if run.dataset is not None:
         try:
-            from kvaudit.audit.coverage import compute_coverage
+            from kvaudit.core.coverage import compute_coverage
         except ImportError:
             compute_coverage = None
         if compute_coverage is not None:
@@ -740,7 +740,7 @@ def check_leak_probes(run: LoadedRun) -> CheckResult:
                 problems[p.case_id].append(f"arm '{arm}' has no log-probability for every candidate name")
     if problems:
         return _from_problems(name, True, problems, "")
-    from kvaudit.reports.leaks import leak_summary
+    from kvaudit.stats.leaks import leak_summary
 
     s = leak_summary(run.pairs, alpha=ALPHA)
     parts = [f"{s['n_probes']} probes"]

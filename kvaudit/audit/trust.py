@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.audit.checks import CheckResult, load_run, run_checks
-from kvaudit.errors import USER_ERRORS
-from kvaudit.schema import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE, DatasetError, read_json
+from kvaudit.core.errors import USER_ERRORS
+from kvaudit.core.records import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE, DatasetError, read_json
 
 AUDIT_FORMAT = 2
 VERDICTS = ("passed", "failed", "cannot_judge")

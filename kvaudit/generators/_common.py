@@ -2,7 +2,7 @@
 
 Every generator draws from ``random.Random`` instances seeded with strings (``f"{seed}:..."``),
 never iterates over a set when it decides something, and writes through
-:func:`kvaudit.schema.write_dataset`, so the same seed and parameters give byte-identical files.
+:func:`kvaudit.core.records.write_dataset`, so the same seed and parameters give byte-identical files.
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ import gc
 import random
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvaudit.audit.coverage import compute_coverage, format_summary, refs_bucket
-from kvaudit.errors import KvauditError
-from kvaudit.schema import DEFAULT_SYSTEM, Case, DatasetCard, Segment, write_dataset
+from kvaudit.core.coverage import compute_coverage, format_summary, refs_bucket
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.progress import add_progress_argument, progress_bar
+from kvaudit.core.records import DEFAULT_SYSTEM, Case, DatasetCard, Segment, write_dataset
 
 TokenCounter = Callable[[str], int]
 
@@ -202,51 +203,6 @@ def add_output_arguments(p: argparse.ArgumentParser) -> None:
     add_progress_argument(p)
 
 
-# --------------------------------------------------------------------------- progress
-
-PROGRESS_DELAY_S = 2.0  # a bar appears only once its work has taken this long
-
-
-def add_progress_argument(p: argparse.ArgumentParser) -> None:
-    """``--no-progress``, as ``kvaudit run`` spells it."""
-    p.add_argument("--no-progress", action="store_true",
-                   help=f"no progress bar (bars go to stderr, and only for work that takes over "
-                        f"{PROGRESS_DELAY_S:.0f} s)")
-
-
-def progress_bar(iterable: Any = None, *, total: int | None = None, desc: str = "",
-                 unit: str = "case", enabled: bool = True) -> Any:
-    """A tqdm bar on stderr that shows only after :data:`PROGRESS_DELAY_S` (so sub-second work
-    prints nothing) and disappears when done; a no-op bar when ``enabled`` is false. It only
-    counts: wrapping a loop in it never changes what the loop produces."""
-    from tqdm import tqdm
-
-    return tqdm(iterable, total=total, desc=desc, unit=unit, disable=not enabled,
-                delay=PROGRESS_DELAY_S, leave=False, dynamic_ncols=True, file=sys.stderr)
-
-
-def progress_print(bar: Any, line: str) -> None:
-    """Print ``line`` to stderr above ``bar`` (a plain print while the bar is not shown yet:
-    tqdm's own write would draw a bar still inside its delay)."""
-    shown = getattr(bar, "last_print_t", 0.0) >= getattr(bar, "start_t", 0.0) + PROGRESS_DELAY_S
-    if shown and not bar.disable:
-        bar.write(line, file=sys.stderr)
-    else:
-        print(line, file=sys.stderr)
-
-
-def bar_iter(bar: Any, items: Iterable[Any]) -> Iterator[Any]:
-    """``items``, advancing ``bar`` by one as each is done (one bar over several loops)."""
-    for x in items:
-        yield x
-        bar.update()
-
-
-def show_progress(args: argparse.Namespace, quiet: bool = False) -> bool:
-    """Whether a generator's bars are on: not ``--no-progress`` and not a quiet build."""
-    return not (quiet or getattr(args, "no_progress", False))
-
-
 def add_reuse_arguments(p: argparse.ArgumentParser, *, cases: int = 48) -> None:
     d = ReuseKnobs()
     g = p.add_argument_group("reuse dynamics")
@@ -374,9 +330,9 @@ def make_token_counter(name: str) -> TokenCounter | None:
     if name != "smollm2":
         raise KvauditError(f"--tokenizer must be none or smollm2, got {name!r}")
     try:
-        from kvaudit.runners.models import load_tokenizer
+        from kvaudit.models import load_tokenizer
     except ImportError as e:
-        raise KvauditError(f"--tokenizer smollm2 needs kvaudit.runners.models ({e})") from None
+        raise KvauditError(f"--tokenizer smollm2 needs kvaudit.models ({e})") from None
     tok = load_tokenizer("smollm2")
     cache: dict[str, int] = {}
 

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import Any
 
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.progress import bar_iter, progress_bar, show_progress
+from kvaudit.core.records import Case, DatasetCard, Segment, segment_id
 from kvaudit.generators._common import (
     NameGen,
     ReuseKnobs,
@@ -28,7 +30,6 @@ from kvaudit.generators._common import (
     add_reuse_arguments,
     allocate,
     arrange,
-    bar_iter,
     finish,
     len_bucket,
     make_token_counter,
@@ -37,12 +38,9 @@ from kvaudit.generators._common import (
     paused_gc,
     pick,
     position_label,
-    progress_bar,
-    show_progress,
     target_slot,
 )
 from kvaudit.generators.boxoffice_world import GENRES, Film, Person, World
-from kvaudit.schema import Case, DatasetCard, Segment, segment_id
 
 FAMILIES = ("single_doc", "multi_hop_bridge", "multi_hop_compare", "aggregate",
             "position_probe", "leak_probe")

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.progress import bar_iter, progress_bar, show_progress
+from kvaudit.core.records import Case, DatasetCard, Segment, segment_id
 from kvaudit.generators._common import (
     NameGen,
     ReuseKnobs,
@@ -41,7 +43,6 @@ from kvaudit.generators._common import (
     add_reuse_arguments,
     allocate,
     arrange,
-    bar_iter,
     count_words,
     finish,
     len_bucket,
@@ -50,11 +51,8 @@ from kvaudit.generators._common import (
     parse_weights,
     paused_gc,
     position_label,
-    progress_bar,
-    show_progress,
     target_slot,
 )
-from kvaudit.schema import Case, DatasetCard, Segment, segment_id
 
 FAMILIES = ("needle", "multi_hop_bridge", "agreement")
 DEFAULT_FAMILIES = "needle=3,multi_hop_bridge=1,agreement=1"

@@ -24,7 +24,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.progress import progress_bar, show_progress
+from kvaudit.core.records import METRICS, TASK_FAMILIES, Case, DatasetCard, Segment, segment_id
 from kvaudit.generators._common import (
     PREFIX_VARIANTS,
     SYSTEM_PROMPTS,
@@ -37,11 +39,8 @@ from kvaudit.generators._common import (
     make_token_counter,
     paused_gc,
     position_label,
-    progress_bar,
-    show_progress,
 )
 from kvaudit.generators.corpus import chunk_text
-from kvaudit.schema import METRICS, TASK_FAMILIES, Case, DatasetCard, Segment, segment_id
 
 FORMATS = ("ctxs", "longbench")
 _PASSAGE_MARK = re.compile(r"^Passage \d+:[ \t]*$", re.MULTILINE)

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kvaudit.errors import KvauditError
-from kvaudit.generators._common import add_progress_argument, progress_bar
-from kvaudit.simulator.trace import DOCUMENT, PREFIX, QUESTION, Trace
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.progress import add_progress_argument, progress_bar
+from kvaudit.core.trace import DOCUMENT, PREFIX, QUESTION, Trace
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,7 @@ def content_name(code: int, params: WorkloadParams) -> str:
 
 
 def workload_lines(trace: Trace, params: WorkloadParams):
-    """JSONL lines, one per request (the format :func:`kvaudit.simulator.trace.read_trace` reads)."""
+    """JSONL lines, one per request (the format :func:`kvaudit.core.trace.read_trace` reads)."""
     kinds = ("prefix", "document", "question")
     offs = trace.offsets.tolist()
     kind, content, tokens = trace.kind.tolist(), trace.content.tolist(), trace.tokens.tolist()
@@ -207,7 +207,7 @@ def write_workload(path: str | Path, trace: Trace, params: WorkloadParams,
     """Write the workload JSONL atomically (temp file, then rename); ``progress``: a bar on
     stderr over the requests, when writing takes over 2 s.
 
-    Streams line by line instead of using ``kvaudit.schema.write_atomic``, which takes the whole
+    Streams line by line instead of using ``kvaudit.core.records.write_atomic``, which takes the whole
     text: a million requests are 680 MB of JSON.
     """
     path = Path(path)

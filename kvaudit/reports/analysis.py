@@ -2,7 +2,7 @@
 
 :func:`load_run` reads ``manifest.json``, ``pairs.jsonl``, ``audit.json`` (optional: ``None``
 means the audit has not run) and ``simulation.json`` (optional), raising
-:class:`~kvaudit.schema.DatasetError` with the file and field for anything malformed.
+:class:`~kvaudit.core.records.DatasetError` with the file and field for anything malformed.
 
 :class:`Analysis` scores every (case, arm) once and then serves paired deltas for any *group*
 of cases. A group selector is ``"overall"`` (every answer-quality case), ``"task:<glob>"``
@@ -10,7 +10,7 @@ of cases. A group selector is ``"overall"`` (every answer-quality case), ``"task
 a key of ``PairRecord.strata`` (``hops:2``). Leak probes and cases without a gold answer (and
 not agreement cases) are not answer-quality cases.
 
-Token hit rate per arm comes from :func:`kvaudit.simulator.hit_rate.run_hit_rate` (hit tokens
+Token hit rate per arm comes from :func:`kvaudit.core.hit_rate.run_hit_rate` (hit tokens
 over prompt tokens, token-weighted), so measured and simulated rates mean the same thing.
 """
 
@@ -26,9 +26,7 @@ import numpy as np
 import pandas as pd
 
 from kvaudit.audit.trust import VerifiedAudit, verify
-from kvaudit.reports import scoring, stats
-from kvaudit.reports.leaks import leak_summary
-from kvaudit.schema import (
+from kvaudit.core.records import (
     PAIRS_FILE,
     DatasetError,
     PairRecord,
@@ -37,6 +35,9 @@ from kvaudit.schema import (
     read_json,
     read_manifest,
 )
+from kvaudit.reports import scoring
+from kvaudit.stats import paired as stats
+from kvaudit.stats.leaks import leak_summary
 from kvaudit.stats.noninferiority import check_confidence
 
 SIMULATION_FILE = "simulation.json"
@@ -57,7 +58,7 @@ ARM_REASONS = {
 def arm_reason(arm: str) -> str:
     if arm.startswith("blend@"):
         return f"recompute the {arm.split('@', 1)[1]} share of segment tokens whose KV deviates most (CacheBlend style)"
-    from kvaudit.runners.arms import ARMS
+    from kvaudit.core.arms import ARMS
 
     return ARM_REASONS.get(arm) or (ARMS[arm].why if arm in ARMS else "")
 
@@ -98,7 +99,7 @@ def _check_pair(p: PairRecord, where: str) -> None:
 
 
 def _read_pairs(path: Path) -> list[PairRecord]:
-    """Like :func:`kvaudit.schema.read_pairs`, but a record missing a field (or with ``arms``
+    """Like :func:`kvaudit.core.records.read_pairs`, but a record missing a field (or with ``arms``
     not an object) is a DatasetError naming the line, not a KeyError."""
     out = []
     for n, obj in iter_jsonl(path, tolerate_torn_tail=True):
@@ -323,8 +324,8 @@ class Analysis:
         """Measured hit rate of ``arm``: ``prompt`` basis is the simulator's token hit rate
         (tokens already cached / prompt tokens); ``segment`` basis is chunk-aligned (tokens loaded
         from the segment store / segment tokens)."""
-        from kvaudit.runners.arms import ARMS
-        from kvaudit.simulator.hit_rate import run_hit_rate, run_segment_hit_rate
+        from kvaudit.core.arms import ARMS
+        from kvaudit.core.hit_rate import run_hit_rate, run_segment_hit_rate
 
         if basis == "segment" and arm in ARMS and ARMS[arm].source == "engine_prefix":
             return None  # an engine's prefix cache holds blocks, not segments

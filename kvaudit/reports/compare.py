@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
 
 JSON_FILE = "compare.json"
 HTML_FILE = "compare.html"
@@ -124,8 +124,8 @@ def build_comparison(run_dirs: Sequence[str | Path], *, policy_path: str | Path 
     """The JSON summary: ``groups`` (one per dataset, each with ``rows`` and the union of task
     ``families``), ``skipped`` (arms a run lacks), the policy and its confidence.
 
-    Raises :class:`~kvaudit.errors.KvauditError` for no runs or a run given twice, and
-    :class:`~kvaudit.schema.DatasetError` (from :func:`load_run`) for a directory that is not a
+    Raises :class:`~kvaudit.core.errors.KvauditError` for no runs or a run given twice, and
+    :class:`~kvaudit.core.records.DatasetError` (from :func:`load_run`) for a directory that is not a
     readable run; a comparison never silently leaves a run out.
     """
     from kvaudit.reports.policy import load_policy
@@ -197,7 +197,7 @@ def write_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path, *,
                      policy_path: str | Path | None = None,
                      arms: Sequence[str] | None = None) -> tuple[Path, Path]:
     """Write ``compare.json`` and ``compare.html`` into ``out_dir`` (atomically); return both paths."""
-    from kvaudit.schema import write_atomic, write_json
+    from kvaudit.core.records import write_atomic, write_json
 
     comparison = build_comparison(run_dirs, policy_path=policy_path, arms=arms)
     out = Path(out_dir)

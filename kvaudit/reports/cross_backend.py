@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvaudit.errors import DatasetError
+from kvaudit.core.errors import DatasetError
+from kvaudit.core.records import flipped
 from kvaudit.reports.analysis import REFERENCE_ARM, Run
-from kvaudit.schema import flipped
 
 
 def _dataset_hash(run: Run) -> Any:

@@ -18,9 +18,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.records import sha256_hex, write_jsonl
 from kvaudit.reports.analysis import REFERENCE_ARM, Analysis
 from kvaudit.reports.scoring import SCORE_METRICS, normalize_answer, references
-from kvaudit.schema import sha256_hex, write_jsonl
 
 SAMPLES_FILE = "samples.jsonl"
 

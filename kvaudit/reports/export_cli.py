@@ -40,7 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
 
 FORMATS = ("inspect", "lm-eval")
 INSPECT_HINT = "pip install 'kvaudit[inspect]' (or: pip install inspect-ai)"
@@ -408,7 +408,7 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
 
 def write_lm_eval(an: Any, out: str | Path) -> list[Path]:
     """Write ``OUT/<model>/results_<time>.json`` and one ``samples_<task>_<time>.jsonl`` per task."""
-    from kvaudit.schema import write_atomic
+    from kvaudit.core.records import write_atomic
 
     results, samples, date_id = lm_eval_export(an)
     folder = Path(out)

@@ -95,7 +95,7 @@ def completeness(run, *, allow_partial: bool):
 
 def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_partial: bool = False):
     """``(verdict, results, policy_source, arm, error)``; never raises for bad user input."""
-    from kvaudit.errors import USER_ERRORS
+    from kvaudit.core.errors import USER_ERRORS
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.policy import DEFAULT_POLICY, evaluate, load_policy, verdict
 
@@ -112,7 +112,7 @@ def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_p
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.schema import write_atomic
+    from kvaudit.core.records import write_atomic
 
     result, results, source, arm, error = judge(args.run_dir, args.policy, allow_partial=args.allow_partial)
     md = markdown(result, results, run_dir=str(args.run_dir), policy=source, arm=arm, error=error)

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.records import flipped
 from kvaudit.reports.analysis import NOISE_ARM, REFERENCE_ARM, Analysis
 from kvaudit.reports.plots import (
     flip_strata_svg,
@@ -31,7 +32,6 @@ from kvaudit.reports.plots import (
     ttft_svg,
 )
 from kvaudit.reports.policy import Policy
-from kvaudit.schema import flipped
 
 TEMPLATES = Path(__file__).with_name("templates")
 DEFAULT_MAX_CASES = 2000
@@ -82,7 +82,7 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return [(prefix, d)]
 
 
-# coverage keys of kvaudit.audit.coverage.compute_coverage, as the report names them
+# coverage keys of kvaudit.core.coverage.compute_coverage, as the report names them
 _PER_SEGMENT = {"refs_per_segment": "references", "distinct_slots_per_segment": "slots",
                 "distinct_offsets_per_segment": "token offsets", "distinct_orders_per_segment": "orders",
                 "distinct_contexts_per_segment": "preceding contexts"}

@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _error(msg: str) -> Exception:
-    from kvaudit.errors import KvauditError
+    from kvaudit.core.errors import KvauditError
 
     return KvauditError(msg)
 
@@ -95,9 +95,9 @@ def _validate(args: argparse.Namespace) -> None:
 
 def _pilot_groups(run_dir: str, arm: str, groups: list[str]) -> dict[str, tuple[list, list, list]]:
     """Per group: (recompute scores, arm scores, documents) of the pilot's quality cases."""
+    from kvaudit.core.records import DatasetError
     from kvaudit.reports.analysis import load_run
     from kvaudit.reports.scoring import REFERENCE_ARM, documents, score_pairs
-    from kvaudit.schema import DatasetError
 
     try:
         run = load_run(run_dir)
@@ -225,7 +225,7 @@ def render(p: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.schema import write_atomic
+    from kvaudit.core.records import write_atomic
 
     p = plan(args)
     print(render(p), end="")

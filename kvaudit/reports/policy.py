@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
 from kvaudit.reports.analysis import NOISE_ARM, Analysis
 from kvaudit.stats.leak_tests import text_leak_decision
 from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, check_confidence

@@ -30,13 +30,13 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
 
     ``compare``: runs of the same dataset on other backends, for the cross-backend table.
     """
+    from kvaudit.core.records import write_atomic, write_json
     from kvaudit.reports import html
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.cross_backend import compare_runs
     from kvaudit.reports.export import SAMPLES_FILE, write_samples
     from kvaudit.reports.policy import load_policy
     from kvaudit.reports.summary import build_summary
-    from kvaudit.schema import write_atomic, write_json
 
     policy = load_policy(policy_path)
     run = load_run(run_dir)

@@ -11,7 +11,7 @@ counted as a flip).
 
 Per arm other than ``recompute`` each row also carries:
 
-``flip``          :func:`kvaudit.schema.flipped` against recompute;
+``flip``          :func:`kvaudit.core.records.flipped` against recompute;
 ``logit_diff``    ``ArmResult.logit_diff_vs_recompute`` (max abs first-token logit difference);
 ``top1_changed``  the first token's top-1 id differs from recompute's (from ``top_k``);
 ``near_tie``      recompute's top-1/top-2 first-token margin is below the near-tie threshold,
@@ -29,11 +29,11 @@ from typing import Any
 
 import pandas as pd
 
-from kvaudit.schema import ArmResult, PairRecord, flipped
+from kvaudit.core.records import ArmResult, PairRecord, cluster_key, documents, flipped
 
 REFERENCE_ARM = "recompute"
 SCORE_METRICS = ("em", "f1", "rouge_l", "contains")
-# Answer-quality rows skip these tasks: leak probes are judged by kvaudit.reports.leaks.
+# Answer-quality rows skip these tasks: leak probes are judged by kvaudit.stats.leaks.
 NON_QUALITY_TASKS = frozenset({"leak_probe"})
 DEFAULT_NEAR_TIE = 1.0  # logits; recompute margins below this count as near ties
 
@@ -130,23 +130,6 @@ def first_token(arm: ArmResult) -> int | None:
     if not arm.top_k:
         return None
     return int(arm.top_k[0][0])
-
-
-def documents(pair: PairRecord) -> tuple[str, ...]:
-    """The documents a case rests on, for clustering: its evidence segment ids, sorted (all its
-    segment ids when it names no evidence; its own id when it has no segment at all).
-
-    Cases that share a document are correlated (a document the model reads badly hurts every
-    question about it); a case on {A, B} shares with the cases on A and with those on B, so the
-    statistics treat membership as a set, not as one label (see
-    :mod:`kvaudit.stats.noninferiority`). Segment ids are content hashes: one document, one id.
-    """
-    return tuple(sorted(set(pair.evidence or pair.segment_ids))) or (pair.case_id,)
-
-
-def cluster_key(pair: PairRecord) -> str:
-    """:func:`documents` joined with ``|`` (one string per case, for tables)."""
-    return "|".join(documents(pair))
 
 
 def score_pairs(pairs: Iterable[PairRecord], near_tie: float = DEFAULT_NEAR_TIE) -> pd.DataFrame:

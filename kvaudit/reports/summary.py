@@ -14,7 +14,7 @@ Top-level keys:
                  (points) with the paired interval (empty when recompute_again did not run)
 ``flips_by_group`` per compared arm (``recompute_again`` included: the noise floor), one row per
                  group (overall, task families, strata): n, flips, rate, Wilson CI
-``leaks``        :func:`kvaudit.reports.leaks.leak_summary`
+``leaks``        :func:`kvaudit.stats.leaks.leak_summary`
 ``hit_rate``     per arm measured token hit rate; ``simulated`` entries from simulation.json
 ``ttft``         per arm seconds (n, mean, p50, p90, p99); ``speedup`` per arm vs recompute
 ``coverage``     reuse-dynamics coverage from ``manifest["dataset"]["coverage"]`` or None

@@ -2,7 +2,7 @@
 
 :func:`make_run` writes ``manifest.json``, ``pairs.jsonl`` and (optionally) ``audit.json`` with
 answers drawn so that the ``reuse`` arm loses a chosen share of correct answers per task
-family; no model is involved. The records follow :mod:`kvaudit.schema` exactly, so everything
+family; no model is involved. The records follow :mod:`kvaudit.core.records` exactly, so everything
 downstream (report, gate, export) reads them as it reads a real run.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from kvaudit.schema import (
+from kvaudit.core.records import (
     AUDIT_FILE,
     MANIFEST_FILE,
     PAIRS_FILE,

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from kvaudit.errors import KvauditError
-from kvaudit.schema import Case, Segment, ids_hash
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import Case, Segment, ids_hash
 
 DELIMITER = "\n\n"
 NEUTRAL_SYSTEM = "You are a helpful assistant."

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from kvaudit.errors import UnsupportedModelError
+from kvaudit.core.errors import UnsupportedModelError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")

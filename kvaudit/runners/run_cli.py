@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvaudit.runners.arms import ARMS, DEFAULT_ARMS
+from kvaudit.core.arms import ARMS, DEFAULT_ARMS
 
 
 def parse_bytes(text: str) -> int:
@@ -46,10 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.runners.arms import parse_arms
+    from kvaudit.core.arms import parse_arms
+    from kvaudit.core.records import read_dataset
     from kvaudit.runners.runner import RunConfig, check_resumable, execute
     from kvaudit.runners.session import open_backend, print_run_summary
-    from kvaudit.schema import read_dataset
 
     arms = parse_arms(args.arms, args.backend)
     dataset = read_dataset(args.dataset)

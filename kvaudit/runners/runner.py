@@ -18,11 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import KvauditError
-from kvaudit.runners.arms import ARMS, check_backend
-from kvaudit.runners.prompt import assemble
-from kvaudit.runners.transformers_backend import TransformersBackend
-from kvaudit.schema import (
+from kvaudit.core.arms import ARMS, check_backend
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import (
     AUDIT_FILE,
     MANIFEST_FILE,
     PAIRS_FILE,
@@ -35,6 +33,8 @@ from kvaudit.schema import (
     write_atomic,
     write_json,
 )
+from kvaudit.runners.prompt import assemble
+from kvaudit.runners.transformers_backend import TransformersBackend
 
 CONTROL_ARMS = ("identity", "reuse_norope", "recompute_again", "reuse_first_user")
 CANDIDATE_ARMS = ("recompute", "reuse", "reuse_first_user")

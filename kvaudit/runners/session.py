@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.records import read_pairs
 from kvaudit.runners.transformers_backend import Decoding, TransformersBackend
-from kvaudit.schema import read_pairs
 
 
 def open_backend(model: str = "smollm2", *, dtype: str = "float32", device: str = "cpu",
@@ -14,7 +14,7 @@ def open_backend(model: str = "smollm2", *, dtype: str = "float32", device: str 
                  cache_bytes: int = 2 << 30) -> TransformersBackend:
     import torch
 
-    from kvaudit.runners.models import load_model
+    from kvaudit.models import load_model
 
     if threads:
         torch.set_num_threads(threads)

@@ -16,12 +16,12 @@ from typing import Any
 
 import torch
 
-from kvaudit.errors import KvauditError
-from kvaudit.runners.arms import ArmSpec
+from kvaudit.core.arms import ArmSpec
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import ArmResult, ids_hash
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.segment_cache import SegmentCache, SegmentKey, SegmentKV
-from kvaudit.schema import ArmResult, ids_hash
 
 
 @dataclass(frozen=True)

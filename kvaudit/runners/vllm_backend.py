@@ -41,12 +41,12 @@ from typing import Any
 
 import torch
 
-from kvaudit.errors import KvauditError
-from kvaudit.runners.arms import ArmSpec
+from kvaudit.core.arms import ArmSpec
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import ArmResult, ids_hash
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.segment_cache import CacheStats
 from kvaudit.runners.transformers_backend import ArmOutput, Decoding, model_shape_info
-from kvaudit.schema import ArmResult, ids_hash
 
 LOGPROBS = 20
 CONNECTOR_MODULE = "kvaudit.runners.vllm_connector"
@@ -500,7 +500,7 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
 
     ``engine_opts`` pass through to ``vllm.LLM`` and are recorded in ``info()["engine"]``.
     """
-    from kvaudit.runners.models import resolve_model_dir, weights_fingerprint
+    from kvaudit.models import resolve_model_dir, weights_fingerprint
 
     try:
         import vllm  # noqa: F401

@@ -76,7 +76,7 @@ PARAMS_KEY = "kvaudit"
 
 def check_vllm_version(version: str | None = None) -> None:
     """Refuse a vLLM whose connector interface and layouts this module was not run against."""
-    from kvaudit.errors import KvauditError
+    from kvaudit.core.errors import KvauditError
 
     v = version or vllm.__version__
     if not v.startswith(SUPPORTED_VLLM):
@@ -92,7 +92,7 @@ def check_vllm_version(version: str | None = None) -> None:
 
 def rope_from_config(config: Any) -> RopeSpec:
     """The model's RoPE inverse frequencies, read from its Hugging Face config (no weights needed)."""
-    from kvaudit.errors import UnsupportedModelError
+    from kvaudit.core.errors import UnsupportedModelError
     from kvaudit.runners.rope import SUPPORTED_MODEL_TYPES, SUPPORTED_ROPE_TYPES
 
     mtype = getattr(config, "model_type", "?")

@@ -1,7 +1,7 @@
 """Run every policy at every capacity over one trace and summarise the hit rates.
 
 Per policy and capacity the result holds the token hit rate (as defined in
-:mod:`kvaudit.simulator.hit_rate`) over all requests, over a cold phase (the first
+:mod:`kvaudit.core.hit_rate`) over all requests, over a cold phase (the first
 ``cold_fraction`` of requests, while the cache fills) and over the warm rest, and over
 consecutive windows of requests (hit rate over time).
 """
@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvaudit.simulator.hit_rate import DEFINITION, token_hit_rate, windowed
+from kvaudit.core.hit_rate import DEFINITION, token_hit_rate, windowed
+from kvaudit.core.trace import Trace
 from kvaudit.simulator.kv_bytes import KVShape, format_bytes
 from kvaudit.simulator.prefix_cache import BLOCK_SIZE, simulate_prefix
 from kvaudit.simulator.segment_cache import simulate_segment
-from kvaudit.simulator.trace import Trace
 
 POLICIES = ("segment", "prefix")
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
 
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,

@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kvaudit.simulator.trace import Trace
+from kvaudit.core.trace import Trace
 
 BLOCK_SIZE = 16
 

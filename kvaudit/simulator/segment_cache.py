@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from kvaudit.simulator.trace import KINDS, Trace
+from kvaudit.core.trace import KINDS, Trace
 
 CAPTURE_MODES = ("neutral", "first-user")
 

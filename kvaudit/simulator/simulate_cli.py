@@ -12,11 +12,11 @@ import sys
 import time
 from pathlib import Path
 
-from kvaudit.errors import KvauditError
-from kvaudit.generators._common import add_progress_argument, progress_bar, progress_print
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.progress import add_progress_argument, progress_bar, progress_print
+from kvaudit.core.trace import KINDS
 from kvaudit.simulator.kv_bytes import DTYPE_BYTES, PRESETS, parse_capacity, resolve_model
 from kvaudit.simulator.segment_cache import CAPTURE_MODES
-from kvaudit.simulator.trace import KINDS
 
 DEFAULT_CAPACITIES = "3GB,10GB,30GB,100GB,300GB,1TB"
 
@@ -102,10 +102,10 @@ def report_markdown(sim: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.schema import write_atomic, write_json
+    from kvaudit.core.records import write_atomic, write_json
+    from kvaudit.core.trace import read_trace
     from kvaudit.simulator.engine import markdown_table, simulate
     from kvaudit.simulator.plots import plot_over_time, plot_vs_capacity
-    from kvaudit.simulator.trace import read_trace
 
     config = _config(args)
     t0 = time.perf_counter()

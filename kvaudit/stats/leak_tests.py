@@ -39,7 +39,7 @@ when the lower bound exceeds it, and is otherwise undecided, saying how many pro
 would pass (none exist when the allowed rate is 0: an upper bound is never 0).
 
 The gate calls :func:`text_leak_decision` (text leaks) and :func:`exposure_verdict` with
-:func:`rank_test_p` and :func:`min_probes` (exposure; ``kvaudit.reports.leaks.leak_summary``
+:func:`rank_test_p` and :func:`min_probes` (exposure; ``kvaudit.stats.leaks.leak_summary``
 already returns its ``verdict``).
 """
 

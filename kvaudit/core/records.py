@@ -193,6 +193,23 @@ def flipped(arm: ArmResult, reference: ArmResult) -> bool:
     return arm.answer != reference.answer
 
 
+def documents(pair: PairRecord) -> tuple[str, ...]:
+    """The documents a case rests on, for clustering: its evidence segment ids, sorted (all its
+    segment ids when it names no evidence; its own id when it has no segment at all).
+
+    Cases that share a document are correlated (a document the model reads badly hurts every
+    question about it); a case on {A, B} shares with the cases on A and with those on B, so the
+    statistics treat membership as a set, not as one label (see
+    :mod:`kvaudit.stats.noninferiority`). Segment ids are content hashes: one document, one id.
+    """
+    return tuple(sorted(set(pair.evidence or pair.segment_ids))) or (pair.case_id,)
+
+
+def cluster_key(pair: PairRecord) -> str:
+    """:func:`documents` joined with ``|`` (one string per case, for tables)."""
+    return "|".join(documents(pair))
+
+
 def pair_to_dict(rec: PairRecord) -> dict[str, Any]:
     return asdict(rec)
 

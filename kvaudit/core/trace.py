@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvaudit.schema import DatasetError, iter_jsonl
+from kvaudit.core.records import DatasetError, iter_jsonl
 
 KINDS = ("prefix", "document", "question")
 PREFIX, DOCUMENT, QUESTION = 0, 1, 2

@@ -1,6 +1,6 @@
 """User-facing errors: the CLI prints their message as one clear sentence, never a traceback."""
 
-from kvaudit.schema import DatasetError
+from kvaudit.core.records import DatasetError
 
 
 class KvauditError(Exception):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvaudit.errors import KvauditError
+from kvaudit.core.errors import KvauditError
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from kvaudit.reports.scoring import cluster_key
-from kvaudit.reports.stats import DEFAULT_CONFIDENCE, cluster_bootstrap_means
-from kvaudit.schema import PairRecord
+from kvaudit.core.records import PairRecord, cluster_key
 from kvaudit.stats.leak_tests import (
     DEFAULT_ALPHA,
     DEFAULT_POWER,
@@ -81,6 +79,7 @@ from kvaudit.stats.leak_tests import (
     rank_test_power,
     wilson_interval,
 )
+from kvaudit.stats.paired import DEFAULT_CONFIDENCE, cluster_bootstrap_means
 
 # policy name -> (arm under test, reference arm)
 POLICIES: dict[str, tuple[str, str]] = {

@@ -1,0 +1,36 @@
+"""The package's layering (pyproject.toml's import-linter contract) holds, and would catch an
+inverted import: the same contract on a copy of the package with one upward import fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    """import-linter's own command on ``root`` (its package first on the path, no cache)."""
+    exe = Path(sys.executable).parent / "lint-imports"
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(exe), "--config", str(root / "pyproject.toml"), "--no-cache"],
+                          cwd=root, capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_layers_are_kept():
+    done = _lint(ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 kept, 0 broken" in done.stdout
+
+
+def test_an_inverted_import_breaks_the_contract(tmp_path):
+    shutil.copytree(ROOT / "kvaudit", tmp_path / "kvaudit")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    records = tmp_path / "kvaudit" / "core" / "records.py"
+    records.write_text(records.read_text() + "\n\ndef _upward():\n    from kvaudit.reports import gate  # noqa: F401\n")
+    done = _lint(tmp_path)
+    assert done.returncode != 0
+    assert "kvaudit.core.records -> kvaudit.reports.gate" in done.stdout
