@@ -39,7 +39,8 @@ def time_phases(cases: int) -> dict[str, tuple[float, float]]:
     from kvaudit.core.coverage import compute_coverage
     from kvaudit.core.records import dump_jsonl
     from kvaudit.generators import boxoffice
-    from kvaudit.generators._common import ReuseKnobs, fill_refs_buckets, paused_gc
+    from kvaudit.generators.knobs import ReuseKnobs
+    from kvaudit.generators.writing import fill_refs_buckets, paused_gc
 
     out: dict[str, tuple[float, float]] = {}
     clock = [time.perf_counter(), time.process_time()]

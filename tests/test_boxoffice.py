@@ -11,8 +11,8 @@ from kvaudit import cli
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 from kvaudit.generators import boxoffice
-from kvaudit.generators._common import ReuseKnobs
 from kvaudit.generators.boxoffice_world import GENRES, World
+from kvaudit.generators.knobs import ReuseKnobs
 
 FILES = (SEGMENTS_FILE, CASES_FILE, CARD_FILE)
 ORDINALS = {"first": 0, "second": 1, "third": 2, "fourth": 3, "fifth": 4, "sixth": 5}

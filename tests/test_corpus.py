@@ -12,7 +12,7 @@ import pytest
 from kvaudit import cli
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
-from kvaudit.generators import corpus
+from kvaudit.generators import chunking, corpus_files
 
 WORDS = ("river stone market harvest council library bridge winter trade road mountain village "
          "school music water history people city").split()
@@ -87,14 +87,14 @@ def test_every_case_is_answerable(folder, tmp_path):
 
 def test_chunking_rules():
     text = "One two three.\n\nFour five.\n\n" + " ".join(["w"] * 25)
-    assert corpus.chunk_text(text, "paragraph", 10) == [
+    assert chunking.chunk_text(text, "paragraph", 10) == [
         "One two three.\n\nFour five.", " ".join(["w"] * 10), " ".join(["w"] * 10),
         " ".join(["w"] * 5)]
-    assert corpus.chunk_text(text, "words", 4)[0] == "One two three. Four"
+    assert chunking.chunk_text(text, "words", 4)[0] == "One two three. Four"
     # the same text always gives the same chunks, whatever surrounds the call
-    assert corpus.chunk_text(text, "paragraph", 10) == corpus.chunk_text(text, "paragraph", 10)
+    assert chunking.chunk_text(text, "paragraph", 10) == chunking.chunk_text(text, "paragraph", 10)
     with pytest.raises(KvauditError):
-        corpus.chunk_text(text, "sentences", 10)
+        chunking.chunk_text(text, "sentences", 10)
 
 
 def test_word_windows_rule_is_recorded(folder, tmp_path):
@@ -245,8 +245,8 @@ def test_no_limit_and_nothing_usable(tmp_path, capsys, monkeypatch):
 
 
 def test_unreadable_folder_is_named(folder, tmp_path, capsys, monkeypatch):
-    real = corpus.os.access
-    monkeypatch.setattr(corpus.os, "access",
+    real = corpus_files.os.access
+    monkeypatch.setattr(corpus_files.os, "access",
                         lambda p, mode: Path(p).name != "sub" and real(p, mode))
     assert _gen(folder, tmp_path / "o") == 0
     ds = read_dataset(tmp_path / "o")

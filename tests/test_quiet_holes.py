@@ -16,8 +16,9 @@ import pytest
 from kvaudit.core.hit_rate import run_hit_rate, run_segment_hit_rate
 from kvaudit.core.records import DatasetError
 from kvaudit.generators import boxoffice, corpus
-from kvaudit.generators._common import NameGen, ReuseKnobs
 from kvaudit.generators.boxoffice_world import World
+from kvaudit.generators.knobs import ReuseKnobs
+from kvaudit.generators.names import NameGen
 from kvaudit.reports.analysis import Analysis, load_run
 from kvaudit.reports.synthetic import make_pairs, make_run
 

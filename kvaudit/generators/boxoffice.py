@@ -21,26 +21,21 @@ from typing import Any
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import bar_iter, progress_bar, show_progress
 from kvaudit.core.records import Case, DatasetCard, Segment, segment_id
-from kvaudit.generators._common import (
-    NameGen,
-    ReuseKnobs,
-    TokenCounter,
+from kvaudit.generators.arguments import add_output_arguments, add_reuse_arguments, parse_weights
+from kvaudit.generators.boxoffice_world import GENRES, Film, Person, World
+from kvaudit.generators.knobs import ReuseKnobs
+from kvaudit.generators.names import NameGen, pick
+from kvaudit.generators.placement import (
     ZipfPicker,
-    add_output_arguments,
-    add_reuse_arguments,
     allocate,
     arrange,
-    finish,
     len_bucket,
-    make_token_counter,
     new_order,
-    parse_weights,
-    paused_gc,
-    pick,
     position_label,
     target_slot,
 )
-from kvaudit.generators.boxoffice_world import GENRES, Film, Person, World
+from kvaudit.generators.tokens import TokenCounter
+from kvaudit.generators.writing import finish, run_build
 
 FAMILIES = ("single_doc", "multi_hop_bridge", "multi_hop_compare", "aggregate",
             "position_probe", "leak_probe")
@@ -537,7 +532,4 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    count_tokens = make_token_counter(args.tokenizer)
-    with paused_gc():
-        build(args, count_tokens)
-    return 0
+    return run_build(build, args)

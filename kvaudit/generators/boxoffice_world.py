@@ -14,7 +14,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvaudit.generators._common import NameGen, pick
+from kvaudit.generators.names import NameGen, pick
 
 GENRES = {  # genre -> plural used in questions
     "comedy": "comedies", "drama": "dramas", "thriller": "thrillers", "western": "westerns",

@@ -22,8 +22,6 @@ about the other files' segments and cases: they are byte-identical to a run with
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import random
 import re
 from collections import Counter
@@ -34,32 +32,25 @@ from typing import Any
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import bar_iter, progress_bar, show_progress
 from kvaudit.core.records import Case, DatasetCard, Segment, segment_id
-from kvaudit.generators._common import (
-    NameGen,
-    ReuseKnobs,
-    TokenCounter,
+from kvaudit.generators.arguments import add_output_arguments, add_reuse_arguments, parse_weights
+from kvaudit.generators.chunking import CHUNK_RULES, chunk_corpus, chunk_rule
+from kvaudit.generators.corpus_files import DEFAULT_MAX_FILE_BYTES, format_skipped, load_corpus
+from kvaudit.generators.knobs import ReuseKnobs
+from kvaudit.generators.needles import NEEDLE_WIDTH, Needle, plant_needles
+from kvaudit.generators.placement import (
     ZipfPicker,
-    add_output_arguments,
-    add_reuse_arguments,
     allocate,
     arrange,
-    count_words,
-    finish,
     len_bucket,
-    make_token_counter,
     new_order,
-    parse_weights,
-    paused_gc,
     position_label,
     target_slot,
 )
+from kvaudit.generators.tokens import TokenCounter, count_words
+from kvaudit.generators.writing import finish, run_build
 
 FAMILIES = ("needle", "multi_hop_bridge", "agreement")
 DEFAULT_FAMILIES = "needle=3,multi_hop_bridge=1,agreement=1"
-SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
-DEFAULT_MAX_FILE_BYTES = 64 * 2**20  # 64 MiB; 0 = no limit
-SKIP_KINDS = ("unreadable", "empty", "oversized")
-CHUNK_RULES = ("paragraph", "words")
 _ORDINALS = ("first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth")
 _AGREEMENT_QUESTIONS = (
     "Summarize the documents in one sentence.",
@@ -67,328 +58,15 @@ _AGREEMENT_QUESTIONS = (
     "Name three key terms that appear in the documents.",
     "What is the {ordinal} document about? Answer briefly.",
 )
-_PARA_SPLIT = re.compile(r"\n\s*\n")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
-@dataclass
-class SourceDoc:
-    source: str  # file path, plus ":line" or "#row" for multi-document files
-    text: str
-
-
-# --------------------------------------------------------------------------- loading
-
-
-def _is_saved_dataset(p: Path) -> bool:
-    return any((p / n).exists() for n in ("dataset_info.json", "dataset_dict.json", "state.json"))
-
-
-def _field(obj: Any, field: str, where: str, keys: list[str]) -> str | None:
-    """The text of one record, or None when it is missing or blank (counted as skipped)."""
-    if field not in keys:
-        raise KvauditError(f"{where}: no field {field!r} (fields: {', '.join(map(str, keys))}); "
-                           "choose one with --text-field")
-    if obj is None:
-        return None
-    if not isinstance(obj, str):
-        raise KvauditError(f"{where}: field {field!r} must be a string, got {type(obj).__name__}")
-    return obj if obj.strip() else None
-
-
-class SkippedFile(Exception):
-    """A corpus file that cannot be used: ``kind`` is one of :data:`SKIP_KINDS`."""
-
-    def __init__(self, kind: str, reason: str):
-        super().__init__(reason)
-        self.kind, self.reason = kind, reason
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_bytes().decode("utf-8").lstrip("\ufeff")
-    except UnicodeDecodeError as e:
-        raise SkippedFile("unreadable", f"not UTF-8 text (undecodable byte at offset {e.start})") from None
-    except OSError as e:
-        raise SkippedFile("unreadable", f"cannot read ({e.strerror or type(e).__name__})") from None
-
-
-def _check_size(path: Path, max_file_bytes: int) -> None:
-    try:
-        size = path.stat().st_size
-    except OSError as e:
-        raise SkippedFile("unreadable", f"cannot read ({e.strerror or type(e).__name__})") from None
-    if size == 0:
-        raise SkippedFile("empty", "empty file (0 bytes)")
-    if max_file_bytes and size > max_file_bytes:
-        raise SkippedFile("oversized", f"{size} bytes, over --max-file-bytes {max_file_bytes}")
-
-
-def _load_file(path: Path, text_field: str, skipped: Counter,
-               max_file_bytes: int = DEFAULT_MAX_FILE_BYTES) -> list[SourceDoc]:
-    """The documents of one file; raises :class:`SkippedFile` when the file cannot be used and
-    :class:`KvauditError` for a configuration mistake (a JSONL row without ``text_field``)."""
-    _check_size(path, max_file_bytes)
-    suffix = path.suffix.lower()
-    if suffix in (".txt", ".md"):
-        text = _read_text(path)
-        if not text.strip():
-            raise SkippedFile("empty", "empty file (whitespace only)")
-        return [SourceDoc(str(path), text)]
-    out = []
-    if suffix == ".jsonl":
-        lines = _read_text(path).splitlines()
-        if not any(line.strip() for line in lines):
-            raise SkippedFile("empty", "empty file (whitespace only)")
-        for n, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SkippedFile("unreadable", f"line {n}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise SkippedFile("unreadable", f"line {n}: expected a JSON object")
-            text = _field(obj.get(text_field), text_field, f"{path}, line {n}", list(obj))
-            if text is None:
-                skipped["empty_documents"] += 1
-            else:
-                out.append(SourceDoc(f"{path}:{n}", text))
-        return out
-    if suffix == ".parquet":
-        import pandas as pd
-
-        try:
-            df = pd.read_parquet(path)
-        except Exception as e:  # pyarrow raises many types for a damaged file
-            raise SkippedFile("unreadable", f"cannot read as parquet ({type(e).__name__}: {e})") from None
-        if not len(df):
-            raise SkippedFile("empty", "empty file (no rows)")
-        cols = [str(c) for c in df.columns]
-        if text_field not in cols:
-            _field(None, text_field, str(path), cols)
-        for i, v in enumerate(df[text_field].tolist()):
-            text = _field(None if v is None or v != v else v, text_field, f"{path}, row {i}", cols)
-            if text is None:
-                skipped["empty_documents"] += 1
-            else:
-                out.append(SourceDoc(f"{path}#{i}", text))
-        return out
-    raise AssertionError(suffix)
-
-
-def _load_saved_dataset(path: Path, text_field: str, split: str | None,
-                        skipped: Counter) -> list[SourceDoc]:
-    import datasets
-
-    try:
-        ds = datasets.load_from_disk(str(path))
-    except Exception as e:  # datasets raises FileNotFoundError, ValueError, ... for bad folders
-        raise KvauditError(f"{path}: cannot load as a saved dataset ({type(e).__name__}: {e})") from None
-    if isinstance(ds, datasets.DatasetDict):
-        names = sorted(ds)
-        if split is None and len(names) == 1:
-            split = names[0]
-        if split not in ds:
-            raise KvauditError(f"{path}: choose a split with --split ({', '.join(names)})")
-        ds = ds[split]
-    cols = list(ds.column_names)
-    if text_field not in cols:
-        _field(None, text_field, str(path), cols)
-    out = []
-    for i, v in enumerate(ds[text_field]):
-        text = _field(v, text_field, f"{path}, row {i}", cols)
-        if text is None:
-            skipped["empty_documents"] += 1
-        else:
-            out.append(SourceDoc(f"{path}#{i}", text))
-    return out
-
-
-def _refuse(path: Path, e: SkippedFile) -> KvauditError:
-    return KvauditError(f"{path}: {e.reason}; refused by --strict (without it the file is skipped "
-                        "and named in dataset.json)")
-
-
-def load_corpus(path: str | Path, text_field: str = "text", split: str | None = None,
-                skipped: Counter | None = None, *, strict: bool = False,
-                max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
-                skipped_files: list[dict[str, str]] | None = None,
-                progress: bool = False) -> list[SourceDoc]:
-    """Read every document under ``path``; skipped items are counted in ``skipped``.
-
-    A file that cannot be used (:class:`SkippedFile`: unreadable, empty, over ``max_file_bytes``,
-    0 = no limit) is appended to ``skipped_files`` as ``{"file", "kind", "reason"}`` and
-    counted as ``<kind>_files``; with ``strict`` it is a :class:`KvauditError` naming the file.
-    """
-    p = Path(path)
-    skipped = skipped if skipped is not None else Counter()
-    skipped_files = skipped_files if skipped_files is not None else []
-    if not p.exists():
-        raise KvauditError(f"{p}: no such file or folder")
-    if p.is_dir() and _is_saved_dataset(p):
-        return _load_saved_dataset(p, text_field, split, skipped)
-    if p.is_file():
-        if p.suffix.lower() not in SUFFIXES:
-            raise KvauditError(f"{p}: unsupported file type (use {', '.join(SUFFIXES)})")
-        files = [p]
-    else:
-        files = []
-        for f in sorted(p.rglob("*"), key=lambda f: f.relative_to(p).as_posix()):
-            rel = f.relative_to(p)
-            if any(part.startswith(".") for part in rel.parts):
-                skipped["hidden_files"] += int(f.is_file())
-            elif f.is_dir():
-                if not os.access(f, os.R_OK | os.X_OK):  # rglob passes over it without a word
-                    e = SkippedFile("unreadable", "cannot read folder (permission denied)")
-                    if strict:
-                        raise _refuse(f, e)
-                    skipped["unreadable_folders"] += 1
-                    skipped_files.append({"file": str(f), "kind": e.kind, "reason": e.reason})
-            elif f.is_file():
-                if f.suffix.lower() in SUFFIXES:
-                    files.append(f)
-                else:
-                    skipped["unsupported_files"] += 1
-        if not files:
-            raise KvauditError(f"{p}: no {', '.join(SUFFIXES)} files found "
-                               f"({skipped['unsupported_files']} other files)")
-    docs = []
-    for f in progress_bar(files, desc="reading files", unit="file", enabled=progress):
-        try:
-            docs.extend(_load_file(f, text_field, skipped, max_file_bytes))
-        except SkippedFile as e:
-            if strict or p.is_file():
-                raise (_refuse(f, e) if strict else KvauditError(f"{f}: {e.reason}")) from None
-            skipped[f"{e.kind}_files"] += 1
-            skipped_files.append({"file": str(f), "kind": e.kind, "reason": e.reason})
-    if not docs:
-        if not skipped_files:
-            raise KvauditError(f"{p}: every document is empty")
-        named = "; ".join(f"{s['file']}: {s['reason']}" for s in skipped_files[:3])
-        more = f"; and {len(skipped_files) - 3} more" if len(skipped_files) > 3 else ""
-        raise KvauditError(f"{p}: no usable document: {len(skipped_files)} skipped ({named}{more}), "
-                           "any others empty")
-    return docs
-
-
-def format_skipped(skipped_files: list[dict[str, str]], limit: int = 20) -> str:
-    """The skipped files for the printed summary, one per line (at most ``limit`` named)."""
-    if not skipped_files:
-        return ""
-    n = len(skipped_files)
-    lines = [f"skipped {n} file{'s' if n != 1 else ''} (listed in dataset.json counts.skipped_files; "
-             "--strict refuses instead):"]
-    lines += [f"  {s['file']}: {s['reason']}" for s in skipped_files[:limit]]
-    if n > limit:
-        lines.append(f"  ... and {n - limit} more")
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- chunking
-
-
-def _windows(words: list[str], size: int) -> list[str]:
-    return [" ".join(words[i:i + size]) for i in range(0, len(words), size)]
-
-
-def chunk_text(text: str, rule: str = "paragraph", max_words: int = 120) -> list[str]:
-    """Split a document into chunks by ``rule`` (see :func:`chunk_rule`)."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
-    if rule == "words":
-        return _windows(text.split(), max_words)
-    if rule != "paragraph":
-        raise KvauditError(f"unknown chunk rule {rule!r} (use {', '.join(CHUNK_RULES)})")
-    pieces: list[str] = []
-    for para in _PARA_SPLIT.split(text):
-        para = para.strip()
-        if not para:
-            continue
-        words = para.split()
-        pieces.extend(_windows(words, max_words) if len(words) > max_words else [para])
-    chunks: list[str] = []
-    size = 0
-    for piece in pieces:
-        n = count_words(piece)
-        if chunks and size + n <= max_words:
-            chunks[-1] += "\n\n" + piece
-            size += n
-        else:
-            chunks.append(piece)
-            size = n
-    return chunks
-
-
-def chunk_rule(rule: str, max_words: int, min_words: int) -> dict[str, Any]:
-    """The chunking rule as recorded in ``dataset.json``."""
-    desc = {
-        "paragraph": "split at blank lines; merge consecutive paragraphs while the chunk stays "
-                     "within max_words; a longer paragraph is cut into max_words word windows "
-                     "(joined by single spaces)",
-        "words": "consecutive windows of max_words whitespace-separated words, joined by single spaces",
-    }[rule]
-    return {"rule": rule, "max_words": max_words, "min_words": min_words, "description": desc,
-            "unit": "whitespace words (independent of --tokenizer)"}
-
-
-# --------------------------------------------------------------------------- needles
-
-
-@dataclass
-class Needle:
-    """One planted fact (or a joined pair for bridges) and the question it answers."""
-
-    family: str
-    chunks: tuple[int, ...]  # chunk indices holding the sentences, in hop order
-    sentences: tuple[str, ...]
-    question: str
-    answer: str
-    metric: str
-    key: str  # phrase naming the needle in the question; occurs only in the first chunk
-    link: str | None = None  # bridge: the name joining the two chunks
-
-
-def _insert(rng: random.Random, text: str, sentence: str) -> str:
-    """Put ``sentence`` at a random sentence boundary of ``text`` (start and end included)."""
-    cuts = [0, *(m.end() for m in _SENTENCE_END.finditer(text)), len(text)]
-    i = rng.choice(cuts)
-    if i == len(text):
-        return text.rstrip() + " " + sentence
-    return text[:i] + sentence + " " + text[i:]
-
-
-def make_needle(rng: random.Random, names: NameGen, family: str, chunks: tuple[int, ...],
-                number_metric: str) -> Needle:
-    place = names.town()
-    if family == "multi_hop_bridge":
-        person, home = names.person(), names.town()
-        return Needle(family, chunks,
-                      (f"The keeper of the {place} archive is {person}.",
-                       f"{person} was born in {home}."),
-                      f"Where was the keeper of the {place} archive born?", home, "contains",
-                      f"the {place} archive", person)
-    kind = rng.randrange(3)
-    if kind == 0:
-        code = str(rng.randint(1000, 9999))
-        return Needle(family, chunks, (f"The access code for the {place} archive is {code}.",),
-                      f"What is the access code for the {place} archive? Answer with the number only.",
-                      code, number_metric, f"the {place} archive")
-    if kind == 1:
-        person = names.person()
-        return Needle(family, chunks, (f"The keeper of the {place} lighthouse is {person}.",),
-                      f"Who is the keeper of the {place} lighthouse?", person, "contains",
-                      f"the {place} lighthouse")
-    year = str(rng.randint(1700, 1990))
-    return Needle(family, chunks, (f"The {place} bridge was completed in {year}.",),
-                  f"In what year was the {place} bridge completed? Answer with the year only.",
-                  year, number_metric, f"the {place} bridge")
-
-
-# --------------------------------------------------------------------------- generation
+# --------------------------------------------------------------------------- options
 
 
 @dataclass
 class CorpusOptions:
+    """The corpus options of ``kvaudit generate corpus`` (defaults as on the command line)."""
+
     text_field: str = "text"
     split: str | None = None
     chunk: str = "paragraph"
@@ -425,75 +103,7 @@ def _validate(opts: CorpusOptions) -> None:
         raise KvauditError("--max-file-bytes must be >= 0 (0 = no limit)")
 
 
-def chunk_corpus(docs: list[SourceDoc], opts: CorpusOptions, count_tokens: TokenCounter | None,
-                 skipped: Counter, progress: bool = False) -> tuple[list[str], list[str], int]:
-    """Distinct chunks, their source ids, and how many documents were used.
-
-    A document over ``max_doc_tokens`` is an error naming it (or skipped and counted with
-    ``on_long="skip"``); short and duplicate chunks are counted in ``skipped``.
-    """
-    count = count_tokens or count_words
-    unit = "tokens" if count_tokens else "words"
-    chunks: list[str] = []
-    sources: list[str] = []
-    seen: set[str] = set()
-    used = 0
-    for d in progress_bar(docs, desc="chunking documents", unit="doc", enabled=progress):
-        n = count(d.text)
-        if n > opts.max_doc_tokens:
-            if opts.on_long == "error":
-                raise KvauditError(f"{d.source}: document has {n} {unit}, over --max-doc-tokens "
-                                   f"{opts.max_doc_tokens} (raise it, or pass --on-long skip)")
-            skipped["too_long_documents"] += 1
-            continue
-        used += 1
-        for c in chunk_text(d.text, opts.chunk, opts.chunk_words):
-            if count_words(c) < opts.min_chunk_words:
-                skipped["short_chunks"] += 1
-            elif c in seen:
-                skipped["duplicate_chunks"] += 1
-            else:
-                seen.add(c)
-                chunks.append(c)
-                sources.append(d.source)
-    return chunks, sources, used
-
-
-_WIDTH = {"needle": 1, "multi_hop_bridge": 2}
-
-
-def plant_needles(chunks: list[str], want: dict[str, int], *, seed: int, number_metric: str,
-                  where: str) -> tuple[list[str], dict[str, list[Needle]]]:
-    """Insert ``want[family]`` needles into seeded random chunks: ``(texts, needles)``.
-
-    At most a third of the chunks get a needle (but at least one needle per family), so plain
-    chunks remain as distractors; families take turns so a shortfall is shared.
-    """
-    kinds = [f for f in _WIDTH if want.get(f)]
-    free = list(range(len(chunks)))
-    random.Random(f"{seed}:needle-chunks").shuffle(free)
-    budget = max(len(chunks) // 3, sum(_WIDTH[f] for f in kinds))
-    names = NameGen(random.Random(f"{seed}:names"))
-    needles: dict[str, list[Needle]] = {f: [] for f in kinds}
-    texts = list(chunks)
-    i = 0
-    while pending := [f for f in kinds if len(needles[f]) < want[f]]:
-        family = pending[i % len(pending)]
-        width = _WIDTH[family]
-        if len(free) < width or budget < width:
-            missing = [f for f in kinds if not needles[f]]
-            if missing:
-                raise KvauditError(f"{where}: too few chunks ({len(chunks)}) to plant needles for "
-                                   f"{', '.join(missing)} cases; drop it with --families")
-            break
-        held = tuple(free.pop() for _ in range(width))
-        budget -= width
-        nd = make_needle(random.Random(f"{seed}:needle:{i}"), names, family, held, number_metric)
-        for c, sentence in zip(held, nd.sentences, strict=True):
-            texts[c] = _insert(random.Random(f"{seed}:insert:{c}"), texts[c], sentence)
-        needles[family].append(nd)
-        i += 1
-    return texts, needles
+# --------------------------------------------------------------------------- drafting
 
 
 Draft = tuple[str, Any, list[int]]  # (family, Needle or (question, slot), chunk order)
@@ -584,7 +194,10 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
     docs = load_corpus(path, opts.text_field, opts.split, skipped, strict=opts.strict,
                        max_file_bytes=opts.max_file_bytes, skipped_files=skipped_files,
                        progress=progress)
-    chunks, sources, n_used = chunk_corpus(docs, opts, count_tokens, skipped, progress)
+    chunks, sources, n_used = chunk_corpus(
+        docs, rule=opts.chunk, max_words=opts.chunk_words, min_words=opts.min_chunk_words,
+        max_doc_tokens=opts.max_doc_tokens, on_long=opts.on_long, count_tokens=count_tokens,
+        skipped=skipped, progress=progress)
     if len(chunks) < 2:
         raise KvauditError(f"{path}: only {len(chunks)} usable chunk(s) after chunking "
                            f"(skipped: {dict(sorted(skipped.items()))}); at least 2 are needed")
@@ -592,7 +205,7 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
     per_family = allocate(knobs.cases, weights)
     n_var = {f: min(round(t * knobs.reorder_share), max(t - 1, 0)) for f, t in per_family.items()}
     bases = {f: t - n_var[f] for f, t in per_family.items()}
-    kinds = [f for f in _WIDTH if bases.get(f, 0) > 0]
+    kinds = [f for f in NEEDLE_WIDTH if bases.get(f, 0) > 0]
     if opts.needles:
         want = allocate(opts.needles, {f: bases[f] for f in kinds}) if kinds else {}
     else:  # about one needle per two cases, so each is asked about twice on average
@@ -723,7 +336,4 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    count_tokens = make_token_counter(args.tokenizer)
-    with paused_gc():
-        build(args, count_tokens)
-    return 0
+    return run_build(build, args)

@@ -27,20 +27,12 @@ from typing import Any
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import progress_bar, show_progress
 from kvaudit.core.records import METRICS, TASK_FAMILIES, Case, DatasetCard, Segment, segment_id
-from kvaudit.generators._common import (
-    PREFIX_VARIANTS,
-    SYSTEM_PROMPTS,
-    TokenCounter,
-    add_output_arguments,
-    count_words,
-    finish,
-    len_bucket,
-    make_prefix,
-    make_token_counter,
-    paused_gc,
-    position_label,
-)
-from kvaudit.generators.corpus import chunk_text
+from kvaudit.generators.arguments import add_output_arguments
+from kvaudit.generators.chunking import chunk_text
+from kvaudit.generators.placement import len_bucket, position_label
+from kvaudit.generators.prefixes import PREFIX_VARIANTS, SYSTEM_PROMPTS, make_prefix
+from kvaudit.generators.tokens import TokenCounter, count_words
+from kvaudit.generators.writing import finish, run_build
 
 FORMATS = ("ctxs", "longbench")
 _PASSAGE_MARK = re.compile(r"^Passage \d+:[ \t]*$", re.MULTILINE)
@@ -253,7 +245,4 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
 
 
 def run(args: argparse.Namespace) -> int:
-    count_tokens = make_token_counter(args.tokenizer)
-    with paused_gc():
-        build(args, count_tokens)
-    return 0
+    return run_build(build, args)
