@@ -9,8 +9,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-DEMO_ARMS = "recompute,reuse,identity,reuse_norope,recompute_again,reuse_first_user"
-VLLM_EXTRA_ARMS = ",prefix_cache"  # vLLM's own prefix cache as the baseline, cold and warm
+from kvaudit.core.arms import ARMS
+from kvaudit.runners.registry import BACKENDS, DEFAULT_BACKEND
+
+
+def demo_arms(backend: str) -> str:
+    """Every arm the backend can run, registry order: the portable arms and the backend's own
+    (on vLLM, its prefix cache as the baseline, cold and warm)."""
+    return ",".join(a.name for a in ARMS.values() if a.backends is None or backend in a.backends)
+
+
 # About 10 leak probes in 50 cases: enough for the exposure rank test's power at the reference
 # effect, too few for the text-leak rate's Wilson bound (the gate says so).
 DEMO_FAMILIES = ("single_doc=3,multi_hop_bridge=2,multi_hop_compare=2,aggregate=1,"
@@ -22,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", type=int, default=50, help="Boxoffice cases to generate and run (default 50)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
-                   help="transformers (default) or vllm (in .venv-vllm: `make demo-vllm`)")
+    p.add_argument("--backend", default=DEFAULT_BACKEND, choices=list(BACKENDS),
+                   help=f"{' or '.join(BACKENDS)} (default {DEFAULT_BACKEND}; vllm in .venv-vllm: `make demo-vllm`)")
     p.add_argument("--dataset", type=Path, default=None,
                    help="run this dataset instead of generating Boxoffice cases")
     p.add_argument("--no-progress", action="store_true")
@@ -46,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         if code:
             return code
     run_dir = out / "run"
-    arms = DEMO_ARMS + (VLLM_EXTRA_ARMS if args.backend == "vllm" else "")
+    arms = demo_arms(args.backend)
     _step(f"run {arms} on {args.backend} -> {run_dir}")
     run_args = ["run", "--dataset", str(dataset), "--out", str(run_dir), "--arms", arms,
                 "--model", args.model, "--backend", args.backend]

@@ -125,6 +125,14 @@ def weights_fingerprint(model_dir: Path) -> str:
     return digest
 
 
+def model_fingerprint(model_dir: Path, *, dummy: bool = False) -> str:
+    """The fingerprint every backend records for a checkpoint: :func:`weights_fingerprint`, or for
+    random (dummy) weights a hash of the config alone, marked ``dummy-``."""
+    if dummy:
+        return "dummy-" + hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()[:40]
+    return weights_fingerprint(model_dir)
+
+
 @dataclass
 class LoadedModel:
     model: Any
@@ -147,5 +155,5 @@ def load_model(model: str = DEFAULT_MODEL, dtype: str = "float32", device: str =
     m = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     m.to(device)
     m.eval()
-    fp = weights_fingerprint(path)
+    fp = model_fingerprint(path)
     return LoadedModel(model=m, tokenizer=tok, name=model, path=str(path), dtype=dtype, fingerprint=fp)

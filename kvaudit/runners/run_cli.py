@@ -1,4 +1,8 @@
-"""`kvaudit run`: every case of a dataset under every chosen arm, resumable."""
+"""`kvaudit run`: every case of a dataset under every chosen arm, resumable.
+
+Rerunning the same command resumes: finished cases are skipped (see :mod:`kvaudit.runners.runner`).
+The backend and its own options come from :mod:`kvaudit.runners.registry`.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from kvaudit.core.arms import ARMS, DEFAULT_ARMS
+from kvaudit.runners.registry import add_backend_arguments
 
 
 def parse_bytes(text: str) -> int:
@@ -25,47 +30,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                    help=f"comma-separated arms from: {', '.join(ARMS)} (default: %(default)s)")
     p.add_argument("--model", default="smollm2", help="'smollm2' (default) or a local checkpoint directory")
-    p.add_argument("--backend", default="transformers", choices=["transformers", "vllm"],
-                   help="transformers (default) or vllm (needs the vllm extra; see docs/vllm.md)")
-    eng = p.add_argument_group("vLLM engine options (with --backend vllm; recorded in the manifest)")
-    eng.add_argument("--tensor-parallel-size", type=int, default=1)
-    eng.add_argument("--pipeline-parallel-size", type=int, default=1)
-    eng.add_argument("--max-model-len", type=int, default=4096)
-    eng.add_argument("--no-enforce-eager", dest="enforce_eager", action="store_false",
-                     help="allow CUDA graphs (eager is the default)")
-    eng.add_argument("--batch-invariant", action="store_true", help="set VLLM_BATCH_INVARIANT=1")
+    add_backend_arguments(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="cpu")
     p.add_argument("--limit", type=int, default=None, help="run only the first N cases")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--cache-budget", type=parse_bytes, default="2GiB", help="segment cache capacity (default 2GiB)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (recorded in the manifest)")
-    p.add_argument("--resume", action="store_true",
-                   help="resume an interrupted run (the default behaviour; kept for clarity)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     from kvaudit.core.arms import parse_arms
     from kvaudit.core.records import read_dataset
+    from kvaudit.runners.registry import backend_options, open_from_args
     from kvaudit.runners.runner import RunConfig, check_resumable, execute
-    from kvaudit.runners.session import open_backend, print_run_summary
+    from kvaudit.runners.session import print_run_summary
 
+    backend_options(args)  # refuse another backend's options before any work
     arms = parse_arms(args.arms, args.backend)
     dataset = read_dataset(args.dataset)
     # Refuse a mismatched run directory before spending time on loading the model.
     check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
-    if args.backend == "vllm":
-        from kvaudit.runners.vllm_backend import open_vllm_backend  # refuses clearly without vLLM
-
-        backend = open_vllm_backend(
-            args.model, dtype=args.dtype, max_new_tokens=args.max_new_tokens, cache_bytes=args.cache_budget,
-            max_model_len=args.max_model_len, enforce_eager=args.enforce_eager,
-            tensor_parallel_size=args.tensor_parallel_size,
-            pipeline_parallel_size=args.pipeline_parallel_size, batch_invariant=args.batch_invariant)
-    else:
-        backend = open_backend(args.model, dtype=args.dtype, device=args.device, threads=args.threads,
-                               max_new_tokens=args.max_new_tokens, cache_bytes=args.cache_budget)
+    backend = open_from_args(args, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
+                             cache_bytes=args.cache_budget)
     cfg = RunConfig(dataset=dataset, out=args.out, arms=arms, model_name=args.model, limit=args.limit)
     manifest = execute(cfg, backend, progress=not args.no_progress)
     print_run_summary(args.out, manifest)

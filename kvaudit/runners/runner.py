@@ -1,5 +1,8 @@
 """Paired execution: every case through every arm, appended to ``pairs.jsonl`` as it completes.
 
+The runner talks to its engine only through :class:`~kvaudit.runners.backend.Backend` and asks the
+arm registry for roles and flags; it names no arm.
+
 A run directory is bound to one dataset, model, dtype, arm set and decoding setting (its
 *identity*, stored in ``manifest.json``). Rerunning the same command resumes: finished cases are
 skipped, a torn last line from a killed run is dropped, and nothing finished is lost. A run
@@ -18,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.arms import ARMS, check_backend
+from kvaudit.core.arms import ARMS, REFERENCE_ARM, UNDER_TEST_ARM, check_backend
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import (
     AUDIT_FILE,
@@ -33,11 +36,12 @@ from kvaudit.core.records import (
     write_atomic,
     write_json,
 )
+from kvaudit.runners.backend import Backend, logit_diff
 from kvaudit.runners.prompt import assemble
-from kvaudit.runners.transformers_backend import TransformersBackend
 
-CONTROL_ARMS = ("identity", "reuse_norope", "recompute_again", "reuse_first_user")
-CANDIDATE_ARMS = ("recompute", "reuse", "reuse_first_user")
+# Wall time is split into the reference, the arm under test, "controls" (every other arm) and
+# one-time "caching" (building segment KV).
+TIMED_ARMS = (REFERENCE_ARM, UNDER_TEST_ARM)
 
 
 @dataclass
@@ -63,7 +67,7 @@ def git_revision() -> str | None:
         return None
 
 
-def run_identity(cfg: RunConfig, backend: TransformersBackend) -> dict[str, Any]:
+def run_identity(cfg: RunConfig, backend: Backend) -> dict[str, Any]:
     """What must not change between a run and its resumption."""
     info = backend.info()
     return {
@@ -129,23 +133,23 @@ class Progress:
     def add(self, rec: PairRecord) -> None:
         for name, r in rec.arms.items():
             self.ttft[name].append(r.ttft_s)
-        if "reuse" in rec.arms:
-            self.reused += rec.arms["reuse"].tokens_reused
+        if UNDER_TEST_ARM in rec.arms:
+            self.reused += rec.arms[UNDER_TEST_ARM].tokens_reused
             self.prompt_tokens += rec.n_prompt_tokens
-            self.flips += flipped(rec.arms["reuse"], rec.arms["recompute"])
+            self.flips += flipped(rec.arms[UNDER_TEST_ARM], rec.arms[REFERENCE_ARM])
 
     def postfix(self) -> dict[str, str]:
         out = {}
         if self.prompt_tokens:
             out["hit"] = f"{self.reused / self.prompt_tokens:.0%}"
             out["flips"] = str(self.flips)
-        for name in ("recompute", "reuse"):
+        for name in TIMED_ARMS:
             if self.ttft.get(name):
                 out[f"ttft_{name}"] = f"{statistics.median(self.ttft[name]):.2f}s"
         return out
 
 
-def run_case(backend: TransformersBackend, case: Case, cfg: RunConfig, timing: dict[str, float]) -> PairRecord:
+def run_case(backend: Backend, case: Case, cfg: RunConfig, timing: dict[str, float]) -> PairRecord:
     segments = cfg.dataset.segments
     prompt = assemble(case, segments, backend.tok, backend.max_prompt_tokens)
     capture = None
@@ -155,7 +159,7 @@ def run_case(backend: TransformersBackend, case: Case, cfg: RunConfig, timing: d
                            prefix=case.canary.get("capture_prefix", ""))
         candidates = [case.canary["value"], *case.canary.get("decoys", [])]
     arms: dict[str, Any] = {}
-    ref_logits = None
+    first_logits: dict[str, Any] = {}
     order = []
     for name in cfg.arms:
         spec = ARMS[name]
@@ -163,19 +167,20 @@ def run_case(backend: TransformersBackend, case: Case, cfg: RunConfig, timing: d
             continue
         t0 = time.perf_counter()
         out = backend.run_arm(prompt, spec, capture_prompt=capture,
-                              candidates=candidates if name in CANDIDATE_ARMS else None)
+                              candidates=candidates if spec.scores_candidates else None)
         wall = time.perf_counter() - t0
         if spec.source == "neutral":
             timing["caching"] += out.build_s
             wall -= out.build_s
-        bucket = name if name in ("recompute", "reuse") else "controls"
-        timing[bucket] += wall
-        if name == "recompute":
-            ref_logits = out.first_logits
-        else:
-            out.result.logit_diff_vs_recompute = float((out.first_logits - ref_logits).abs().max())
+        timing[name if name in TIMED_ARMS else "controls"] += wall
         arms[name] = out.result
+        first_logits[name] = out.first_logits
         order.append(name)
+    # Every arm against the reference arm's logits, whatever order the arms ran in.
+    ref_logits = first_logits[REFERENCE_ARM]
+    for name, result in arms.items():
+        if name != REFERENCE_ARM:
+            result.logit_diff_vs_recompute = logit_diff(first_logits[name], ref_logits)
     return PairRecord(
         case_id=case.id,
         task=case.task,
@@ -196,13 +201,16 @@ def run_case(backend: TransformersBackend, case: Case, cfg: RunConfig, timing: d
     )
 
 
-def execute(cfg: RunConfig, backend: TransformersBackend, *, progress: bool = True) -> dict[str, Any]:
+def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) ``cfg`` on ``backend``; returns the final manifest."""
     import torch
     from tqdm import tqdm
 
     out = cfg.out
     check_backend(cfg.arms, backend.name)
+    if REFERENCE_ARM not in cfg.arms:
+        raise KvauditError(f"the arms must include the reference arm {REFERENCE_ARM!r}: every other arm "
+                           "is compared with it")
     out.mkdir(parents=True, exist_ok=True)
     identity = run_identity(cfg, backend)
     old = check_resumable(out, identity)

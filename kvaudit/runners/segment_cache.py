@@ -3,16 +3,17 @@
 A key is (model fingerprint, hash of the segment unit's token ids, hash of the warm-up ids that
 preceded it). An entry keeps only the segment's keys and values, stacked over layers as
 ``[layers, kv_heads, tokens, head_dim]``, and the position its first token had when it was
-computed, so a reader can re-rotate it to any new position.
+computed, so a reader can re-rotate it to any new position. The LRU itself is
+:class:`~kvaudit.runners.kvstore.ByteLRU`, the one the vLLM connector's store uses too.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from kvaudit.runners.kvstore import ByteLRU, kv_fingerprint, kv_nbytes
 
 
 @dataclass(frozen=True)
@@ -33,17 +34,16 @@ class SegmentKV:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        return kv_nbytes(self)
 
     @property
     def n_tokens(self) -> int:
         return int(self.keys.shape[2])
 
     def compute_fingerprint(self) -> str:
-        h = hashlib.sha256()
-        for t in (self.keys, self.values):
-            h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy())  # buffer, no copy
-        self.fingerprint = h.hexdigest()[:24]
+        # Host bytes on every device (the transformers backend's fingerprints have always been sha256
+        # of the bytes, GPU or not).
+        self.fingerprint = kv_fingerprint(self.keys.detach().cpu(), self.values.detach().cpu())
         return self.fingerprint
 
 
@@ -59,38 +59,34 @@ class CacheStats:
     hit_tokens: int = 0
 
 
-@dataclass
 class SegmentCache:
-    capacity_bytes: int
-    stats: CacheStats = field(default_factory=CacheStats)
-    _entries: OrderedDict[SegmentKey, SegmentKV] = field(default_factory=OrderedDict)
+    """Segment KV by :class:`SegmentKey` in a :class:`~kvaudit.runners.kvstore.ByteLRU`; an entry
+    larger than the whole budget is kept alone (the prompt needs it)."""
+
+    def __init__(self, capacity_bytes: int):
+        self.capacity_bytes = capacity_bytes
+        self.stats = CacheStats()
+        self._lru: ByteLRU[SegmentKey, SegmentKV] = ByteLRU(capacity_bytes, kv_nbytes, oversize="keep")
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._lru)
 
     def __contains__(self, key: SegmentKey) -> bool:
-        return key in self._entries
+        return key in self._lru
 
     def get(self, key: SegmentKey) -> SegmentKV | None:
-        entry = self._entries.get(key)
+        entry = self._lru.get(key)
         if entry is None:
             self.stats.misses += 1
             return None
-        self._entries.move_to_end(key)
         self.stats.hits += 1
         self.stats.hit_tokens += entry.n_tokens
         return entry
 
     def put(self, key: SegmentKey, entry: SegmentKV) -> None:
-        if key in self._entries:
-            self.stats.bytes_now -= self._entries.pop(key).nbytes
-        self._entries[key] = entry
-        self.stats.bytes_now += entry.nbytes
+        _, evicted = self._lru.put(key, entry)
         self.stats.builds += 1
         self.stats.build_s += entry.build_s
-        # Evict least recently used entries, never the one just added.
-        while self.stats.bytes_now > self.capacity_bytes and len(self._entries) > 1:
-            _, old = self._entries.popitem(last=False)
-            self.stats.bytes_now -= old.nbytes
-            self.stats.evictions += 1
+        self.stats.evictions += len(evicted)
+        self.stats.bytes_now = self._lru.bytes_now
         self.stats.bytes_peak = max(self.stats.bytes_peak, self.stats.bytes_now)

@@ -5,13 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.arms import REFERENCE_ARM, UNDER_TEST_ARM
 from kvaudit.core.records import read_pairs
-from kvaudit.runners.transformers_backend import Decoding, TransformersBackend
+from kvaudit.runners.backend import Decoding
+from kvaudit.runners.transformers_backend import TransformersBackend
 
 
 def open_backend(model: str = "smollm2", *, dtype: str = "float32", device: str = "cpu",
                  threads: int | None = None, max_new_tokens: int = 24,
                  cache_bytes: int = 2 << 30) -> TransformersBackend:
+    """The transformers backend's opener (registered as ``transformers`` in runners.registry)."""
     import torch
 
     from kvaudit.models import load_model
@@ -38,5 +41,5 @@ def print_run_summary(run_dir: Path, manifest: dict[str, Any], max_rows: int = 2
         print(f"... {len(pairs) - max_rows} more cases in {run_dir / 'pairs.jsonl'}")
     t = manifest.get("timing_s", {})
     print(f"\n{len(pairs)} cases in {run_dir}; wall {t.get('wall', 0):.1f}s "
-          f"(recompute {t.get('recompute', 0):.1f}s, reuse {t.get('reuse', 0):.1f}s, "
+          f"({REFERENCE_ARM} {t.get(REFERENCE_ARM, 0):.1f}s, {UNDER_TEST_ARM} {t.get(UNDER_TEST_ARM, 0):.1f}s, "
           f"controls {t.get('controls', 0):.1f}s, one-time caching {t.get('caching', 0):.1f}s)")

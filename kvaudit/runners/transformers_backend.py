@@ -11,47 +11,19 @@ from __future__ import annotations
 
 import inspect
 import time
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from kvaudit.core.arms import ArmSpec
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import ArmResult, ids_hash
+from kvaudit.core.records import ids_hash
+from kvaudit.runners.backend import ArmOutput, Decoding, build_arm_result, model_shape_info
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.segment_cache import SegmentCache, SegmentKey, SegmentKV
 
-
-@dataclass(frozen=True)
-class Decoding:
-    max_new_tokens: int = 24
-    strategy: str = "greedy"
-    top_k_logits: int = 5
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class ArmOutput:
-    result: ArmResult
-    first_logits: torch.Tensor
-    build_s: float  # segment KV built for this arm (one-time caching cost, not in TTFT)
-
-
-def model_shape_info(cfg: Any, rope: RopeSpec, max_prompt_tokens: int, neutral_hash: str) -> dict[str, Any]:
-    """The model-shape part of a backend's manifest info, the same for every backend."""
-    return {
-        "rope_type": rope.rope_type,
-        "model_type": cfg.model_type,
-        "num_layers": cfg.num_hidden_layers,
-        "num_kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
-        "head_dim": rope.head_dim,
-        "max_prompt_tokens": max_prompt_tokens,
-        "neutral_head_hash": neutral_hash,
-    }
+__all__ = ["ArmOutput", "Decoding", "TransformersBackend"]  # Decoding and ArmOutput live in runners.backend
 
 
 class TransformersBackend:
@@ -94,6 +66,7 @@ class TransformersBackend:
             "device": str(self.device),
             "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
             "attn_implementation": getattr(cfg, "_attn_implementation", None),
+            "logit_diff_kind": "logits",  # first_logits: the full logit vector
             **model_shape_info(cfg, self.rope, self.max_prompt_tokens, self.neutral_hash),
         }
 
@@ -252,22 +225,10 @@ class TransformersBackend:
         if candidates:
             canary = self.candidate_logprobs(cache, first_logits, len(prompt.ids), candidates)
         vals = [float(v) for v in top.values]
-        result = ArmResult(
-            arm=spec.name,
-            answer=self.tok.tok.decode(answer_ids, skip_special_tokens=True).strip(),
-            answer_ids=answer_ids,
-            top_k=[(int(i), round(v, 5)) for i, v in zip(top.indices.tolist(), vals)],
-            margin=vals[0] - vals[1],
-            ttft_s=ttft,
-            decode_s=decode_s,
-            tokens_reused=reused,
-            tokens_computed=len(prompt.ids) - reused,
-            cache_hit_tokens=hit,
-            ids_hash=ids_hash(prompt.ids),
-            segment_hashes=[ids_hash(prompt.unit_ids(i)) for i in range(len(prompt.spans))],
-            truncation=dict(prompt.truncation),
-            decoding=self.decoding.as_dict(),
-            segment_kv_fingerprints={sid: e.fingerprint for sid, e in zip(prompt.segment_ids, entries)},
-            canary_logprobs=canary,
-        )
+        result = build_arm_result(
+            spec, prompt, self.tok, self.decoding, answer_ids=answer_ids,
+            top=list(zip(top.indices.tolist(), vals)), ttft_s=ttft, decode_s=decode_s,
+            tokens_reused=reused, cache_hit_tokens=hit,
+            fingerprints={sid: e.fingerprint for sid, e in zip(prompt.segment_ids, entries)},
+            canary=canary)
         return ArmOutput(result=result, first_logits=first_logits, build_s=build_s)

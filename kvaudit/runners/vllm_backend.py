@@ -6,27 +6,29 @@ to vLLM as ``TokensPrompt(prompt_token_ids=...)``. One engine serves every arm, 
 automatic prefix caching on and a fresh ``cache_salt`` for every request that must not share
 KV (so approximate KV never enters anyone's prefix-cache chain):
 
-``recompute``        one full prefill (fresh salt: no prefix-cache hit).
-``recompute_again``  the same ids batched together with a filler request (another batch shape):
-                     the noise floor of this backend.
-``prefix_cache_cold`` vLLM's own prefix caching under one salt shared by the whole run: the
-                     first time this prompt arrives, so ``num_cached_tokens`` is what exact prefix
-                     reuse finds on this workload (earlier requests' prefixes; never our warm-ups,
-                     which run under fresh salts).
-``prefix_cache``     the same prompt again, right after: warm, exact KV for all but the last block.
-                     Cold/warm answer flips are the prefix cache's own nondeterminism.
-``reuse`` and the other cached-segment arms
-                     the connector (:mod:`kvaudit.runners.vllm_connector`) loads [head][segment
+By the arm's spec (:mod:`kvaudit.core.arms`), never its name:
+
+no segment source    one full prefill (fresh salt: no prefix-cache hit); the noise-floor role's
+                     arm is batched together with a filler request (another batch shape).
+``engine_prefix``    vLLM's own prefix caching under one salt shared by the whole run. The
+                     ``engine_prefix`` role is the first time this prompt arrives, so
+                     ``num_cached_tokens`` is what exact prefix reuse finds on this workload
+                     (earlier requests' prefixes; never our warm-ups, which run under fresh
+                     salts); the ``engine_prefix_warm`` role is the same prompt again, right
+                     after: exact KV for all but the last block. Cold/warm answer flips are the
+                     prefix cache's own nondeterminism.
+cached segments      the connector (:mod:`kvaudit.runners.vllm_connector`) loads [head][segment
                      units] and vLLM computes the tail. The head is prefilled fresh at position 0
                      by its own request (timed in TTFT, like the transformers backend's head);
-                     segment KV comes from the neutral store (``reuse``, ``reuse_norope``), from
-                     a capture of the true prompt (``identity``) or of the first user request
-                     (``reuse_first_user``), re-rotated to its new position unless the arm says not.
+                     segment KV comes from the neutral store (source ``neutral``), from a capture
+                     of the true prompt (``in_context``) or of the first user request
+                     (``first_user``), re-rotated to its new position when ``spec.rerotate``.
 
 ``first_logits`` here are first-token **log-probabilities** of the top ``LOGPROBS`` tokens
 (vLLM returns no full logit vector); every other token is set to the lowest of them. So
 ``logit_diff_vs_recompute`` on this backend is the max absolute log-probability difference over
-the union of both arms' top tokens, and the margin (top-1 minus top-2) equals the logit margin.
+the union of both arms' top tokens (``info()["logit_diff_kind"] == "top_logprobs"``; the
+transformers backend's is ``"logits"``), and the margin (top-1 minus top-2) equals the logit margin.
 """
 
 from __future__ import annotations
@@ -41,21 +43,17 @@ from typing import Any
 
 import torch
 
-from kvaudit.core.arms import ArmSpec
+from kvaudit.core.arms import NOISE_ARM, ArmSpec
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import ArmResult, ids_hash
+from kvaudit.runners.backend import ArmOutput, Decoding, build_arm_result, model_shape_info
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
+from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.segment_cache import CacheStats
-from kvaudit.runners.transformers_backend import ArmOutput, Decoding, model_shape_info
 
 LOGPROBS = 20
 CONNECTOR_MODULE = "kvaudit.runners.vllm_connector"
 CONNECTOR_CLASS = "KvauditSegmentConnector"
-
-
-@dataclass
-class VllmArmOutput(ArmOutput):
-    head_s: float = 0.0  # cached-segment arms: the fresh head request's share of ttft_s
 
 
 @dataclass
@@ -120,8 +118,6 @@ class VllmBackend:
                  store_bytes: int | None = None):
         from transformers import AutoConfig, GenerationConfig
 
-        from kvaudit.runners.vllm_connector import rope_from_config
-
         self.llm = llm
         self.engine = llm.llm_engine
         self.tok = Tokenizer(hf_tokenizer)
@@ -130,9 +126,9 @@ class VllmBackend:
         self.decoding = decoding or Decoding()
         self.engine_opts = dict(engine_opts or {})
         self.store = store
-        self.prefix_salt = uuid.uuid4().hex  # the prefix_cache arms' one shared cache chain
+        self.prefix_salt = uuid.uuid4().hex  # the engine_prefix arms' one shared cache chain
         self.config = AutoConfig.from_pretrained(model_dir)
-        self.rope = rope_from_config(self.config)
+        self.rope = RopeSpec.from_config(self.config)  # the one admission every backend uses
         self.cache = SegmentIndex(cache_bytes)
         self.store_bytes = store_bytes or cache_bytes  # each worker's budget
         self._bytes_per_token: int | None = None
@@ -173,6 +169,8 @@ class VllmBackend:
             "engine": {k: v for k, v in sorted(self.engine_opts.items()) if k != "kv_transfer_config"},
             "connector": f"{CONNECTOR_MODULE}.{CONNECTOR_CLASS}",
             "first_logits": f"top-{LOGPROBS} first-token log-probabilities (raw_logprobs)",
+            "logit_diff_kind": "top_logprobs",  # logit_diff_vs_recompute: over the top-LOGPROBS tokens
+            "logit_diff_top_n": LOGPROBS,
             **model_shape_info(cfg, self.rope, self.max_prompt_tokens, self.neutral_hash),
         }
 
@@ -336,25 +334,9 @@ class VllmBackend:
                 fps: dict[str, str], canary: dict[str, float] | None) -> ArmResult:
         answer_ids = self._answer_ids(run.token_ids)
         top = sorted(run.first_lp.items(), key=lambda kv: -kv[1])[: self.decoding.top_k_logits]
-        vals = [v for _, v in top] + [float("-inf")] * 2
-        return ArmResult(
-            arm=spec.name,
-            answer=self.tok.tok.decode(answer_ids, skip_special_tokens=True).strip(),
-            answer_ids=answer_ids,
-            top_k=[(int(i), round(v, 5)) for i, v in top],
-            margin=float(vals[0] - vals[1]) if len(top) > 1 else 0.0,
-            ttft_s=ttft,
-            decode_s=max(0.0, run.total_s - run.ttft_s),
-            tokens_reused=reused,
-            tokens_computed=len(prompt.ids) - reused,
-            cache_hit_tokens=hit,
-            ids_hash=ids_hash(prompt.ids),
-            segment_hashes=[ids_hash(prompt.unit_ids(i)) for i in range(len(prompt.spans))],
-            truncation=dict(prompt.truncation),
-            decoding=self.decoding.as_dict(),
-            segment_kv_fingerprints=fps,
-            canary_logprobs=canary,
-        )
+        return build_arm_result(spec, prompt, self.tok, self.decoding, answer_ids=answer_ids, top=top,
+                                ttft_s=ttft, decode_s=max(0.0, run.total_s - run.ttft_s), tokens_reused=reused,
+                                cache_hit_tokens=hit, fingerprints=fps, canary=canary)
 
     def _candidates(self, prompt: Prompt, arm_key: str, candidates: list[str]) -> dict[str, float]:
         """Teacher-forced log-probability of each candidate as the whole answer, on top of the arm's
@@ -396,14 +378,14 @@ class VllmBackend:
         return out
 
     def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
-                candidates: list[str] | None = None) -> VllmArmOutput:
+                candidates: list[str] | None = None) -> ArmOutput:
         n = len(prompt.ids)
         arm_key = f"tmp:arm:{uuid.uuid4().hex[:12]}"
         save_arm = {"save": [[arm_key, 0, n - 1]]} if candidates else {}
         if spec.source == "engine_prefix":
             return self._prefix_cache_arm(prompt, spec)
         if spec.source is None:
-            if spec.name == "recompute_again":
+            if spec.name == NOISE_ARM:  # the noise floor: the same ids in another batch shape
                 filler = self.neutral_head + prompt.ids[prompt.head_len: prompt.tail_start][:256]
                 rid = self._submit(prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens,
                                                             transfer=save_arm or None))
@@ -413,7 +395,7 @@ class VllmBackend:
                 run = self._one(prompt.ids, transfer=save_arm or None)
             canary = self._candidates(prompt, arm_key, candidates) if candidates else None
             res = self._result(spec, prompt, run, run.ttft_s, 0, 0, {}, canary)
-            return VllmArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0)
+            return ArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0)
 
         # cached-segment arms
         hit = 0
@@ -457,15 +439,15 @@ class VllmBackend:
         canary = self._candidates(prompt, arm_key, candidates) if candidates else None
         fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, seg_keys)}
         res = self._result(spec, prompt, run, ttft, reused, hit, fps, canary)
-        return VllmArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=build_s,
+        return ArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=build_s,
                              head_s=head.total_s)
 
-    def _prefix_cache_arm(self, prompt: Prompt, spec: ArmSpec) -> VllmArmOutput:
+    def _prefix_cache_arm(self, prompt: Prompt, spec: ArmSpec) -> ArmOutput:
         """One request on the run's shared prefix-cache chain; vLLM decides what it finds."""
         run = self._one(prompt.ids, salt=self.prefix_salt)
         cached = run.num_cached_tokens
         res = self._result(spec, prompt, run, run.ttft_s, cached, cached, {}, None)
-        return VllmArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0)
+        return ArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0)
 
     def close(self) -> None:
         """Shut the engine down (frees its KV space and threads)."""
@@ -500,7 +482,7 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
 
     ``engine_opts`` pass through to ``vllm.LLM`` and are recorded in ``info()["engine"]``.
     """
-    from kvaudit.models import resolve_model_dir, weights_fingerprint
+    from kvaudit.models import model_fingerprint, resolve_model_dir
 
     try:
         import vllm  # noqa: F401
@@ -544,12 +526,7 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
                                                   kv_role="kv_both", kv_connector_extra_config={"store": store,
                                                                              "capacity_bytes": store_bytes}),
               **llm_opts)
-    if opts.get("load_format") == "dummy":  # random weights: the fingerprint names the config only
-        import hashlib
-
-        fp = "dummy-" + hashlib.sha256((path / "config.json").read_bytes()).hexdigest()[:40]
-    else:
-        fp = weights_fingerprint(path)
+    fp = model_fingerprint(path, dummy=opts.get("load_format") == "dummy")
     backend = VllmBackend(llm, AutoTokenizer.from_pretrained(path), path, fp,
                           decoding=Decoding(max_new_tokens=max_new_tokens), cache_bytes=cache_bytes,
                           engine_opts=opts, store=store, store_bytes=store_bytes)

@@ -91,40 +91,9 @@ def check_vllm_version(version: str | None = None) -> None:
 
 
 def rope_from_config(config: Any) -> RopeSpec:
-    """The model's RoPE inverse frequencies, read from its Hugging Face config (no weights needed)."""
-    from kvaudit.core.errors import UnsupportedModelError
-    from kvaudit.runners.rope import SUPPORTED_MODEL_TYPES, SUPPORTED_ROPE_TYPES
-
-    mtype = getattr(config, "model_type", "?")
-    if mtype not in SUPPORTED_MODEL_TYPES:
-        raise UnsupportedModelError(f"model type {mtype!r} is not supported for segment reuse "
-                                    f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    rp = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
-    if rp and all(isinstance(v, dict) for v in rp.values()):
-        raise UnsupportedModelError("per-layer RoPE parameters are not supported")
-    rope_type = rp.get("rope_type", rp.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise UnsupportedModelError(f"RoPE type {rope_type!r} is not supported; supported: "
-                                    f"{', '.join(SUPPORTED_ROPE_TYPES)}")
-    partial = rp.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    if partial not in (None, 1.0):
-        raise UnsupportedModelError("partial rotary embeddings are not supported")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if rope_type == "default":
-        theta = rp.get("rope_theta", getattr(config, "rope_theta", None))
-        if theta is None:
-            raise UnsupportedModelError("the model config names no rope_theta")
-        inv_freq = 1.0 / (float(theta) ** (torch.arange(0, head_dim, 2, dtype=torch.int64).double() / head_dim))
-        inv_freq = inv_freq.float()
-    else:
-        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-        inv_freq, _ = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
-        inv_freq = inv_freq.float()
-    window = None
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
-        window = int(config.sliding_window)
-    return RopeSpec(inv_freq=inv_freq, rope_type=rope_type, head_dim=head_dim, sliding_window=window)
+    """The model's RoPE inverse frequencies, read from its Hugging Face config (no weights needed),
+    after the same admission as every backend (:func:`kvaudit.runners.rope.admit_rope`)."""
+    return RopeSpec.from_config(config)
 
 
 # --------------------------------------------------------------------------- paged layouts

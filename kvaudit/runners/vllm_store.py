@@ -8,17 +8,21 @@ are one contiguous row in the store and in vLLM's paged cache alike.
 The budget is the store's own: :meth:`SegmentStore.put` evicts least recently used entries until
 the new one fits and refuses an entry larger than the whole budget, so ``bytes_now`` never exceeds
 ``capacity_bytes`` (not even while one prompt's segments are being saved). Evicted keys are queued
-for the frontend (:meth:`drain_evicted`) so its index forgets them too. No vLLM import here.
+for the frontend (:meth:`drain_evicted`) so its index forgets them too. The LRU is
+:class:`~kvaudit.runners.kvstore.ByteLRU`, the one the transformers backend's cache uses. No vLLM
+import here.
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from kvaudit.runners.kvstore import ByteLRU, kv_fingerprint, kv_nbytes
+
+__all__ = ["SegmentStore", "StoredKV", "kv_fingerprint"]
 
 
 @dataclass
@@ -36,7 +40,7 @@ class StoredKV:
 
     @property
     def nbytes(self) -> int:
-        return self.keys.numel() * self.keys.element_size() + self.values.numel() * self.values.element_size()
+        return kv_nbytes(self)
 
     @property
     def fingerprint(self) -> str:
@@ -45,99 +49,78 @@ class StoredKV:
         return self._fingerprint
 
 
-def kv_fingerprint(keys: torch.Tensor, values: torch.Tensor) -> str:
-    """A hash of the KV bytes. On the host: sha256 of the bytes. On a GPU: sha256 of per-layer
-    int64 checksums computed on the device (a plain and a position-weighted word sum, so a
-    permutation or any changed word shows), which avoids copying gigabytes to the host."""
-    if keys.device.type == "cpu":
-        h = hashlib.sha256()
-        for t in (keys, values):
-            h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()[:24]
-    sums = []
-    for t in (keys, values):
-        flat = t.contiguous().view(t.shape[0], -1)
-        words = flat.view(torch.int16) if flat.element_size() == 2 else flat.view(torch.int32)
-        weight = torch.arange(words.shape[1], device=t.device, dtype=torch.int64) % 65521 + 1
-        for layer in words:  # one layer at a time bounds the int64 temporaries
-            w = layer.to(torch.int64)
-            sums.append(torch.stack([w.sum(), (w * weight).sum()]))
-    digest = torch.stack(sums).cpu().numpy().tobytes()
-    return "d" + hashlib.sha256(digest).hexdigest()[:23]
-
-
-@dataclass
 class SegmentStore:
-    """Byte-budgeted LRU store of :class:`StoredKV`; counters as the transformers backend's cache."""
+    """Byte-budgeted LRU store of :class:`StoredKV` (a :class:`~kvaudit.runners.kvstore.ByteLRU`
+    that refuses an entry larger than the budget); counters as the transformers backend's cache."""
 
-    capacity_bytes: int
-    entries: OrderedDict[str, StoredKV] = field(default_factory=OrderedDict)
-    bytes_now: int = 0
-    bytes_peak: int = 0
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    rejected: int = 0
-    saves: int = 0
-    loads: int = 0
-    loaded_tokens: int = 0
-    last_load_s: float = 0.0  # host time of the last load (building descriptors, launching)
-    bytes_per_token: int = 0  # set by the connector once it knows the cache shape
-    _evicted: list[str] = field(default_factory=list)
-    _load_events: Any = None  # (start, end) CUDA events of the last load's kernel
+    def __init__(self, capacity_bytes: int):
+        self._lru: ByteLRU[str, StoredKV] = ByteLRU(capacity_bytes, kv_nbytes, oversize="refuse")
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.rejected = 0
+        self.saves = 0
+        self.loads = 0
+        self.loaded_tokens = 0
+        self.last_load_s = 0.0  # host time of the last load (building descriptors, launching)
+        self.bytes_per_token = 0  # set by the connector once it knows the cache shape
+        self._evicted: list[str] = []
+        self._load_events: Any = None  # (start, end) CUDA events of the last load's kernel
+
+    @property
+    def entries(self) -> dict[str, StoredKV]:
+        return self._lru.entries
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._lru.capacity_bytes
+
+    @property
+    def bytes_now(self) -> int:
+        return self._lru.bytes_now
+
+    @property
+    def bytes_peak(self) -> int:
+        return self._lru.bytes_peak
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._lru)
 
     def __contains__(self, key: str) -> bool:
-        return key in self.entries
+        return key in self._lru
 
     def get(self, key: str) -> StoredKV | None:
         """The entry, marked most recently used; counts a hit or a miss."""
-        e = self.entries.get(key)
+        e = self._lru.get(key)
         if e is None:
             self.misses += 1
             return None
-        self.entries.move_to_end(key)
         self.hits += 1
         return e
 
     def put(self, key: str, entry: StoredKV) -> bool:
         """Insert ``entry``, evicting least recently used entries until it fits. An entry larger than
         the whole budget is refused (returns False) and evicts nothing."""
-        self.drop([key], evicted=False)
-        if entry.nbytes > self.capacity_bytes:
+        stored, evicted = self._lru.put(key, entry)
+        if not stored:
             self.rejected += 1
             return False
-        while self.entries and self.bytes_now + entry.nbytes > self.capacity_bytes:
-            old, e = self.entries.popitem(last=False)
-            self.bytes_now -= e.nbytes
-            self.evictions += 1
-            self._evicted.append(old)
-        self.entries[key] = entry
-        self.bytes_now += entry.nbytes
-        self.bytes_peak = max(self.bytes_peak, self.bytes_now)
+        self._note_evicted(evicted)
         self.saves += 1
         return True
 
     def drop(self, keys: list[str], *, evicted: bool = False) -> None:
         for k in keys:
-            e = self.entries.pop(k, None)
-            if e is not None:
-                self.bytes_now -= e.nbytes
-                if evicted:
-                    self.evictions += 1
-                    self._evicted.append(k)
+            if self._lru.pop(k) is not None and evicted:
+                self._note_evicted([k])
 
     def set_capacity(self, capacity_bytes: int) -> None:
         """A new budget: evicts least recently used entries until the store fits; the peak restarts."""
-        self.capacity_bytes = int(capacity_bytes)
-        while self.entries and self.bytes_now > self.capacity_bytes:
-            old, e = self.entries.popitem(last=False)
-            self.bytes_now -= e.nbytes
-            self.evictions += 1
-            self._evicted.append(old)
-        self.bytes_peak = self.bytes_now
+        self._note_evicted(self._lru.resize(capacity_bytes))
+
+    def _note_evicted(self, keys: list[str]) -> None:
+        self.evictions += len(keys)
+        self._evicted.extend(keys)
 
     def drain_evicted(self) -> list[str]:
         """Keys evicted since the last call (the frontend's index drops them)."""

@@ -1,0 +1,130 @@
+"""The Backend protocol: everything the runner needs from an engine, and nothing more.
+
+In the manner of lm-evaluation-harness's ``LM``: the runner (:mod:`kvaudit.runners.runner`) talks
+to a backend only through :class:`Backend`; it never looks inside one. A backend runs one arm
+(:class:`~kvaudit.core.arms.ArmSpec`) on one assembled :class:`~kvaudit.runners.prompt.Prompt` and
+returns an :class:`ArmOutput` whose :class:`~kvaudit.core.records.ArmResult` is built by
+:func:`build_arm_result`, the one builder every backend uses. The types shared by backends live
+here, so no backend imports another. Backends are registered by name in
+:mod:`kvaudit.runners.registry`, each with its own CLI options.
+
+``info()`` is recorded as the manifest's ``backend`` entry; its ``logit_diff_kind`` key says what
+the records' ``logit_diff_vs_recompute`` measures on this backend (:data:`LOGIT_DIFF_KINDS`), so
+an audit or report compares like with like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from kvaudit.core.records import ArmResult, ids_hash
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvaudit.core.arms import ArmSpec
+    from kvaudit.runners.prompt import Prompt, Tokenizer
+    from kvaudit.runners.rope import RopeSpec
+    from kvaudit.runners.segment_cache import CacheStats
+
+# What ``logit_diff_vs_recompute`` measures, by the value of ``info()["logit_diff_kind"]``.
+LOGIT_DIFF_KINDS = {
+    "logits": "max |first-token logit difference| over the whole vocabulary",
+    "top_logprobs": "max |first-token log-probability difference| over the union of both arms' top "
+                    "tokens (the backend returns only its top log-probabilities; the rest sit at their floor)",
+}
+
+
+@dataclass(frozen=True)
+class Decoding:
+    max_new_tokens: int = 24
+    strategy: str = "greedy"
+    top_k_logits: int = 5
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ArmOutput:
+    result: ArmResult
+    first_logits: torch.Tensor  # what ``logit_diff_vs_recompute`` is computed from (see logit_diff_kind)
+    build_s: float  # segment KV built for this arm (one-time caching cost, not in TTFT)
+    head_s: float = 0.0  # cached-segment arms on an engine that prefills the head as its own request
+
+
+class SegmentCacheView(Protocol):
+    """What the runner reads of a backend's segment cache: its budget and hit statistics."""
+
+    capacity_bytes: int
+    stats: CacheStats
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The engine as the runner sees it."""
+
+    name: str  # the registry name (``ArmSpec.backends`` refers to it)
+    tok: Tokenizer  # the model's tokenizer, used by prompt assembly
+    fingerprint: str  # the model weights' fingerprint
+    decoding: Decoding
+    neutral_hash: str  # ids hash of the neutral warm-up head segment KV is built after
+    max_prompt_tokens: int  # prompts are truncated to this once, before every arm
+    cache: SegmentCacheView
+
+    def info(self) -> dict[str, Any]:
+        """The manifest's ``backend`` entry: at least ``backend``, ``dtype``, ``threads``, ``torch``,
+        ``logit_diff_kind`` (a key of :data:`LOGIT_DIFF_KINDS`) and :func:`model_shape_info`."""
+        ...
+
+    def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
+                candidates: list[str] | None = None) -> ArmOutput:
+        """Run one arm on ``prompt``; ``capture_prompt`` is the leak-capture request (cases with a
+        canary), ``candidates`` the leak-probe answers to score on the arm's own KV."""
+        ...
+
+
+def logit_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``logit_diff_vs_recompute`` between two arms' ``first_logits`` (its meaning: ``logit_diff_kind``)."""
+    return float((a - b).abs().max())
+
+
+def model_shape_info(cfg: Any, rope: RopeSpec, max_prompt_tokens: int, neutral_hash: str) -> dict[str, Any]:
+    """The model-shape part of a backend's manifest info, the same for every backend."""
+    return {
+        "rope_type": rope.rope_type,
+        "model_type": cfg.model_type,
+        "num_layers": cfg.num_hidden_layers,
+        "num_kv_heads": getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+        "head_dim": rope.head_dim,
+        "max_prompt_tokens": max_prompt_tokens,
+        "neutral_head_hash": neutral_hash,
+    }
+
+
+def build_arm_result(spec: ArmSpec, prompt: Prompt, tok: Tokenizer, decoding: Decoding, *,
+                     answer_ids: list[int], top: list[tuple[int, float]], ttft_s: float, decode_s: float,
+                     tokens_reused: int, cache_hit_tokens: int, fingerprints: dict[str, str],
+                     canary: dict[str, float] | None) -> ArmResult:
+    """The one :class:`ArmResult` builder: ``top`` is the first token's best (id, score) pairs, best
+    first (logits or log-probabilities: the margin, top-1 minus top-2, is the same either way)."""
+    vals = [float(v) for _, v in top]
+    return ArmResult(
+        arm=spec.name,
+        answer=tok.tok.decode(answer_ids, skip_special_tokens=True).strip(),
+        answer_ids=answer_ids,
+        top_k=[(int(i), round(v, 5)) for (i, _), v in zip(top, vals)],
+        margin=vals[0] - vals[1] if len(vals) > 1 else 0.0,
+        ttft_s=ttft_s,
+        decode_s=decode_s,
+        tokens_reused=tokens_reused,
+        tokens_computed=len(prompt.ids) - tokens_reused,
+        cache_hit_tokens=cache_hit_tokens,
+        ids_hash=ids_hash(prompt.ids),
+        segment_hashes=[ids_hash(prompt.unit_ids(i)) for i in range(len(prompt.spans))],
+        truncation=dict(prompt.truncation),
+        decoding=decoding.as_dict(),
+        segment_kv_fingerprints=fingerprints,
+        canary_logprobs=canary,
+    )

@@ -1,0 +1,123 @@
+"""Backends by name, each with its own CLI options.
+
+``kvaudit run --backend NAME`` opens :data:`BACKENDS` ``[NAME]``: its ``opener`` (``module:function``,
+imported only when chosen, so vLLM is never imported for the transformers backend) is called with
+the options every backend takes (:data:`COMMON`) and the backend's own :class:`Option` values. An
+option that belongs to another backend is refused with a :class:`~kvaudit.core.errors.KvauditError`
+naming it, never silently ignored. Adding a backend: write a class that satisfies
+:class:`~kvaudit.runners.backend.Backend` and an opener, and add one :class:`BackendEntry` here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from kvaudit.core.errors import KvauditError
+from kvaudit.runners.backend import Backend
+
+# Keyword arguments every opener takes (from `kvaudit run`'s common options).
+COMMON = ("dtype", "max_new_tokens", "cache_bytes")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One backend-specific CLI option. ``param`` is the opener's keyword; ``value`` set means a
+    flag without an argument that passes ``value`` when given."""
+
+    flag: str
+    param: str
+    default: Any
+    help: str
+    type: Any = None
+    value: Any = None
+
+    @property
+    def dest(self) -> str:
+        return "opt_" + self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    name: str
+    help: str
+    opener: str  # "module:function"
+    options: tuple[Option, ...] = ()
+
+    def open(self, model: str, **kwargs: Any) -> Backend:
+        module, func = self.opener.split(":")
+        return getattr(importlib.import_module(module), func)(model, **kwargs)
+
+
+BACKENDS: dict[str, BackendEntry] = {
+    b.name: b
+    for b in (
+        BackendEntry("transformers", "Hugging Face transformers, in process (the default)",
+                     "kvaudit.runners.session:open_backend", (
+                         Option("--device", "device", "cpu", "torch device (default cpu)", type=str),
+                         Option("--threads", "threads", None, "torch CPU threads (recorded in the manifest)",
+                                type=int),
+                     )),
+        BackendEntry("vllm", "vLLM with kvaudit's KV connector (needs .venv-vllm; see docs/vllm.md)",
+                     "kvaudit.runners.vllm_backend:open_vllm_backend", (
+                         Option("--tensor-parallel-size", "tensor_parallel_size", 1, "default 1", type=int),
+                         Option("--pipeline-parallel-size", "pipeline_parallel_size", 1, "default 1", type=int),
+                         Option("--max-model-len", "max_model_len", 4096, "default 4096", type=int),
+                         Option("--no-enforce-eager", "enforce_eager", True,
+                                "allow CUDA graphs (eager is the default)", value=False),
+                         Option("--batch-invariant", "batch_invariant", False, "set VLLM_BATCH_INVARIANT=1",
+                                value=True),
+                     )),
+    )
+}
+DEFAULT_BACKEND = "transformers"
+
+
+def get_backend(name: str) -> BackendEntry:
+    if name not in BACKENDS:
+        raise KvauditError(f"unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
+    return BACKENDS[name]
+
+
+def add_backend_arguments(p: argparse.ArgumentParser) -> None:
+    """``--backend`` and one argument group of options per registered backend."""
+    p.add_argument("--backend", default=DEFAULT_BACKEND, choices=list(BACKENDS),
+                   help="; ".join(f"{b.name}: {b.help}" for b in BACKENDS.values()))
+    for b in BACKENDS.values():
+        if not b.options:
+            continue
+        g = p.add_argument_group(f"{b.name} options (with --backend {b.name}; recorded in the manifest)")
+        for o in b.options:
+            # default None: an option given on the command line is told apart from one left out
+            if o.value is not None:
+                g.add_argument(o.flag, dest=o.dest, action="store_const", const=o.value, default=None, help=o.help)
+            else:
+                g.add_argument(o.flag, dest=o.dest, type=o.type, default=None, help=o.help)
+
+
+def backend_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The chosen backend's option values (defaults filled in); refuses another backend's options."""
+    chosen = get_backend(args.backend)
+    for b in BACKENDS.values():
+        if b.name == chosen.name:
+            continue
+        mine = {o.flag for o in chosen.options}
+        for o in b.options:
+            if o.flag not in mine and getattr(args, o.dest, None) is not None:
+                raise KvauditError(f"{o.flag} is an option of --backend {b.name}; --backend {chosen.name} "
+                                   "does not take it")
+    out = {}
+    for o in chosen.options:
+        v = getattr(args, o.dest, None)
+        out[o.param] = o.default if v is None else v
+    return out
+
+
+def open_from_args(args: argparse.Namespace, **common: Any) -> Backend:
+    """Open the backend ``args.backend`` names with ``common`` (:data:`COMMON`) and its own options."""
+    missing = [k for k in COMMON if k not in common]
+    if missing:
+        raise TypeError(f"open_from_args needs {', '.join(missing)}")
+    return get_backend(args.backend).open(args.model, **common, **backend_options(args))
