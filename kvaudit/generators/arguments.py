@@ -1,5 +1,7 @@
-"""Command-line options the generators share: output (``--out``, ``--seed``, ``--tokenizer``,
-``--no-progress``), the reuse-dynamics group, and ``--families`` weight lists.
+"""Command-line options the dataset generators share.
+
+The output options (``--out``, ``--seed``, ``--tokenizer``, ``--no-progress``), the
+reuse-dynamics group (``--cases`` ... ``--systems``) and the ``--families`` weight lists.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ the same segments. Cases need no hand labels:
   is N." / "N was born in Y.");
 - ``agreement``: open questions scored by agreement with the recompute arm's answer.
 
+This module holds the options, the drafting of cases and the CLI; reading the corpus is in
+:mod:`kvaudit.generators.corpus_files`, chunking in :mod:`kvaudit.generators.chunking` and
+planting needles in :mod:`kvaudit.generators.needles`.
+
 Anything not used is counted in ``dataset.json`` (``counts``), never dropped silently. A file
 that cannot be used (unreadable: not UTF-8, permission denied, damaged JSONL or parquet; empty; or
 larger than ``--max-file-bytes``) is skipped and named with its reason in ``counts.skipped_files``

@@ -1,6 +1,8 @@
-"""The reuse-dynamics knobs every dataset generator applies (``--cases``, ``--min-docs`` ...
-``--systems``; see docs/generators.md): their defaults, validation, recorded parameters and the
-per-case draws they govern (system prompt, prefix, number of documents).
+"""The reuse-dynamics knobs every dataset generator applies, as one validated record.
+
+:class:`ReuseKnobs` holds ``--cases``, ``--min-docs`` ... ``--systems`` (see docs/generators.md):
+their defaults, validation, the parameters recorded in ``dataset.json`` and the per-case draws
+they govern (system prompt, prefix, number of documents).
 """
 
 from __future__ import annotations
