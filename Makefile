@@ -32,7 +32,7 @@ browser:
 test: setup browser setup-vllm
 	$(PY) -m ruff check kvaudit tests benchmarks
 	$(PY) -m pytest -q
-	$(VLLM_PY) -m pytest -q tests/test_vllm.py tests/test_gpu_paged_kv.py
+	$(VLLM_PY) -m pytest -q tests/test_vllm.py tests/test_gpu_paged_kv.py tests/test_backend_contract.py
 
 bench: setup
 	$(PY) benchmarks/ttft.py

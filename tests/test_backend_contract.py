@@ -1,0 +1,217 @@
+"""The backend contract: every backend available here runs the same small case set to the same
+ids, the same record fields and the same audit verdicts, and they all admit the same models.
+
+The transformers backend always runs (in-process, through `kvaudit run`); the vLLM backend runs
+where vLLM is importable (`.venv-vllm`, `make test`), in its own process, so its engine never
+shares a process with another test module's engine.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from kvaudit.core.errors import KvauditError, UnsupportedModelError
+from kvaudit.runners.backend import LOGIT_DIFF_KINDS, Backend
+from kvaudit.runners.registry import BACKENDS
+from kvaudit.runners.rope import RopeSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "kvaudit" / "data" / "example"
+CONTRACT_ARMS = "recompute,reuse,identity,recompute_again"
+N_CASES = 2
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
+AVAILABLE = ["transformers"] + (["vllm"] if HAVE_VLLM else [])
+# Fields that must be equal across backends, per pair and per arm (the prompt and its accounting).
+PAIR_SAME = ("case_id", "task", "n_prompt_tokens", "ids_hash", "segment_ids", "segment_hashes",
+             "segment_spans", "truncation", "arm_order", "answers", "metric", "evidence")
+ARM_SAME = ("arm", "ids_hash", "segment_hashes", "truncation", "tokens_reused", "tokens_computed",
+            "cache_hit_tokens")
+
+
+def _run_args(backend: str, out: Path) -> list[str]:
+    return ["run", "--backend", backend, "--dataset", str(EXAMPLE), "--out", str(out), "--arms", CONTRACT_ARMS,
+            "--limit", str(N_CASES), "--max-new-tokens", "8", "--no-progress"]
+
+
+def _run(backend: str, out: Path) -> Path:
+    if backend == "transformers":
+        from kvaudit.cli import main
+
+        assert main(_run_args(backend, out)) == 0
+    else:  # its own process: one vLLM engine per process
+        proc = subprocess.run([sys.executable, "-m", "kvaudit.cli", *_run_args(backend, out)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=1200)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("contract")
+    return {b: _run(b, base / b) for b in AVAILABLE}
+
+
+def _pairs(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "pairs.jsonl").read_text().splitlines()]
+
+
+def _verdicts(run: Path) -> tuple[str, dict[str, tuple[bool, bool]]]:
+    from kvaudit.audit.audit_cli import audit
+
+    res = audit(run)
+    return res["verdict"], {c["name"]: (c["passed"], c.get("cannot_judge", False)) for c in res["checks"]}
+
+
+# --------------------------------------------------------------------------- every backend, one case set
+
+
+def test_every_backend_writes_the_same_ids_and_fields(runs):
+    by_backend = {b: _pairs(r) for b, r in runs.items()}
+    ref = by_backend["transformers"]
+    assert len(ref) == N_CASES
+    arm_fields = set(ref[0]["arms"]["recompute"])
+    for b, pairs in by_backend.items():
+        assert [p["case_id"] for p in pairs] == [p["case_id"] for p in ref], b
+        for p, q in zip(pairs, ref):
+            assert set(p) == set(q), b
+            for k in PAIR_SAME:
+                assert p[k] == q[k], (b, p["case_id"], k)
+            assert sorted(p["arms"]) == sorted(q["arms"]) == sorted(p["arm_order"])
+            for name, r in p["arms"].items():
+                assert set(r) == arm_fields, (b, name)
+                for k in ARM_SAME:
+                    assert r[k] == q["arms"][name][k], (b, p["case_id"], name, k)
+                # every arm but the reference is compared with the reference
+                assert (r["logit_diff_vs_recompute"] is None) == (name == "recompute"), (b, name)
+            assert p["arms"]["reuse"]["tokens_reused"] > 0
+            assert p["arms"]["recompute"]["tokens_reused"] == 0
+
+
+def test_every_backend_says_what_its_logit_difference_measures(runs):
+    kinds = {}
+    for b, run in runs.items():
+        m = json.loads((run / "manifest.json").read_text())
+        assert m["backend"]["backend"] == b
+        kinds[b] = m["backend"]["logit_diff_kind"]
+        assert kinds[b] in LOGIT_DIFF_KINDS
+    assert kinds["transformers"] == "logits"
+    if "vllm" in kinds:
+        assert kinds["vllm"] == "top_logprobs"
+
+
+def test_every_backend_gets_the_same_audit_verdicts(runs):
+    verdicts = {b: _verdicts(r) for b, r in runs.items()}
+    ref = verdicts["transformers"]
+    assert ref[0] in ("passed", "cannot_judge")
+    identity = [v for k, v in ref[1].items() if k.startswith("identity")]  # the check's name: audit's
+    assert identity and all(v == (True, False) for v in identity)  # the identity control passes
+    for b, v in verdicts.items():
+        assert v == ref, b
+
+
+# --------------------------------------------------------------------------- no model needed
+
+
+def test_registered_backends_satisfy_the_protocol():
+    from kvaudit.runners.transformers_backend import TransformersBackend
+
+    assert set(BACKENDS) >= {"transformers", "vllm"}
+    for attr in ("name", "tok", "fingerprint", "decoding", "neutral_hash", "max_prompt_tokens", "cache"):
+        assert attr in Backend.__annotations__
+    assert TransformersBackend.name == "transformers"
+    if HAVE_VLLM:
+        from kvaudit.runners.vllm_backend import VllmBackend
+
+        assert VllmBackend.name == "vllm"
+    for b in BACKENDS.values():
+        assert ":" in b.opener
+
+
+@pytest.mark.parametrize("backend,option", [
+    ("transformers", ["--max-model-len", "2048"]),
+    ("transformers", ["--tensor-parallel-size", "2"]),
+    ("transformers", ["--no-enforce-eager"]),
+    ("transformers", ["--batch-invariant"]),
+    ("vllm", ["--threads", "2"]),
+    ("vllm", ["--device", "cuda"]),
+])
+def test_another_backends_option_is_refused_not_ignored(backend, option, tmp_path, capsys):
+    from kvaudit.cli import main
+
+    code = main(_run_args(backend, tmp_path / "run") + option)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert option[0] in err and f"--backend {backend} does not take it" in err
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
+def test_backend_options_reach_the_opener():
+    import argparse
+
+    from kvaudit.runners.registry import add_backend_arguments, backend_options
+
+    p = argparse.ArgumentParser()
+    add_backend_arguments(p)
+    assert backend_options(p.parse_args([])) == {"device": "cpu", "threads": None}
+    assert backend_options(p.parse_args(["--backend", "vllm", "--no-enforce-eager", "--max-model-len", "8192"])) == {
+        "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_model_len": 8192, "enforce_eager": False,
+        "batch_invariant": False}
+    with pytest.raises(KvauditError, match="unknown backend"):
+        backend_options(argparse.Namespace(backend="http"))
+
+
+def _config(**overrides):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, num_hidden_layers=2)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    return cfg
+
+
+def _loaded(cfg):
+    """A stand-in for a loaded model: its config and a rotary embedding of the config's size."""
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    rotary = SimpleNamespace(inv_freq=torch.ones(head_dim // 2))
+    return SimpleNamespace(config=cfg, model=SimpleNamespace(rotary_emb=rotary))
+
+
+REFUSED = {
+    "dynamic rope": ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0}}, "dynamic"),
+    "longrope": ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "longrope"),
+    "partial rotary": ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                            "partial_rotary_factor": 0.5}}, "partial"),
+    "per-layer rope": ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4},
+                                            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
+                       "per-layer"),
+    # the two below were admitted by the vLLM side and refused by the transformers side before
+    "layers without rope": ({"no_rope_layers": [1, 0]}, "without RoPE"),
+    "mixed layer types": ({"layer_types": ["full_attention", "sliding_attention"]}, "mixed attention"),
+    "model type": ({"model_type": "gpt2"}, "model type"),
+}
+
+
+@pytest.mark.parametrize("what", list(REFUSED))
+def test_both_backends_refuse_the_same_models(what):
+    overrides, match = REFUSED[what]
+    cfg = _config(**overrides)
+    with pytest.raises(UnsupportedModelError, match=match):
+        RopeSpec.from_model(_loaded(cfg))  # the transformers backend's path
+    with pytest.raises(UnsupportedModelError, match=match):
+        RopeSpec.from_config(cfg)  # the vLLM backend's and its connector's path
+
+
+def test_both_backends_admit_the_same_models():
+    for overrides in ({}, {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+                      {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}}):
+        cfg = _config(**overrides)
+        a, b = RopeSpec.from_model(_loaded(cfg)), RopeSpec.from_config(cfg)
+        assert (a.rope_type, a.head_dim, a.sliding_window) == (b.rope_type, b.head_dim, b.sliding_window)
