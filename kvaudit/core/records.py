@@ -9,9 +9,11 @@ everything else):
 ``dataset.json``    the :class:`DatasetCard`: generator, seed, parameters, reuse-dynamics
                     coverage and a content hash of the two JSONL files.
 
-A *run directory* (written by ``kvaudit.runners``) holds ``manifest.json`` (a :class:`Manifest`
-as a dict) and ``pairs.jsonl`` (one :class:`PairRecord` per case, holding every arm's
-:class:`ArmResult`). ``audit.json``, ``summary.json`` and ``report.html`` are added by the
+A *run directory* (written by ``kvaudit.runners``) holds ``manifest.json`` (a dict: model,
+backend, decoding, arms, dataset; its ``identity`` object, :data:`MANIFEST_IDENTITY`, holds the
+fields two runs must share to be compared) and ``pairs.jsonl`` (one :class:`PairRecord` per
+case, holding every arm's :class:`ArmResult`); :func:`read_manifest` and :func:`read_pairs` are
+their one reader. ``audit.json``, ``summary.json`` and ``report.html`` are added by the
 audit and report stages.
 
 Bad input raises :class:`DatasetError`, whose message names the file, line and field.
@@ -34,6 +36,7 @@ CARD_FILE = "dataset.json"
 MANIFEST_FILE = "manifest.json"
 PAIRS_FILE = "pairs.jsonl"
 AUDIT_FILE = "audit.json"
+MANIFEST_IDENTITY = "identity"  # the manifest's object of what makes a run's configuration one
 
 DEFAULT_SYSTEM = "Answer using only the documents."
 
@@ -402,20 +405,121 @@ def write_dataset(dir_: str | os.PathLike, segments: Iterable[Segment], cases: I
     write_json(d / CARD_FILE, asdict(card))
 
 
+# --------------------------------------------------------------------------- run IO
+
+# The one reader of pairs.jsonl (the audit, the report and a resumed run all read through it):
+# every field a reader relies on is type-checked here, so a malformed record is a DatasetError
+# naming the file, line and field, never a KeyError or a wrong number further on.
+_PAIR_TYPES: dict[str, type | tuple] = {
+    "case_id": str, "task": str, "strata": dict, "ids_hash": str, "segment_ids": list,
+    "segment_hashes": list, "segment_spans": list, "truncation": dict, "decoding": dict,
+    "arm_order": list, "arms": dict, "n_prompt_tokens": int,
+}
+_ARM_TYPES: dict[str, type | tuple] = {
+    "arm": str, "answer": str, "ids_hash": str, "segment_hashes": list, "truncation": dict,
+    "decoding": dict, "tokens_reused": int, "tokens_computed": int, "margin": (int, float),
+    "ttft_s": (int, float), "top_k": list,
+}
+_ARM_OPTIONAL: dict[str, type | tuple] = {
+    "logit_diff_vs_recompute": (int, float), "segment_kv_fingerprints": dict, "canary_logprobs": dict,
+}
+
+
+def _type_name(typ: type | tuple) -> str:
+    return typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+
+
+def _validate(obj: dict, where: str, types: dict, optional: dict | None = None) -> None:
+    for name, typ in types.items():
+        if name not in obj:
+            raise DatasetError(f"{where}: missing field '{name}'")
+        v = obj[name]
+        if isinstance(v, bool) or not isinstance(v, typ):
+            raise DatasetError(f"{where}: field '{name}' must be {_type_name(typ)}, got {type(v).__name__}")
+    for name, typ in (optional or {}).items():
+        v = obj.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, typ)):
+            raise DatasetError(f"{where}: field '{name}' must be {_type_name(typ)} or null, "
+                               f"got {type(v).__name__}")
+
+
+def _str_lists(obj: dict, names: tuple[str, ...], where: str) -> None:
+    for name in names:
+        if not all(isinstance(x, str) for x in obj.get(name, [])):
+            raise DatasetError(f"{where}: field '{name}' must be a list of strings")
+
+
+def validate_pair(obj: dict, where: str) -> None:
+    """Type-check one raw ``pairs.jsonl`` object; ``where`` (file and line) starts every message."""
+    _validate(obj, where, _PAIR_TYPES)
+    for span in obj["segment_spans"]:
+        if (not isinstance(span, list) or len(span) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in span)):
+            raise DatasetError(f"{where}: field 'segment_spans' must hold [start, end] integer pairs")
+    for name in ("evidence", "answers"):
+        if not isinstance(obj.get(name, []), list):
+            raise DatasetError(f"{where}: field '{name}' must be a list of strings")
+    _str_lists(obj, ("segment_ids", "segment_hashes", "arm_order", "evidence"), where)
+    if not isinstance(obj.get("metric", "em"), str):
+        raise DatasetError(f"{where}: field 'metric' must be str")
+    if obj.get("canary") is not None and not isinstance(obj["canary"], dict):
+        raise DatasetError(f"{where}: field 'canary' must be an object or null")
+    for name, arm in obj["arms"].items():
+        if not isinstance(arm, dict):
+            raise DatasetError(f"{where}: field 'arms.{name}' must be an object")
+        arm_where = f"{where}, arm '{name}'"
+        _validate(arm, arm_where, _ARM_TYPES, _ARM_OPTIONAL)
+        _str_lists(arm, ("segment_hashes",), arm_where)
+        for key, kind in (("segment_kv_fingerprints", str), ("canary_logprobs", (int, float))):
+            values = (arm.get(key) or {}).values()
+            if any(isinstance(v, bool) or not isinstance(v, kind) for v in values):
+                raise DatasetError(f"{arm_where}: field '{key}' must map names to {_type_name(kind)}")
+
+
 def read_pairs(run_dir: str | os.PathLike) -> list[PairRecord]:
-    """Read ``pairs.jsonl`` of a run (a torn last line from a killed run is ignored)."""
+    """Read and validate ``pairs.jsonl`` of a run (a torn last line from a killed run is skipped).
+
+    Every field a reader relies on is type-checked (:func:`validate_pair`); a malformed record
+    raises :class:`DatasetError` naming the file, line and field. An empty file gives ``[]``:
+    whether that is an error is the caller's to say.
+    """
     path = Path(run_dir) / PAIRS_FILE
     out = []
     for n, obj in iter_jsonl(path, tolerate_torn_tail=True):
+        where = f"{path}, line {n}"
+        validate_pair(obj, where)
         try:
             out.append(pair_from_dict(obj))
-        except (TypeError, KeyError, AttributeError) as e:
-            raise DatasetError(f"{path}, line {n}: malformed pair record (field {e})") from None
+        except TypeError as e:
+            raise DatasetError(f"{where}: malformed pair record ({e})") from None
     return out
 
 
 def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """``manifest.json`` of a run, as a dict (a DatasetError naming the file if missing or not an object)."""
     obj = read_json(Path(run_dir) / MANIFEST_FILE)
     if not isinstance(obj, dict):
         raise DatasetError(f"{Path(run_dir) / MANIFEST_FILE}: expected a JSON object")
     return obj
+
+
+def manifest_get(manifest: Any, *keys: str) -> Any:
+    """``manifest[k1][k2]...``, or None where a level is missing or not an object."""
+    d = manifest
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def run_dataset_dir(manifest: dict[str, Any], run_dir: str | os.PathLike) -> tuple[Path | None, str]:
+    """The run's dataset directory named in its manifest (``dataset.path``) when it is still on
+    disk, tried as given and then relative to the run's parent; else ``None`` and why not."""
+    raw = manifest_get(manifest, "dataset", "path")
+    if not isinstance(raw, str) or not raw:
+        return None, "the manifest names no dataset path"
+    for cand in (Path(raw), Path(run_dir).parent / raw):
+        if (cand / CASES_FILE).is_file():
+            return cand, ""
+    return None, f"the run's dataset {raw} is not on disk"

@@ -1,8 +1,10 @@
 """Load a run directory and answer the report's questions about it (one object, computed once).
 
-:func:`load_run` reads ``manifest.json``, ``pairs.jsonl``, ``audit.json`` (optional: ``None``
-means the audit has not run) and ``simulation.json`` (optional), raising
-:class:`~kvaudit.core.records.DatasetError` with the file and field for anything malformed.
+:func:`load_run` reads ``manifest.json`` and ``pairs.jsonl`` through the one validated reader
+(:func:`kvaudit.core.records.read_manifest`, :func:`~kvaudit.core.records.read_pairs`), the
+audit's state (:func:`kvaudit.audit.trust.verify`: ``missing`` when the audit has not run) and
+``simulation.json`` (optional), raising :class:`~kvaudit.core.records.DatasetError` with the
+file and field for anything malformed.
 
 :class:`Analysis` scores every (case, arm) once and then serves paired deltas for any *group*
 of cases. A group selector is ``"overall"`` (every answer-quality case), ``"task:<glob>"``
@@ -26,14 +28,18 @@ import numpy as np
 import pandas as pd
 
 from kvaudit.audit.trust import VerifiedAudit, verify
+from kvaudit.core.arms import ARMS, NOISE_ARM, REFERENCE_ARM
 from kvaudit.core.records import (
+    CASES_FILE,
     PAIRS_FILE,
     DatasetError,
     PairRecord,
     iter_jsonl,
-    pair_from_dict,
+    manifest_get,
     read_json,
     read_manifest,
+    read_pairs,
+    run_dataset_dir,
 )
 from kvaudit.reports import scoring
 from kvaudit.stats import paired as stats
@@ -41,26 +47,13 @@ from kvaudit.stats.leaks import leak_summary
 from kvaudit.stats.noninferiority import check_confidence
 
 SIMULATION_FILE = "simulation.json"
-REFERENCE_ARM = scoring.REFERENCE_ARM
-NOISE_ARM = "recompute_again"
-
-ARM_REASONS = {
-    "recompute": "reference: one full prefill of the same token ids",
-    "reuse": "segment KV from a neutral warm-up, re-rotated to the new position (the arm under test)",
-    "recompute_again": "same ids, different batch position or order: the noise floor",
-    "identity": "segment KV built in its true context, then reused: must equal recompute (proves the reuse code)",
-    "reuse_norope": "reuse without re-rotation: isolates the position error",
-    "oracle": "only the evidence segments: what the documents alone allow",
-    "reuse_first_user": "segments cached from the first user's request (unsafe capture policy; leak probes)",
-}
 
 
 def arm_reason(arm: str) -> str:
+    """Why an arm is in the run: its registry entry's ``why``; ``blend@r`` arms say their share."""
     if arm.startswith("blend@"):
         return f"recompute the {arm.split('@', 1)[1]} share of segment tokens whose KV deviates most (CacheBlend style)"
-    from kvaudit.core.arms import ARMS
-
-    return ARM_REASONS.get(arm) or (ARMS[arm].why if arm in ARMS else "")
+    return ARMS[arm].why if arm in ARMS else ""
 
 
 @dataclass
@@ -79,57 +72,33 @@ class Run:
     missing_cases: list[str] = field(default_factory=list)
 
 
-_ARM_TYPES = {"answer": str, "margin": (int, float), "ttft_s": (int, float), "tokens_reused": int,
-              "tokens_computed": int, "top_k": list}
-
-
-def _check_pair(p: PairRecord, where: str) -> None:
-    """The fields the report reads have the types it assumes (the schema does not check them)."""
-    if not isinstance(p.case_id, str) or not isinstance(p.task, str):
-        raise DatasetError(f"{where}: fields 'case_id' and 'task' must be strings")
-    if not isinstance(p.strata, dict) or not isinstance(p.answers, list):
-        raise DatasetError(f"{where}: field 'strata' must be an object and 'answers' a list")
-    if REFERENCE_ARM not in p.arms:
-        raise DatasetError(f"{where}: field 'arms' has no '{REFERENCE_ARM}' arm")
-    for name, arm in p.arms.items():
-        for f, typ in _ARM_TYPES.items():
-            v = getattr(arm, f)
-            if isinstance(v, bool) or not isinstance(v, typ):
-                raise DatasetError(f"{where}: field 'arms.{name}.{f}' has the wrong type ({type(v).__name__})")
-
-
-def _read_pairs(path: Path) -> list[PairRecord]:
-    """Like :func:`kvaudit.core.records.read_pairs`, but a record missing a field (or with ``arms``
-    not an object) is a DatasetError naming the line, not a KeyError."""
-    out = []
-    for n, obj in iter_jsonl(path, tolerate_torn_tail=True):
-        try:
-            out.append(pair_from_dict(obj))
-        except (TypeError, KeyError, AttributeError) as e:
-            raise DatasetError(f"{path}, line {n}: malformed pair record ({type(e).__name__}: {e})") from None
-    return out
+def _check_pairs(pairs: list[PairRecord], path: Path) -> None:
+    """What the report needs beyond a well-formed record (:func:`kvaudit.core.records.read_pairs`
+    checks the types): each case once, each with the reference arm."""
+    if not pairs:
+        raise DatasetError(f"{path}: no pair records")
+    seen: set[str] = set()
+    for i, p in enumerate(pairs, 1):
+        if p.case_id in seen:
+            raise DatasetError(f"{path}, record {i}: field 'case_id': duplicate case {p.case_id!r}")
+        seen.add(p.case_id)
+        if REFERENCE_ARM not in p.arms:
+            raise DatasetError(f"{path}, record {i} ({p.case_id}): field 'arms' has no '{REFERENCE_ARM}' arm")
 
 
 def _get_int(d: Any, *keys: str) -> int | None:
-    for k in keys:
-        d = d.get(k) if isinstance(d, dict) else None
-    return d if isinstance(d, int) and not isinstance(d, bool) else None
+    v = manifest_get(d, *keys)
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _dataset_cases(manifest: dict[str, Any], run_dir: Path) -> list[tuple[str, str]]:
     """``(case id, question)`` in dataset order from the dataset the run names, when it is still
     on disk (empty otherwise)."""
-    ds = manifest.get("dataset")
-    path = ds.get("path") if isinstance(ds, dict) else None
-    if not path:
-        return []
-    # a relative path is relative to where the run was started: try there, then the run's parent
-    candidates = [Path(str(path)) / "cases.jsonl", run_dir.parent / str(path) / "cases.jsonl"]
-    cases = next((c for c in candidates if c.is_file()), None)
-    if cases is None:
+    found, _ = run_dataset_dir(manifest, run_dir)
+    if found is None:
         return []
     try:
-        return [(str(o.get("id")), str(o.get("question", ""))) for _, o in iter_jsonl(cases)]
+        return [(str(o.get("id")), str(o.get("question", ""))) for _, o in iter_jsonl(found / CASES_FILE)]
     except DatasetError:
         return []
 
@@ -140,15 +109,8 @@ def load_run(run_dir: str | Path) -> Run:
     if not path.is_dir():
         raise DatasetError(f"{path}: run directory not found")
     manifest = read_manifest(path)
-    pairs = _read_pairs(path / PAIRS_FILE)
-    if not pairs:
-        raise DatasetError(f"{path / 'pairs.jsonl'}: no pair records")
-    seen: set[str] = set()
-    for i, p in enumerate(pairs, 1):
-        if p.case_id in seen:
-            raise DatasetError(f"{path / 'pairs.jsonl'}, record {i}: field 'case_id': duplicate case {p.case_id!r}")
-        seen.add(p.case_id)
-        _check_pair(p, f"{path / 'pairs.jsonl'}, record {i} ({p.case_id})")
+    pairs = read_pairs(path)
+    _check_pairs(pairs, path / PAIRS_FILE)
     audit = verify(path)
     simulation = None
     if (path / SIMULATION_FILE).exists():
@@ -159,6 +121,7 @@ def load_run(run_dir: str | Path) -> Run:
     n_expected = _get_int(manifest, "dataset", "n_cases")
     missing: list[str] = []
     if n_expected is not None and len(pairs) < n_expected:
+        seen = {p.case_id for p in pairs}
         expected = [cid for cid, _ in cases[:n_expected]] if len(cases) >= n_expected else []
         missing = [cid for cid in expected if cid not in seen] or [f"({n_expected - len(pairs)} unnamed)"]
     return Run(path=path, manifest=manifest, pairs=pairs, audit=audit, simulation=simulation,

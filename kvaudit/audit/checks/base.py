@@ -1,0 +1,126 @@
+"""The audit's check registry, the result type, and what the checks share.
+
+A check is a function of a :class:`~kvaudit.audit.checks.loading.LoadedRun` registered with
+:func:`check` under its name and whether it is required; it returns a :class:`CheckResult`
+(built with :func:`result` or :func:`from_problems`, which leave the name and the required
+flag to the registry). :func:`kvaudit.audit.checks.run_checks` runs the registry in report
+order: the order of the concern modules in :data:`kvaudit.audit.checks.CONCERNS`, then the
+order of definition within a module.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from kvaudit.core.arms import ARMS, REFERENCE_ARM
+from kvaudit.core.records import PairRecord, flipped
+
+ALPHA = 0.05
+MAX_LISTED = 5  # problems spelled out in a detail string; the rest are counted
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    required: bool
+    detail: str
+    failing_cases: list[str] = field(default_factory=list)
+    warning: str | None = None
+    cannot_judge: bool = False  # the run lacks the evidence this check needs (never a pass)
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """A registered check: ``options`` are the :func:`run_checks` keyword arguments it takes."""
+
+    name: str
+    required: bool
+    fn: Callable[..., CheckResult]
+    options: tuple[str, ...] = ()
+
+
+REGISTRY: dict[str, CheckSpec] = {}
+
+
+def check(name: str, *, required: bool, options: tuple[str, ...] = ()) -> Callable:
+    """Register a check under ``name``; the returned function fills in its results' name and
+    required flag, so a check never spells them itself."""
+
+    def register(fn: Callable[..., CheckResult]) -> Callable[..., CheckResult]:
+        if name in REGISTRY:
+            raise ValueError(f"audit check {name!r} registered twice")
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs) -> CheckResult:
+            return replace(fn(*args, **kwargs), name=name, required=required)
+
+        REGISTRY[name] = CheckSpec(name, required, run, options)
+        return run
+
+    return register
+
+
+def result(passed: bool, detail: str, failing_cases: list[str] | None = None,
+           warning: str | None = None, *, cannot_judge: bool = False) -> CheckResult:
+    """A result whose name and required flag the registry fills in."""
+    return CheckResult("", passed, False, detail, list(failing_cases or []), warning, cannot_judge)
+
+
+def from_problems(problems: dict[str, list[str]], ok: str, warning: str | None = None,
+                  extra: str = "") -> CheckResult:
+    """A result from per-case problems (case id -> messages); no problems means passed."""
+    if not problems:
+        return result(True, ok + extra, [], warning)
+    msgs = [f"{cid}: {m}" for cid, ms in problems.items() for m in ms]
+    more = f"; and {len(msgs) - MAX_LISTED} more" if len(msgs) > MAX_LISTED else ""
+    detail = f"{len(problems)} case(s) fail: " + "; ".join(msgs[:MAX_LISTED]) + more + extra
+    return result(False, detail, list(problems), warning)
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+def fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def short(v: object, n: int = 60) -> str:
+    s = str(v)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def is_reuse_arm(name: str) -> bool | None:
+    """True for arms whose segment KV comes from a cache, False for recomputes, None if unknown."""
+    if name in ARMS:
+        return ARMS[name].source is not None
+    if name.startswith("blend@"):
+        return True
+    return None
+
+
+def source(name: str) -> str | None:
+    return ARMS[name].source if name in ARMS else None
+
+
+def flips_vs_reference(run, arm: str) -> dict[str, bool]:
+    """Per case holding ``arm`` and the reference: whether ``arm``'s answer flipped."""
+    return {p.case_id: flipped(p.arms[arm], p.arms[REFERENCE_ARM])
+            for p in run.pairs if arm in p.arms and REFERENCE_ARM in p.arms}
+
+
+def logit_diffs(run, arm: str) -> list[float]:
+    """``arm``'s recorded, finite first-token differences against the reference."""
+    out = []
+    for p in run.pairs:
+        r = p.arms.get(arm)
+        if r is not None and r.logit_diff_vs_recompute is not None and math.isfinite(r.logit_diff_vs_recompute):
+            out.append(float(r.logit_diff_vs_recompute))
+    return out
+
+
+def reused_expected(p: PairRecord) -> int:
+    return sum(int(e) - int(s) for s, e in p.segment_spans)

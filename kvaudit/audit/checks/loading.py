@@ -1,0 +1,81 @@
+"""Reading a run for the audit: the manifest, the validated pairs and, when found, the dataset.
+
+Pairs and manifest are read by :func:`kvaudit.core.records.read_pairs` and
+:func:`~kvaudit.core.records.read_manifest`, the one reader the report uses too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import (
+    MANIFEST_FILE,
+    PAIRS_FILE,
+    Dataset,
+    DatasetError,
+    PairRecord,
+    manifest_get,
+    read_dataset,
+    read_manifest,
+    read_pairs,
+    run_dataset_dir,
+)
+
+
+@dataclass
+class LoadedRun:
+    path: Path
+    manifest: dict[str, Any]
+    pairs: list[PairRecord]
+    dataset: Dataset | None = None
+    dataset_note: str = ""  # why no dataset was loaded (for the coverage check)
+
+
+def read_run_pairs(run_dir: Path) -> list[PairRecord]:
+    """``pairs.jsonl``, validated (:func:`kvaudit.core.records.read_pairs`); no record is an error."""
+    out = read_pairs(run_dir)
+    if not out:
+        raise KvauditError(f"{Path(run_dir) / PAIRS_FILE}: no pair records; has the run finished any case?")
+    return out
+
+
+def load_run(run_dir: str | Path, dataset_dir: str | Path | None = None) -> LoadedRun:
+    """Read a run directory (and its dataset: ``dataset_dir``, else the manifest's path if found).
+
+    Missing or corrupt files raise :class:`KvauditError` / :class:`DatasetError` naming the file.
+    A dataset passed explicitly must be the one the run was made from.
+    """
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise KvauditError(f"{path}: run directory not found")
+    if not (path / MANIFEST_FILE).is_file():
+        raise KvauditError(f"{path}: no {MANIFEST_FILE}; not a kvaudit run directory "
+                           "(run `kvaudit run --dataset DIR --out RUN` first)")
+    if not (path / PAIRS_FILE).is_file():
+        raise KvauditError(f"{path}: no {PAIRS_FILE}; the run has not finished any case")
+    manifest = read_manifest(path)
+    pairs = read_run_pairs(path)
+    run_hash = manifest_get(manifest, "dataset", "hash")
+    dataset, note = None, ""
+    if dataset_dir is not None:
+        dataset = read_dataset(dataset_dir)
+        if dataset.card.content_hash != run_hash:
+            raise KvauditError(
+                f"--dataset {dataset_dir}: content hash {dataset.card.content_hash} differs from "
+                f"the run's dataset hash {run_hash!r} ({path / MANIFEST_FILE}, field 'dataset.hash')")
+    else:
+        found, note = run_dataset_dir(manifest, path)
+        if found is not None:
+            try:
+                candidate = read_dataset(found)
+            except DatasetError as e:
+                note = f"the run's dataset could not be read ({e})"
+            else:
+                if candidate.card.content_hash == run_hash:
+                    dataset = candidate
+                else:
+                    note = f"the dataset at {found} has changed since the run (hash differs)"
+    return LoadedRun(path=path, manifest=manifest, pairs=pairs, dataset=dataset, dataset_note=note)
