@@ -41,13 +41,19 @@ def _run_args(backend: str, out: Path) -> list[str]:
             "--limit", str(N_CASES), "--max-new-tokens", "8", "--no-progress"]
 
 
+# The prompt limit is part of the configuration (records' truncation.max_tokens): vLLM's is its
+# max_model_len, transformers' the model's 8192 positions; same limit, same truncation decision.
+SAME_LIMIT = {"transformers": [], "vllm": ["--max-model-len", "8192"]}
+
+
 def _run(backend: str, out: Path) -> Path:
     if backend == "transformers":
         from kvaudit.cli import main
 
-        assert main(_run_args(backend, out)) == 0
+        assert main(_run_args(backend, out) + SAME_LIMIT[backend]) == 0
     else:  # its own process: one vLLM engine per process
-        proc = subprocess.run([sys.executable, "-m", "kvaudit.cli", *_run_args(backend, out)], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "kvaudit.cli", *_run_args(backend, out),
+                               *SAME_LIMIT[backend]], cwd=ROOT,
                               capture_output=True, text=True, timeout=1200)
         assert proc.returncode == 0, proc.stderr[-4000:]
     return out
@@ -215,3 +221,58 @@ def test_both_backends_admit_the_same_models():
         cfg = _config(**overrides)
         a, b = RopeSpec.from_model(_loaded(cfg)), RopeSpec.from_config(cfg)
         assert (a.rope_type, a.head_dim, a.sliding_window) == (b.rope_type, b.head_dim, b.sliding_window)
+
+
+class _FakeBackend:
+    """Only what the Backend protocol names: if the runner needed more, this would break."""
+
+    name = "fake"
+    fingerprint = "fake-weights"
+    neutral_hash = "fake-head"
+    max_prompt_tokens = 8000
+
+    def __init__(self):
+        from kvaudit.models import load_tokenizer
+        from kvaudit.runners.backend import Decoding
+        from kvaudit.runners.prompt import Tokenizer
+        from kvaudit.runners.segment_cache import CacheStats
+
+        self.tok = Tokenizer(load_tokenizer("smollm2"))
+        self.decoding = Decoding(max_new_tokens=4)
+        self.cache = SimpleNamespace(capacity_bytes=1 << 20, stats=CacheStats())
+        self.ran: list[str] = []
+
+    def info(self):
+        return {"backend": self.name, "dtype": "float32", "threads": 1, "torch": torch.__version__,
+                "logit_diff_kind": "logits"}
+
+    def run_arm(self, prompt, spec, *, capture_prompt=None, candidates=None):
+        from kvaudit.runners.backend import ArmOutput, build_arm_result
+
+        self.ran.append(spec.name)
+        shift = {"recompute": 0.0, "reuse": 2.5, "identity": 0.25}[spec.name]
+        logits = torch.arange(10, dtype=torch.float32) + shift * (torch.arange(10) == 3)
+        res = build_arm_result(spec, prompt, self.tok, self.decoding, answer_ids=[42],
+                               top=[(9, 9.0), (8, 8.0)], ttft_s=0.01, decode_s=0.01, tokens_reused=0,
+                               cache_hit_tokens=0, fingerprints={}, canary=None)
+        return ArmOutput(result=res, first_logits=logits, build_s=0.0)
+
+
+def test_the_runner_needs_only_the_protocol_and_takes_the_reference_whatever_the_order(tmp_path):
+    from kvaudit.core.records import read_dataset, read_pairs
+    from kvaudit.runners.runner import RunConfig, execute
+
+    be = _FakeBackend()
+    assert isinstance(be, Backend)
+    # the reference runs last here: the differences must still be against its logits
+    cfg = RunConfig(dataset=read_dataset(EXAMPLE), out=tmp_path / "run", arms=["reuse", "identity", "recompute"],
+                    model_name="fake", limit=2)
+    execute(cfg, be, progress=False)
+    assert be.ran[:3] == ["reuse", "identity", "recompute"]
+    for rec in read_pairs(tmp_path / "run"):
+        assert rec.arms["recompute"].logit_diff_vs_recompute is None
+        assert rec.arms["reuse"].logit_diff_vs_recompute == pytest.approx(2.5)
+        assert rec.arms["identity"].logit_diff_vs_recompute == pytest.approx(0.25)
+    with pytest.raises(KvauditError, match="reference arm"):
+        execute(RunConfig(dataset=read_dataset(EXAMPLE), out=tmp_path / "run2", arms=["reuse"], model_name="fake"),
+                be, progress=False)

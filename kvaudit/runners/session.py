@@ -1,4 +1,5 @@
-"""Opening a backend from CLI options, and the per-case console summary of a run."""
+"""The transformers backend's opener (registered in :mod:`kvaudit.runners.registry`) and the
+per-case console summary of a run, for any backend."""
 
 from __future__ import annotations
 

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvaudit.core.errors import KvauditError
 from kvaudit.runners.gpu_paged_kv import PagedKV, Piece
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.vllm_store import SegmentStore, StoredKV
@@ -76,8 +77,6 @@ PARAMS_KEY = "kvaudit"
 
 def check_vllm_version(version: str | None = None) -> None:
     """Refuse a vLLM whose connector interface and layouts this module was not run against."""
-    from kvaudit.core.errors import KvauditError
-
     v = version or vllm.__version__
     if not v.startswith(SUPPORTED_VLLM):
         raise KvauditError(
