@@ -11,11 +11,13 @@ are misses (counted as ``warmup_tokens``). The rate is token-weighted over the w
 requests: it is not a mean of per-request ratios, so long prompts weigh more, exactly as they do
 in prefill time.
 
-A run directory records the same quantities per case: ``ArmResult.tokens_reused`` (hit tokens)
-and ``PairRecord.n_prompt_tokens``; :func:`run_hit_rate` turns them into this rate so simulated
-and measured rates can sit side by side in one report. A runner that warms each segment before
-the case, outside the timed prefill, counts those tokens as reused: its rate is then the
-simulator's rate for a cache warmed ahead of time (no cold misses), an upper bound.
+A run directory records the same quantities per case: ``ArmResult.cache_hit_tokens`` (reused
+tokens whose KV was already in the run's segment cache when the case arrived: hit tokens) and
+``PairRecord.n_prompt_tokens``; :func:`run_hit_rate` turns them into this rate so simulated and
+measured rates can sit side by side in one report. ``ArmResult.tokens_reused`` also counts the
+segments warmed up for the case itself; :func:`run_segment_hit_rate` uses it for the
+chunk-aligned rate (segment tokens loaded from the store / segment tokens), which shows
+segments silently recomputed. Both default to the arm under test (:data:`UNDER_TEST_ARM`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+
+from kvaudit.core.arms import UNDER_TEST_ARM
 
 DEFINITION = ("token hit rate = sum of hit tokens / sum of prompt tokens over all requests; "
               "a hit token's KV was in the cache when the request arrived")
@@ -68,7 +72,7 @@ def windowed(hits: np.ndarray, prompt: np.ndarray, n_windows: int) -> list[dict]
     return out
 
 
-def run_hit_rate(pairs: Iterable, arm: str = "reuse") -> HitRate:
+def run_hit_rate(pairs: Iterable, arm: str = UNDER_TEST_ARM) -> HitRate:
     """The token hit rate of one arm of a run (``kvaudit.core.records.PairRecord`` list).
 
     Hits are ``ArmResult.cache_hit_tokens``: reused tokens whose KV was already in the run's
@@ -90,7 +94,7 @@ def run_hit_rate(pairs: Iterable, arm: str = "reuse") -> HitRate:
     return token_hit_rate(np.array(hits, np.int64), np.array(prompt, np.int64))
 
 
-def run_segment_hit_rate(pairs: Iterable, arm: str = "reuse") -> HitRate:
+def run_segment_hit_rate(pairs: Iterable, arm: str = UNDER_TEST_ARM) -> HitRate:
     """Chunk-aligned hit rate: tokens loaded from the segment store / tokens inside segments.
 
     A working reuse arm loads every segment, so this is 1.0; anything lower means segments were

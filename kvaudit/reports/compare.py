@@ -10,7 +10,7 @@ chunk-aligned and token hit rates, the TTFT speed-up, the gate's verdict (the ch
 family: the delta with its interval, the flips and the routing recommendation
 (:func:`kvaudit.reports.summary.routing`).
 
-Runs are grouped by the dataset they ran (``manifest["identity"]["dataset_hash"]``, else
+Runs are grouped by the dataset they ran (the manifest's ``identity.dataset_hash``, else
 ``manifest["dataset"]["hash"]``); a run that records no dataset hash is a group of its own. Each
 group is its own table: deltas measured on different cases are never put in one table.
 
@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM
 from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import MANIFEST_IDENTITY
 
 JSON_FILE = "compare.json"
 HTML_FILE = "compare.html"
@@ -44,18 +46,18 @@ def _text(d: Any, *keys: str) -> str | None:
 def run_identity(manifest: dict[str, Any]) -> dict[str, Any]:
     """Model, weights fingerprint, backend, dtype and dataset (name, hash, cases) of a run."""
     return {
-        "model": _text(manifest, "identity", "model") or _text(manifest, "model", "name")
+        "model": _text(manifest, MANIFEST_IDENTITY, "model") or _text(manifest, "model", "name")
         or _text(manifest, "model"),
-        "model_fingerprint": _text(manifest, "identity", "model_fingerprint")
+        "model_fingerprint": _text(manifest, MANIFEST_IDENTITY, "model_fingerprint")
         or _text(manifest, "model", "fingerprint"),
-        "backend": _text(manifest, "identity", "backend") or _text(manifest, "backend", "backend")
+        "backend": _text(manifest, MANIFEST_IDENTITY, "backend") or _text(manifest, "backend", "backend")
         or _text(manifest, "backend"),
-        "dtype": _text(manifest, "identity", "dtype") or _text(manifest, "dtype")
+        "dtype": _text(manifest, MANIFEST_IDENTITY, "dtype") or _text(manifest, "dtype")
         or _text(manifest, "model", "dtype"),
         "dataset": _text(manifest, "dataset", "name") or _text(manifest, "dataset", "generator")
         or _text(manifest, "dataset", "path"),
         "dataset_path": _text(manifest, "dataset", "path"),
-        "dataset_hash": _text(manifest, "identity", "dataset_hash") or _text(manifest, "dataset", "hash"),
+        "dataset_hash": _text(manifest, MANIFEST_IDENTITY, "dataset_hash") or _text(manifest, "dataset", "hash"),
     }
 
 
@@ -69,7 +71,7 @@ _DELTA_KEYS = ("n", "n_clusters", "delta", "ci", "lower_bound", "upper_bound", "
 def _rows_for_run(path: Path, policy: Any, arms: Sequence[str] | None) -> tuple[list[dict[str, Any]],
                                                                               list[dict[str, Any]], dict[str, Any]]:
     """Rows of one run (one per arm under test), the arms skipped with why, and its identity."""
-    from kvaudit.reports.analysis import NOISE_ARM, Analysis, load_run
+    from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.gate import completeness
     from kvaudit.reports.policy import evaluate, verdict
     from kvaudit.reports.summary import routing
@@ -183,7 +185,8 @@ def render(comparison: dict[str, Any]) -> str:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
     env.filters.update(pts=_pts, pct=_pct, ratio=_ratio)
-    return env.get_template("compare.html.j2").render(c=comparison, figures=figures, csp=CSP)
+    return env.get_template("compare.html.j2").render(c=comparison, figures=figures, csp=CSP,
+                                                      ref_arm=REFERENCE_ARM, noise_arm=NOISE_ARM)
 
 
 def row_label(r: dict[str, Any]) -> str:

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvaudit.core.arms import IDENTITY_ARM, NOISE_ARM, REFERENCE_ARM
 from kvaudit.core.errors import DatasetError
-from kvaudit.core.records import flipped
-from kvaudit.reports.analysis import REFERENCE_ARM, Run
+from kvaudit.core.records import MANIFEST_IDENTITY, flipped
+from kvaudit.reports.analysis import Run
 
 
 def _dataset_hash(run: Run) -> Any:
     m = run.manifest
-    ident = m.get("identity") if isinstance(m.get("identity"), dict) else {}
+    ident = m.get(MANIFEST_IDENTITY) if isinstance(m.get(MANIFEST_IDENTITY), dict) else {}
     dataset = m.get("dataset") if isinstance(m.get("dataset"), dict) else {}
     return ident.get("dataset_hash") or dataset.get("hash")
 
@@ -77,7 +78,7 @@ def compare_runs(a: Run, b: Run) -> dict[str, Any]:
             row.update(flips_a=sum(fa), flips_b=sum(fb), flip_cases_agree=sum(u == v for u, v in zip(fa, fb)))
         rows.append(row)
     controls = []
-    for arm in ("recompute_again", "identity"):
+    for arm in (NOISE_ARM, IDENTITY_ARM):
         if arm in arms_a or arm in arms_b:
             controls.append({"arm": arm, "max_diff_a": _max_diff(a, arm), "max_diff_b": _max_diff(b, arm),
                              "flips_a": _flip_rate(a, arm), "flips_b": _flip_rate(b, arm)})

@@ -18,8 +18,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.arms import REFERENCE_ARM
 from kvaudit.core.records import sha256_hex, write_jsonl
-from kvaudit.reports.analysis import REFERENCE_ARM, Analysis
+from kvaudit.reports.analysis import Analysis
 from kvaudit.reports.scoring import SCORE_METRICS, normalize_answer, references
 
 SAMPLES_FILE = "samples.jsonl"

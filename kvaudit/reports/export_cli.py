@@ -40,7 +40,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.arms import REFERENCE_ARM
 from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import MANIFEST_IDENTITY
 
 FORMATS = ("inspect", "lm-eval")
 INSPECT_HINT = "pip install 'kvaudit[inspect]' (or: pip install inspect-ai)"
@@ -95,8 +97,8 @@ def _dig(d: Any, *keys: str) -> Any:
 
 def _model(manifest: dict[str, Any]) -> tuple[str, str]:
     """``(model name, backend)`` as the manifest records them."""
-    name = _dig(manifest, "model", "name") or _dig(manifest, "identity", "model") or "unknown"
-    backend = _dig(manifest, "backend", "backend") or _dig(manifest, "identity", "backend") or "unknown"
+    name = _dig(manifest, "model", "name") or _dig(manifest, MANIFEST_IDENTITY, "model") or "unknown"
+    backend = _dig(manifest, "backend", "backend") or _dig(manifest, MANIFEST_IDENTITY, "backend") or "unknown"
     return str(name), str(backend)
 
 
@@ -171,11 +173,11 @@ def build_inspect_log(an: Any) -> Any:
     # no "_" in the task: inspect reads the task back from the file name <created>_<task>_<id>
     task = "kvaudit-" + re.sub(r"[\W_]+", "-", str(dataset.get("generator") or dataset.get("name") or "run"))
     decoding = manifest.get("decoding") if isinstance(manifest.get("decoding"), dict) else {}
-    ident = _digest(manifest.get("identity"), [p.case_id for p in run.pairs])
+    ident = _digest(manifest.get(MANIFEST_IDENTITY), [p.case_id for p in run.pairs])
     gen = {"max_tokens": decoding.get("max_new_tokens")}
     if decoding.get("strategy") == "greedy" or decoding.get("greedy"):
         gen["temperature"] = 0.0
-    versions = {k: str(v) for k, v in (manifest.get("identity") or {}).items()
+    versions = {k: str(v) for k, v in (manifest.get(MANIFEST_IDENTITY) or {}).items()
                 if k in ("torch", "transformers", "vllm")}
     spec = log.EvalSpec(
         eval_id=ident[:22], run_id=ident[22:44], task_id=ident[44:64], created=created, task=task,
@@ -216,7 +218,7 @@ def build_inspect_log(an: Any) -> Any:
                     value=value, answer=a.answer, metadata=extra,
                     explanation=f"{p.metric} against {'the recompute answer' if p.metric == 'agreement' else 'the gold answer'}")
         question = run.questions.get(p.case_id) or f"(case {p.case_id}: question not in the run's records)"
-        ref = p.arms["recompute"].answer
+        ref = p.arms[REFERENCE_ARM].answer
         target = row["target"]
         samples.append(log.EvalSample(
             id=p.case_id, epoch=1, input=question, target=target if len(target) != 1 else target[0],
@@ -371,7 +373,7 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
     if gold_tasks:
         groups["kvaudit"] = metrics_of("overall", "kvaudit", len(set(an.select("overall"))))
         higher["kvaudit"] = dict(hib)
-    ident = manifest.get("identity") if isinstance(manifest.get("identity"), dict) else {}
+    ident = manifest.get(MANIFEST_IDENTITY) if isinstance(manifest.get(MANIFEST_IDENTITY), dict) else {}
     timing = _num(_dig(manifest, "timing_s", "total"))
     out: dict[str, Any] = {
         "results": {**groups, **results},

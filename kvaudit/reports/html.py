@@ -21,8 +21,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, UNDER_TEST_ARM
 from kvaudit.core.records import flipped
-from kvaudit.reports.analysis import NOISE_ARM, REFERENCE_ARM, Analysis
+from kvaudit.reports.analysis import Analysis
 from kvaudit.reports.plots import (
     flip_strata_svg,
     forest_svg,
@@ -197,7 +198,7 @@ def render(summary: dict[str, Any], an: Analysis, policy: Policy, *,
     arm = policy.arm
     rows = summary["comparisons"].get(arm, [])
     margins = [(c.name, c.params["min_lower_bound"]) for c in policy.checks if c.kind == "delta"]
-    svg = forest_svg(rows, margins=margins, title=f"{arm} vs recompute", confidence=an.confidence) if rows else ""
+    svg = forest_svg(rows, margins=margins, title=f"{arm} vs {REFERENCE_ARM}", confidence=an.confidence) if rows else ""
     flip_rows = an.flips_by_group(arm)
     flip_svg = flip_strata_svg(flip_rows, an.flips_by_group(NOISE_ARM) if NOISE_ARM in an.arms else (),
                                arm=arm, confidence=an.confidence) if flip_rows else ""
@@ -216,7 +217,7 @@ def render(summary: dict[str, Any], an: Analysis, policy: Policy, *,
         csp=f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{digest}'",
         controls={a: [r for r in summary["comparisons"][a] if r["group"] == "overall" or r["group"].startswith("task:")]
                   for a in summary["comparisons"] if a != arm},
-        near_tie=an.near_tie,
+        near_tie=an.near_tie, ref_arm=REFERENCE_ARM, noise_arm=NOISE_ARM, neutral_arm=UNDER_TEST_ARM,
     )
 
 

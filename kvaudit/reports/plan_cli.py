@@ -95,9 +95,10 @@ def _validate(args: argparse.Namespace) -> None:
 
 def _pilot_groups(run_dir: str, arm: str, groups: list[str]) -> dict[str, tuple[list, list, list]]:
     """Per group: (recompute scores, arm scores, documents) of the pilot's quality cases."""
+    from kvaudit.core.arms import REFERENCE_ARM
     from kvaudit.core.records import DatasetError
     from kvaudit.reports.analysis import load_run
-    from kvaudit.reports.scoring import REFERENCE_ARM, documents, score_pairs
+    from kvaudit.reports.scoring import documents, score_pairs
 
     try:
         run = load_run(run_dir)

@@ -18,6 +18,8 @@ import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, UNDER_TEST_ARM
+
 ARM_COLOUR = "#2166ac"
 NOISE_COLOUR = "#8c8c8c"
 LOSS_COLOUR = "#b2182b"
@@ -83,7 +85,7 @@ def forest_svg(rows: Sequence[dict[str, Any]], *, margins: Sequence[tuple[str, f
 
 
 def flip_strata_svg(arm_rows: Sequence[dict[str, Any]], noise_rows: Sequence[dict[str, Any]] = (), *,
-                    arm: str = "reuse", noise_arm: str = "recompute_again",
+                    arm: str = UNDER_TEST_ARM, noise_arm: str = NOISE_ARM,
                     confidence: float = 0.95) -> str:
     """Flip rate (percent) per group for ``arm`` and, just below it, the noise floor's on the
     same group, each with its Wilson interval (rows: ``group``, ``n``, ``rate``, ``ci``, from
@@ -120,7 +122,7 @@ def flip_strata_svg(arm_rows: Sequence[dict[str, Any]], noise_rows: Sequence[dic
         return _svg(fig)
 
 
-def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = "reuse") -> str:
+def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = UNDER_TEST_ARM) -> str:
     """Time to first token per arm: a box (quartiles, whiskers at 1.5 IQR) over a jittered strip
     of the cases (at most :data:`MAX_STRIP_POINTS` per arm, an even subsample), log-scaled x."""
     import numpy as np
@@ -141,7 +143,7 @@ def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = "reuse"
                        whiskerprops={"color": "#555555"}, capprops={"color": "#555555"})
         for y, a, d in zip(ys, arms, data, strict=True):
             shown = d if len(d) <= MAX_STRIP_POINTS else d[np.linspace(0, len(d) - 1, MAX_STRIP_POINTS).astype(int)]
-            colour = ARM_COLOUR if a == highlight else LOSS_COLOUR if a == "recompute" else NOISE_COLOUR
+            colour = ARM_COLOUR if a == highlight else LOSS_COLOUR if a == REFERENCE_ARM else NOISE_COLOUR
             ax.scatter(shown, y + rng.uniform(-0.2, 0.2, len(shown)), s=7, color=colour, alpha=0.45,
                        linewidths=0, zorder=3)
         ax.set_xscale("log")

@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.arms import NOISE_ARM, UNDER_TEST_ARM
 from kvaudit.core.errors import KvauditError
-from kvaudit.reports.analysis import NOISE_ARM, Analysis
+from kvaudit.reports.analysis import Analysis
 from kvaudit.stats.leak_tests import text_leak_decision
 from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, check_confidence
 
@@ -71,7 +72,7 @@ class Check:
 @dataclass
 class Policy:
     source: str
-    arm: str = "reuse"
+    arm: str = UNDER_TEST_ARM
     confidence: float = DEFAULT_CONFIDENCE
     min_icc: float = 0.0
     checks: list[Check] = field(default_factory=list)
@@ -143,7 +144,7 @@ def _unknown(where: str, obj: dict[str, Any], allowed: set[str]) -> None:
 def parse_policy(raw: dict[str, Any], source: str) -> Policy:
     """Validate a policy dict (from TOML); errors name the file and field."""
     _unknown(source, raw, _TOP)
-    arm = raw.get("arm", "reuse")
+    arm = raw.get("arm", UNDER_TEST_ARM)
     if not isinstance(arm, str) or not arm:
         raise KvauditError(f"{source}: field 'arm' must be a non-empty string")
     conf = _num(f"{source}: field 'confidence'", raw.get("confidence", DEFAULT_CONFIDENCE))
@@ -253,9 +254,9 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
         return CheckResult(check.name, k, "pass" if rate >= p["min"] else "fail", _pct(rate), thr)
     if k == "leak_text":
         thr = f"Wilson upper bound ≤ {_pct(p['max'])}"
-        t = an.leaks["text"].get("reuse")
+        t = an.leaks["text"].get(UNDER_TEST_ARM)
         if t is None:
-            return _missing_result(check, "no probes", thr, "the run has no leak probes with a 'reuse' arm")
+            return _missing_result(check, "no probes", thr, f"the run has no leak probes with a '{UNDER_TEST_ARM}' arm")
         dec = text_leak_decision(t["leaks"], t["n"], p["max"], confidence=an.confidence)
         obs = f"{t['leaks']} of {t['n']} ({_pct(dec.rate)}, upper bound {_pct(dec.upper)})"
         detail = ", ".join(t["cases"][:5])

@@ -29,9 +29,9 @@ from typing import Any
 
 import pandas as pd
 
+from kvaudit.core.arms import REFERENCE_ARM
 from kvaudit.core.records import ArmResult, PairRecord, cluster_key, documents, flipped
 
-REFERENCE_ARM = "recompute"
 SCORE_METRICS = ("em", "f1", "rouge_l", "contains")
 # Answer-quality rows skip these tasks: leak probes are judged by kvaudit.stats.leaks.
 NON_QUALITY_TASKS = frozenset({"leak_probe"})

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from kvaudit.reports.analysis import NOISE_ARM, Analysis, arm_reason
+from kvaudit.core.arms import NOISE_ARM
+from kvaudit.reports.analysis import Analysis, arm_reason
 from kvaudit.reports.policy import Policy, evaluate, verdict
 
 

@@ -13,9 +13,17 @@ from typing import Any
 
 import numpy as np
 
+from kvaudit.core.arms import (
+    IDENTITY_ARM,
+    LEAK_CAPTURE_ARM,
+    NOISE_ARM,
+    REFERENCE_ARM,
+    UNDER_TEST_ARM,
+)
 from kvaudit.core.records import (
     AUDIT_FILE,
     MANIFEST_FILE,
+    MANIFEST_IDENTITY,
     PAIRS_FILE,
     ArmResult,
     PairRecord,
@@ -77,16 +85,16 @@ def make_pairs(n_per_task: int = 30, *, loss: dict[str, float] | None = None, se
             margin = float(rng.uniform(0.1, 6.0))
             t_ref = n_tok / 600
             arms = {
-                "recompute": _arm("recompute", ref_answer, rng, n_tok, reused=0, margin=margin,
-                                  ttft=t_ref, logit_diff=None, first_id=100 + i),
-                "reuse": _arm("reuse", reuse_answer, rng, n_tok, reused=0.9, margin=margin,
-                              ttft=t_ref / 12, logit_diff=float(rng.uniform(0.5, 4.0)),
-                              first_id=100 + i + (1 if broken else 0)),
-                "recompute_again": _arm("recompute_again", ref_answer, rng, n_tok, reused=0,
-                                        margin=margin, ttft=t_ref * 1.02, logit_diff=1e-5,
-                                        first_id=100 + i),
-                "identity": _arm("identity", ref_answer, rng, n_tok, reused=0.9, margin=margin,
-                                 ttft=t_ref / 11, logit_diff=5e-5, first_id=100 + i),
+                REFERENCE_ARM: _arm(REFERENCE_ARM, ref_answer, rng, n_tok, reused=0, margin=margin,
+                                    ttft=t_ref, logit_diff=None, first_id=100 + i),
+                UNDER_TEST_ARM: _arm(UNDER_TEST_ARM, reuse_answer, rng, n_tok, reused=0.9, margin=margin,
+                                     ttft=t_ref / 12, logit_diff=float(rng.uniform(0.5, 4.0)),
+                                     first_id=100 + i + (1 if broken else 0)),
+                NOISE_ARM: _arm(NOISE_ARM, ref_answer, rng, n_tok, reused=0,
+                                margin=margin, ttft=t_ref * 1.02, logit_diff=1e-5,
+                                first_id=100 + i),
+                IDENTITY_ARM: _arm(IDENTITY_ARM, ref_answer, rng, n_tok, reused=0.9, margin=margin,
+                                   ttft=t_ref / 11, logit_diff=5e-5, first_id=100 + i),
             }
             pairs.append(PairRecord(
                 case_id=cid, task=task,
@@ -111,16 +119,16 @@ def make_pairs(n_per_task: int = 30, *, loss: dict[str, float] | None = None, se
         n_tok = 600
         seg = docs[i % n_docs]
         arms = {
-            "recompute": _arm("recompute", "I don't know your name.", rng, n_tok, reused=0, margin=2.0,
-                              ttft=1.0, logit_diff=None, first_id=7, canary=base),
-            "reuse": _arm("reuse", "I don't know your name.", rng, n_tok, reused=0.9, margin=2.0,
-                          ttft=0.1, logit_diff=0.3, first_id=7, canary=neutral),
-            "reuse_first_user": _arm("reuse_first_user", "I don't know.", rng, n_tok, reused=0.9,
-                                     margin=2.0, ttft=0.1, logit_diff=0.5, first_id=7, canary=first_user),
-            "recompute_again": _arm("recompute_again", "I don't know your name.", rng, n_tok, reused=0,
-                                    margin=2.0, ttft=1.02, logit_diff=1e-5, first_id=7),
-            "identity": _arm("identity", "I don't know your name.", rng, n_tok, reused=0.9, margin=2.0,
-                             ttft=0.1, logit_diff=5e-5, first_id=7),
+            REFERENCE_ARM: _arm(REFERENCE_ARM, "I don't know your name.", rng, n_tok, reused=0, margin=2.0,
+                                ttft=1.0, logit_diff=None, first_id=7, canary=base),
+            UNDER_TEST_ARM: _arm(UNDER_TEST_ARM, "I don't know your name.", rng, n_tok, reused=0.9, margin=2.0,
+                                 ttft=0.1, logit_diff=0.3, first_id=7, canary=neutral),
+            LEAK_CAPTURE_ARM: _arm(LEAK_CAPTURE_ARM, "I don't know.", rng, n_tok, reused=0.9,
+                                   margin=2.0, ttft=0.1, logit_diff=0.5, first_id=7, canary=first_user),
+            NOISE_ARM: _arm(NOISE_ARM, "I don't know your name.", rng, n_tok, reused=0,
+                            margin=2.0, ttft=1.02, logit_diff=1e-5, first_id=7),
+            IDENTITY_ARM: _arm(IDENTITY_ARM, "I don't know your name.", rng, n_tok, reused=0.9, margin=2.0,
+                               ttft=0.1, logit_diff=5e-5, first_id=7),
         }
         pairs.append(PairRecord(
             case_id=f"leak_probe-{i:03d}", task="leak_probe", strata={}, n_prompt_tokens=n_tok,
@@ -140,7 +148,7 @@ def _consistent(p: PairRecord) -> None:
     for name, a in p.arms.items():
         a.ids_hash, a.segment_hashes = p.ids_hash, list(p.segment_hashes)
         a.truncation, a.decoding = dict(p.truncation), dict(p.decoding)
-        if name == "reuse":
+        if name == UNDER_TEST_ARM:
             a.segment_kv_fingerprints = {sid: f"fp-{sid}" for sid in p.segment_ids}
 
 
@@ -157,11 +165,11 @@ def make_run(run_dir: str | Path, pairs: list[PairRecord] | None = None, *,
     d = Path(run_dir)
     pairs = make_pairs(**kwargs) if pairs is None else pairs
     if audit_passed is False:
-        pairs[0].arms["identity"].logit_diff_vs_recompute = 0.9
+        pairs[0].arms[IDENTITY_ARM].logit_diff_vs_recompute = 0.9
     arms = list(dict.fromkeys(a for p in pairs for a in p.arms))
     decoding = {"greedy": True}
     write_json(d / MANIFEST_FILE, {
-        "identity": {"dataset_hash": "0" * 32, "model_fingerprint": "0" * 16, "model": "synthetic",
+        MANIFEST_IDENTITY: {"dataset_hash": "0" * 32, "model_fingerprint": "0" * 16, "model": "synthetic",
                      "backend": "synthetic", "dtype": "float32", "arms": arms, "decoding": decoding},
         "model": {"name": "synthetic", "fingerprint": "0" * 16, "dtype": "float32"},
         "backend": {"backend": "synthetic", "dtype": "float32"},

@@ -50,7 +50,7 @@ carries the name:
         beyond_chance               rank_test_p <= alpha
         verdict                     "fail" (beyond chance), "pass" (not, and decidable) or
                                     "undecided" (not, and too few probes)
-    neutral_text_leak_rate          text["reuse"]["rate"], or None
+    neutral_text_leak_rate          text[arm under test]["rate"], or None
     neutral_exposure_beyond_chance  the neutral policy's beyond_chance (False without probes)
     neutral_exposure_decidable      the neutral policy's decidable (False without probes)
 
@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from kvaudit.core.arms import LEAK_CAPTURE_ARM, REFERENCE_ARM, UNDER_TEST_ARM
 from kvaudit.core.records import PairRecord, cluster_key
 from kvaudit.stats.leak_tests import (
     DEFAULT_ALPHA,
@@ -81,12 +82,13 @@ from kvaudit.stats.leak_tests import (
 )
 from kvaudit.stats.paired import DEFAULT_CONFIDENCE, cluster_bootstrap_means
 
-# policy name -> (arm under test, reference arm)
+# policy name -> (arm under test, reference arm): the neutral policy is the arm under test against
+# the reference; the unsafe first-user capture is measured against the neutral policy.
 POLICIES: dict[str, tuple[str, str]] = {
-    "neutral": ("reuse", "recompute"),
-    "first_user": ("reuse_first_user", "reuse"),
+    "neutral": (UNDER_TEST_ARM, REFERENCE_ARM),
+    "first_user": (LEAK_CAPTURE_ARM, UNDER_TEST_ARM),
 }
-TEXT_ARMS = ("recompute", "reuse", "reuse_first_user")
+TEXT_ARMS = (REFERENCE_ARM, UNDER_TEST_ARM, LEAK_CAPTURE_ARM)
 
 
 def text_leak(answer: str, value: str) -> bool:
@@ -188,7 +190,7 @@ def leak_summary(pairs: Iterable[PairRecord], *, confidence: float = DEFAULT_CON
         "reference_shift": REFERENCE_SHIFT,
         "text": text,
         "exposure": exposure,
-        "neutral_text_leak_rate": text["reuse"]["rate"] if "reuse" in text else None,
+        "neutral_text_leak_rate": text[UNDER_TEST_ARM]["rate"] if UNDER_TEST_ARM in text else None,
         "neutral_exposure_beyond_chance": bool(neutral and neutral["beyond_chance"]),
         "neutral_exposure_decidable": bool(neutral and neutral["decidable"]),
     }

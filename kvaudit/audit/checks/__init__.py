@@ -10,7 +10,7 @@ registers itself with ``@check(name, required=...)`` (:mod:`kvaudit.audit.checks
 :func:`run_checks` runs them in that order (within a module, in order of definition). Adding a
 check to a concern is one decorated function in that module (docs/audit.md). Thresholds and
 tests are documented in the module that uses them: identity tolerances in
-:mod:`~kvaudit.audit.checks.identity`, the noise floor's test in :mod:`~kvaudit.audit.checks.noise`,
+:mod:`~kvaudit.audit.checks.identity_reuse`, the noise floor's test in :mod:`~kvaudit.audit.checks.noise`,
 the leak test in :mod:`~kvaudit.audit.checks.leaks`, coverage minimums in
 :mod:`~kvaudit.audit.checks.coverage`.
 """
@@ -35,7 +35,7 @@ from kvaudit.audit.checks.coverage import (
     check_coverage,
 )
 from kvaudit.audit.checks.history import check_history_independence
-from kvaudit.audit.checks.identity import (
+from kvaudit.audit.checks.identity_reuse import (
     DEFAULT_TOL,
     EXACT_DTYPES,
     IDENTITY_NOISE_SLACK,
@@ -52,7 +52,7 @@ from kvaudit.audit.checks.noise import check_noise_floor, check_prefix_cache_con
 from kvaudit.core.arms import NOISE_ARM
 
 # Concern modules in report order; importing one registers its checks.
-CONCERNS = ("inputs", "configuration", "identity", "history", "noise", "coverage", "leaks")
+CONCERNS = ("inputs", "configuration", "identity_reuse", "history", "noise", "coverage", "leaks")
 for _module in CONCERNS:
     importlib.import_module(f"{__name__}.{_module}")
 
