@@ -1,0 +1,59 @@
+"""The audit's check registry (kvaudit.audit.checks): report order, required flags, one reader.
+
+Synthetic runs only (no model): the registry and the shared pairs reader are read-only logic.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvaudit.audit import checks
+from kvaudit.audit.checks.base import REGISTRY, check, result
+from kvaudit.core.records import DatasetError, read_pairs
+from kvaudit.reports.analysis import load_run as report_load_run
+from kvaudit.reports.synthetic import make_run
+
+REPORT_ORDER = ["records", "same_inputs", "one_configuration", "identity_control", "reuse_happened",
+                "history_independence", "noise_floor", "prefix_cache_control", "coverage", "leak_probes"]
+NOT_REQUIRED = {"noise_floor", "prefix_cache_control", "coverage"}
+
+
+def test_registry_runs_every_check_in_report_order_with_its_required_flag(tmp_path):
+    assert [s.name for s in checks.registered()] == REPORT_ORDER
+    run = checks.load_run(make_run(tmp_path / "run", n_per_task=4, leak_probes=3, audit_passed=None))
+    results = checks.run_checks(run)
+    assert [r.name for r in results] == REPORT_ORDER
+    assert {r.name for r in results if not r.required} == NOT_REQUIRED
+    assert all(r.passed for r in results if r.required), [r for r in results if not r.passed]
+    # a check called directly is named by the registry too
+    direct = checks.check_identity(run, identity_tol=0.5)
+    assert (direct.name, direct.required) == ("identity_control", True) and "tolerance 0.5 = max(0.5," in direct.detail
+
+
+def test_a_check_cannot_be_registered_twice():
+    with pytest.raises(ValueError, match="registered twice"):
+        check("records", required=True)(lambda run: result(True, "x"))
+    assert REGISTRY["records"].required is True
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("task", 3, "field 'task' must be str"),
+    ("strata", [], "field 'strata' must be dict"),
+    ("arms.recompute.margin", "big", "arm 'recompute': field 'margin' must be int/float"),
+    ("arms.reuse.tokens_reused", True, "arm 'reuse': field 'tokens_reused' must be int"),
+])
+def test_audit_and_report_read_pairs_through_one_validated_reader(tmp_path, field, value, message):
+    run = make_run(tmp_path / "run", n_per_task=2, leak_probes=0, audit_passed=None)
+    rows = [json.loads(line) for line in (run / "pairs.jsonl").read_text().splitlines()]
+    target = rows[1]
+    *path, last = field.split(".")
+    for k in path:
+        target = target[k]
+    target[last] = value
+    (run / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for reader in (read_pairs, checks.load_run, report_load_run):
+        with pytest.raises(DatasetError, match="pairs.jsonl, line 2") as e:
+            reader(run)
+        assert message in str(e.value), (reader, str(e.value))
