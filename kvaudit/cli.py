@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from kvaudit.core.errors import USER_ERRORS
+from kvaudit.generators.registry import GENERATORS
 
 # name -> (module, help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -23,12 +24,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("kvaudit.reports.compare_cli", "runs side by side: compare.html and compare.json per dataset"),
     "simulate": ("kvaudit.simulator.simulate_cli", "prefix vs segment cache hit rates on a workload"),
     "demo": ("kvaudit.demo", "full audit of the default model and dataset, ending in an HTML report"),
-}
-GENERATORS: dict[str, tuple[str, str]] = {
-    "boxoffice": ("kvaudit.generators.boxoffice", "synthetic film world with reuse dynamics"),
-    "corpus": ("kvaudit.generators.corpus", "dataset from your own corpus"),
-    "import": ("kvaudit.generators.importers", "import ctxs-style or LongBench RAG sets"),
-    "workload": ("kvaudit.generators.workload", "Zipfian request workload for the cache simulator"),
 }
 
 

@@ -95,7 +95,7 @@ def parse_arms(text: str, backend: str | None = None) -> list[str]:
     unknown = [a for a in names if a not in ARMS]
     if unknown:
         raise KvauditError(f"--arms: unknown arm {unknown[0]!r}; known arms: {', '.join(ARMS)}")
-    chosen = set(names) | {"recompute"}
+    chosen = set(names) | {REFERENCE_ARM}
     chosen |= {r for a in list(chosen) for r in ARMS[a].requires}
     if backend is not None:
         check_backend(chosen, backend)

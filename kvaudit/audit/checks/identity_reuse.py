@@ -126,7 +126,11 @@ def check_identity(run: LoadedRun, identity_tol: float | None = None):
                 problems[p.case_id].append(f"answer {short(r.answer, 40)!r} differs from "
                                            f"{REFERENCE_ARM}'s {short(ref.answer, 40)!r}")
     n = sum(1 for p in run.pairs if IDENTITY_ARM in p.arms)
-    stats = f"max logit diff {fmt(max(diffs) if diffs else None)} over {n} cases ({why})"
+    # Backends measure the first-token difference differently (runners.backend.LOGIT_DIFF_KINDS):
+    # say which, so a table never reads a top-20 log-probability difference as a logit one.
+    kind = manifest_get(run.manifest, "backend", "logit_diff_kind") or "logits"
+    label = "logit diff" if kind == "logits" else f"{kind.replace('_', ' ')} diff"
+    stats = f"max {label} {fmt(max(diffs) if diffs else None)} over {n} cases ({why})"
     warning = None
     if relative:
         with_identity = {p.case_id for p in run.pairs if IDENTITY_ARM in p.arms}
