@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.arms import NOISE_ARM, UNDER_TEST_ARM
+from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, UNDER_TEST_ARM
 from kvaudit.core.errors import KvauditError
 from kvaudit.reports.analysis import Analysis
 from kvaudit.stats.leak_tests import text_leak_decision
@@ -272,7 +272,7 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
         thr = f"rank test p > {an.leaks['alpha']:g} with enough probes"
         if e is None:
             return _missing_result(check, "no probes", thr,
-                                   "no leak probes with candidate log-probs under 'reuse' and 'recompute'")
+                                   f"no leak probes with candidate log-probs under '{UNDER_TEST_ARM}' and '{REFERENCE_ARM}'")
         obs = (f"rank test p={e['rank_test_p']:.3g}, mean rank {e['mean_rank']:.2f} vs chance "
                f"{e['chance_rank']:.2f}, {e['n']} probes")
         power = f"power {e['power']:.0%} at the reference effect; {e['min_probes']} probes needed"

@@ -26,6 +26,7 @@ from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import (
     AUDIT_FILE,
     MANIFEST_FILE,
+    MANIFEST_IDENTITY,
     PAIRS_FILE,
     Case,
     Dataset,
@@ -110,7 +111,7 @@ def check_resumable(out: Path, identity: dict[str, Any]) -> dict[str, Any] | Non
             raise KvauditError(f"{out}: has {PAIRS_FILE} but no {MANIFEST_FILE}; use a new --out directory")
         return None
     old = read_manifest(out)
-    prev = old.get("identity", {})
+    prev = old.get(MANIFEST_IDENTITY, {})
     diffs = [k for k in identity if prev.get(k) != identity[k]]
     if diffs:
         k = diffs[0]
@@ -222,7 +223,7 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> dict[
     info = backend.info()
     manifest: dict[str, Any] = {
         "kvaudit_version": __import__("kvaudit").__version__,
-        "identity": identity,
+        MANIFEST_IDENTITY: identity,
         "backend": info,
         "model": {"name": cfg.model_name, "fingerprint": backend.fingerprint, "dtype": info["dtype"]},
         "threads": torch.get_num_threads(),
