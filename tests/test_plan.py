@@ -83,3 +83,24 @@ def test_plan_refuses_a_policy_without_thresholds(tmp_path: Path, capsys) -> Non
     policy.write_text("[audit]\nrequire_passed = true\n", encoding="utf-8")
     assert main(["plan", "--policy", str(policy), "--cases", "100"]) == 2
     assert "no [[delta]] thresholds" in capsys.readouterr().err
+
+
+def test_plan_uses_the_policys_min_icc(tmp_path):
+    """A policy that floors the design effect plans with that floor: less power, same design."""
+    import argparse
+
+    from kvaudit.reports import plan_cli
+
+    def run_plan(policy_text: str) -> dict:
+        policy = tmp_path / f"p{abs(hash(policy_text))}.toml"
+        policy.write_text(policy_text)
+        parser = argparse.ArgumentParser()
+        plan_cli.add_arguments(parser)
+        args = parser.parse_args(["--policy", str(policy), "--cases", "600", "--cluster-size", "10",
+                                  "--reps", "60"])
+        return plan_cli.plan(args)
+
+    base = '[[delta]]\ngroup = "overall"\nmin_lower_bound = -5.0\n'
+    plain, floored = run_plan(base), run_plan("min_icc = 0.3\n" + base)
+    assert floored["min_icc"] == 0.3 and plain["min_icc"] == 0.0
+    assert floored["thresholds"][0]["power"] < plain["thresholds"][0]["power"]

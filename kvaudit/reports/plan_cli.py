@@ -146,6 +146,10 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     if not deltas:
         raise _error(f"--policy {policy.source}: the policy has no [[delta]] thresholds to plan for")
     het = cal.Design.heterogeneity if args.heterogeneity is None else args.heterogeneity
+
+    def gate(diffs: Any, members: Any, conf: float) -> Any:  # the policy's own bound
+        return cal.new_gate(diffs, members, conf, min_icc=policy.min_icc)
+
     pilot = (_pilot_groups(args.from_run, policy.arm, [c.params["group"] for c in deltas])
              if args.from_run is not None else None)
 
@@ -180,9 +184,11 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             raise _error(f"threshold '{check.name}' ({100 * margin:+g} pts): {_options(str(e))} "
                          "(see --gain-rate, --base-accuracy, --heterogeneity)") from None
         t = time.perf_counter()
-        c = cal.characterise(design, margin, reps=args.reps, seed=args.seed, confidence=confidence)
+        c = cal.characterise(design, margin, reps=args.reps, seed=args.seed, confidence=confidence,
+                             statistic=gate)
         needed = cal.cases_for_power(design, margin, target=POWER_TARGET, reps=args.reps,
-                                     seed=args.seed, confidence=confidence, max_n=MAX_CASES)
+                                     seed=args.seed, confidence=confidence, max_n=MAX_CASES,
+                                     statistic=gate)
         rows.append({
             **row, "cases": design.n, "design": {**asdict(design), "n_documents": design.n_documents},
             "false_pass": c.at_margin.passed, "false_pass_se": c.at_margin.passed_se,
@@ -192,6 +198,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             "cases_for_80_power": needed, "seconds": round(time.perf_counter() - t, 2),
         })
     return {"policy": policy.source, "arm": policy.arm, "confidence": confidence,
+            "min_icc": policy.min_icc,
             "one_sided_level": (1 + confidence) / 2,
             "source": f"pilot run {args.from_run}" if args.from_run else "the command line",
             "reps": args.reps, "seed": args.seed, "power_target": POWER_TARGET, "thresholds": rows}

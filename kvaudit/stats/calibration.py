@@ -149,10 +149,10 @@ class Rates:
 
 
 def new_gate(diffs: np.ndarray, memberships: Sequence[Sequence[str]],
-             confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float] | None:
+             confidence: float = DEFAULT_CONFIDENCE, *, min_icc: float = 0.0) -> tuple[float, float, float] | None:
     """The shipped gate as a :data:`Statistic`: :func:`paired_bound`'s lower end for the
-    decision and its two-sided interval for coverage."""
-    b = paired_bound(diffs, memberships, confidence=confidence)
+    decision and its two-sided interval for coverage (``min_icc`` as a policy sets it)."""
+    b = paired_bound(diffs, memberships, confidence=confidence, min_icc=min_icc)
     if not b.decidable:
         return None
     return b.lower, b.lower, b.upper
@@ -203,12 +203,12 @@ def characterise(design: Design, margin: float, *, reps: int = 1000, seed: int =
 
 def cases_for_power(design: Design, margin: float, *, target: float = 0.80, reps: int = 300,
                     seed: int = 0, confidence: float = DEFAULT_CONFIDENCE,
-                    max_n: int = 20000) -> int | None:
+                    max_n: int = 20000, statistic: Statistic | None = None) -> int | None:
     """Fewest cases (same cluster size and mix) at which the gate passes a true delta of 0 with
     ``target`` probability, by doubling then bisection on simulated power; None beyond ``max_n``."""
     def power(n: int) -> float:
         return rates(replace(design, n=n), 0.0, margin, reps=reps, seed=seed,
-                     confidence=confidence).passed
+                     confidence=confidence, statistic=statistic).passed
 
     lo, hi = 0, max(20, design.n)
     while power(hi) < target:
