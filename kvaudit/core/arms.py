@@ -7,10 +7,25 @@ floor" asks for the role (:func:`arm_for`, or the constants below), never for a 
 cached keys are moved to their new positions; ``backends`` limits an arm to the backends that
 can run it; ``scores_candidates`` marks the arms whose leak-probe candidates are scored;
 ``requires`` names arms that must run before it in the same case.
+
+**Parameterised arms.** The repairs of naive reuse are families with a parameter, resolved by
+:func:`get_arm` rather than listed: ``blend@R`` (CacheBlend-style: recompute the share ``R`` in
+[0, 1] of segment tokens whose KV deviates most from in-context KV at layer
+:data:`BLEND_SELECT_LAYER`) and ``epic@K`` (EPIC-style: recompute the first ``K`` >= 0 tokens of
+every segment). Both start from the same ids and the same neutral segment KV as ``reuse``
+(``repair`` names the family, ``param`` its parameter); ``blend@0``/``epic@0`` must equal
+``reuse`` exactly and ``blend@1``/``epic@K`` over whole segments must equal the reference (the
+audit's repair controls). ``prompt`` says which prompt an arm consumes: ``"case"`` (the case's
+ids, every arm but the oracle pair) or ``"evidence"`` (the ``oracle`` pair: only the case's
+evidence segments, :func:`evidence_only`); ``reference`` is the arm it is compared with (the
+oracle's own recompute, since it changes the prompt). Every lookup by name outside this module
+goes through :func:`get_arm`.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 from kvaudit.core.errors import KvauditError
@@ -24,7 +39,14 @@ ROLES = {
     "leak_capture": "an unsafe capture policy, for leak probes only",
     "engine_prefix": "the serving engine's own exact prefix cache, first arrival",
     "engine_prefix_warm": "the engine's prefix cache again, warm",
+    "repair": "a repair of naive reuse (selective recompute from the same neutral segment KV)",
+    "oracle_reference": "the reference on the evidence-only prompt: what the oracle is compared with",
+    "oracle": "reuse on the evidence-only prompt: splits reuse's loss into distractors and missing "
+              "cross-attention",
 }
+REPAIRS = ("blend", "epic")  # parameterised families (get_arm)
+BLEND_SELECT_LAYER = 1  # blend@R measures KV deviation at this layer (0-based; layer 0 cannot deviate)
+PROMPTS = ("case", "evidence")
 
 
 @dataclass(frozen=True)
@@ -38,6 +60,15 @@ class ArmSpec:
     why: str = ""
     backends: tuple[str, ...] | None = None  # None: every backend
     requires: tuple[str, ...] = ()  # arms that must run before this one in the same case
+    repair: str | None = None  # "blend" | "epic": a parameterised repair of reuse (get_arm)
+    param: float | None = None  # blend: share of segment tokens recomputed; epic: tokens per segment
+    prompt: str = "case"  # "case" | "evidence" (the oracle pair: evidence segments only)
+    reference: str = ""  # the arm this one is compared with ("": the reference arm)
+
+    @property
+    def compared_with(self) -> str:
+        """The arm this arm's deltas, flips and logit differences are taken against."""
+        return self.reference or REFERENCE_ARM
 
 
 ARMS: dict[str, ArmSpec] = {
@@ -60,8 +91,101 @@ ARMS: dict[str, ArmSpec] = {
                 requires=("prefix_cache_cold",),
                 why="the same prompt again right after prefix_cache_cold, warm: exact KV for all but the last "
                     "block; answers that differ from the cold run are the prefix cache's own nondeterminism"),
+        ArmSpec("oracle_recompute", None, role="oracle_reference", prompt="evidence",
+                why="a full prefill of the evidence-only prompt (the case's distractor segments left out): "
+                    "the oracle's reference; against recompute it shows what the distractors do to the model itself"),
+        ArmSpec("oracle", "neutral", role="oracle", prompt="evidence", reference="oracle_recompute",
+                requires=("oracle_recompute",),
+                why="reuse on the evidence-only prompt, compared only with oracle_recompute (it changes the "
+                    "prompt): the loss left without distractors is missing cross-attention between the "
+                    "evidence segments; the rest of reuse's loss comes with the distractors"),
     )
 }
+
+
+_PARAM = re.compile(r"^(blend|epic)@(.+)$")
+
+
+def _repair_spec(family: str, raw: str, name: str) -> ArmSpec:
+    if family == "blend":
+        try:
+            share = float(raw)
+        except ValueError:
+            share = math.nan
+        if not (math.isfinite(share) and 0.0 <= share <= 1.0):
+            raise KvauditError(f"arm {name!r}: blend@R needs a share R in [0, 1] (e.g. blend@0.15)")
+        canonical = f"blend@{share:g}"
+        what = (" (control: must equal reuse exactly)" if share == 0 else
+                " (control: must equal recompute)" if share == 1 else "")
+        why = (f"CacheBlend-style selective recompute: KV computed in context for the first "
+               f"{BLEND_SELECT_LAYER + 1} layers is compared with the reused KV, and the {share:.0%} of "
+               f"segment tokens that deviate most at layer {BLEND_SELECT_LAYER} are recomputed in every "
+               f"layer; the rest is reused{what}")
+        return ArmSpec(canonical, "neutral", role="repair", repair="blend", param=share,
+                       backends=("transformers",), why=why)
+    if not raw.isdigit():
+        raise KvauditError(f"arm {name!r}: epic@K needs a whole number of tokens K >= 0 (e.g. epic@16)")
+    k = int(raw)
+    what = (" (control: must equal reuse exactly)" if k == 0 else
+            "; over whole segments it is a control that must equal recompute")
+    why = (f"EPIC-style: the first {k} tokens of every segment recomputed in context (every layer), "
+           f"the rest reused{what}")
+    return ArmSpec(f"epic@{k}", "neutral", role="repair", repair="epic", param=float(k),
+                   backends=("transformers",), why=why)
+
+
+def get_arm(name: str) -> ArmSpec:
+    """The spec of arm ``name``: a registry entry or a parameterised repair (``blend@R``,
+    ``epic@K``); a :class:`KvauditError` naming the known arms for anything else."""
+    spec = ARMS.get(name)
+    if spec is not None:
+        return spec
+    m = _PARAM.match(name) if isinstance(name, str) else None
+    if m is None:
+        raise KvauditError(f"unknown arm {name!r}; known arms: {', '.join(ARMS)}, "
+                           "blend@R (R in [0, 1]) and epic@K (K >= 0 tokens)")
+    return _repair_spec(m.group(1), m.group(2), name)
+
+
+def known_arm(name: str) -> bool:
+    """Whether ``name`` is an arm :func:`get_arm` resolves."""
+    try:
+        get_arm(name)
+    except KvauditError:
+        return False
+    return True
+
+
+def reference_of(name: str) -> str:
+    """The arm ``name`` is compared with (the reference arm for a name that is not an arm)."""
+    return get_arm(name).compared_with if known_arm(name) else REFERENCE_ARM
+
+
+def is_repair(name: str) -> bool:
+    return known_arm(name) and get_arm(name).repair is not None
+
+
+def evidence_only(segment_ids: list[str], evidence: list[str], has_canary: bool) -> list[str]:
+    """The segments of the oracle's evidence-only prompt, in prompt order: the case's kept
+    segments that are evidence. Empty (the oracle pair does not run) for a leak probe or a case
+    naming no kept evidence."""
+    if has_canary:
+        return []
+    ev = set(evidence)
+    return [s for s in segment_ids if s in ev]
+
+
+def repair_count(spec: ArmSpec, spans: list[tuple[int, int]] | list[list[int]]) -> int:
+    """How many segment tokens a repair arm recomputes on a prompt with these segment spans (0
+    for an arm that is not a repair): ``epic@K`` the first K of each segment, ``blend@R`` the
+    share R of all segment tokens, rounded half up."""
+    if spec.repair == "epic":
+        k = int(spec.param or 0)
+        return sum(min(k, int(e) - int(s)) for s, e in spans)
+    if spec.repair == "blend":
+        n = sum(int(e) - int(s) for s, e in spans)
+        return min(n, int(math.floor((spec.param or 0.0) * n + 0.5)))
+    return 0
 
 
 def arm_for(role: str) -> str:
@@ -82,30 +206,46 @@ UNDER_TEST_ARM = arm_for("under_test")  # the default arm a policy judges
 IDENTITY_ARM = arm_for("identity_control")
 NOISE_ARM = arm_for("noise_floor")
 LEAK_CAPTURE_ARM = arm_for("leak_capture")
+ORACLE_ARM = arm_for("oracle")
+ORACLE_REFERENCE_ARM = arm_for("oracle_reference")
 DEFAULT_ARMS = (REFERENCE_ARM, UNDER_TEST_ARM, IDENTITY_ARM)
 # recompute first, recompute_again last: the noise floor sees a different position in the sequence.
+# Parameterised repairs sort right after reuse (blend by share, then epic by tokens).
 CANONICAL_ORDER = ("recompute", "reuse", "identity", "reuse_norope", "reuse_first_user",
-                   "prefix_cache_cold", "prefix_cache", "recompute_again")
+                   "prefix_cache_cold", "prefix_cache", "oracle_recompute", "oracle", "recompute_again")
+# The arms a routing frontier compares: the policy under test and its repairs.
+FRONTIER_ROLES = ("under_test", "repair")
+
+
+def order_key(name: str) -> tuple[float, int, float]:
+    """Sort key of the canonical order, parameterised repairs included."""
+    spec = get_arm(name)
+    if spec.repair is not None:
+        return (CANONICAL_ORDER.index(UNDER_TEST_ARM) + 0.5, REPAIRS.index(spec.repair), spec.param or 0.0)
+    return (float(CANONICAL_ORDER.index(name)), 0, 0.0)
 
 
 def parse_arms(text: str, backend: str | None = None) -> list[str]:
     """Parse ``--arms a,b,c`` for ``backend``; adds ``recompute`` and the arms the chosen ones
     require, and returns the canonical order."""
     names = [a.strip() for a in text.split(",") if a.strip()]
-    unknown = [a for a in names if a not in ARMS]
-    if unknown:
-        raise KvauditError(f"--arms: unknown arm {unknown[0]!r}; known arms: {', '.join(ARMS)}")
-    chosen = set(names) | {REFERENCE_ARM}
-    chosen |= {r for a in list(chosen) for r in ARMS[a].requires}
+    try:
+        specs = [get_arm(a) for a in names]
+    except KvauditError as e:
+        raise KvauditError(f"--arms: {e}") from None
+    chosen = {s.name for s in specs} | {REFERENCE_ARM}
+    chosen |= {r for a in list(chosen) for r in get_arm(a).requires}
     if backend is not None:
         check_backend(chosen, backend)
-    return [a for a in CANONICAL_ORDER if a in chosen]
+    return sorted(chosen, key=order_key)
 
 
 def check_backend(arms: set[str] | list[str], backend: str) -> None:
     """Refuse arms the backend cannot run, naming the backend that can."""
     for a in arms:
-        spec = ARMS[a]
+        spec = get_arm(a)
         if spec.backends is not None and backend not in spec.backends:
+            what = ("its selective recompute is implemented there only" if spec.repair
+                    else "it measures that engine's own cache")
             raise KvauditError(f"--arms: arm {a!r} needs --backend {' or '.join(spec.backends)} "
-                               f"(it measures that engine's own cache), not {backend}")
+                               f"({what}), not {backend}")

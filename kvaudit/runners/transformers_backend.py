@@ -5,6 +5,18 @@ every id. Reuse arms prefill the head fresh, take each segment's KV from a store
 its new position when the arm says so), and prefill the tail on top; no fresh tokens sit between
 segments. Time to first token covers everything from cache lookup to the first token's argmax;
 building segment KV (the one-time warm-up) is timed on its own.
+
+**Repairs** (``blend@R``, ``epic@K``; :mod:`kvaudit.core.arms`) share one selective-recompute
+mechanism, :meth:`TransformersBackend.recompute_tokens`: on the loaded prefix KV (fresh head and
+re-rotated neutral segment KV, exactly what ``reuse`` uses) the tokens of a set S of segment
+positions are run again at their own positions, their queries attending over the mixed cache
+(the reused KV of every other token, the recomputed KV of S) and their keys and values replacing
+the reused ones at every layer; then the tail is prefilled as in reuse. ``epic`` picks S by
+position; ``blend`` by KV deviation: KV of the first :data:`~kvaudit.core.arms.BLEND_SELECT_LAYER`
++ 1 layers is computed in context and S is the share of segment tokens whose keys and values
+deviate most from the reused ones at that layer. S empty runs nothing (bit-for-bit reuse); S
+every segment token is a chunked full prefill (recompute, up to rounding). A repair's TTFT
+includes its selection and its recomputation.
 """
 
 from __future__ import annotations
@@ -15,7 +27,7 @@ from typing import Any
 
 import torch
 
-from kvaudit.core.arms import ArmSpec
+from kvaudit.core.arms import BLEND_SELECT_LAYER, ArmSpec, repair_count
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import ids_hash
 from kvaudit.runners.backend import ArmOutput, Decoding, build_arm_result, model_shape_info
@@ -133,12 +145,16 @@ class TransformersBackend:
         self.cache.put(key, entry)
         return entry, entry.build_s
 
+    def neutral_entries(self, prompt: Prompt) -> list[tuple[SegmentKV, float]]:
+        """Each segment's neutral entry and its build time (0.0: it was already cached)."""
+        return [self.neutral_entry(prompt.unit_ids(i), prompt.segment_hashes[i])
+                for i in range(len(prompt.spans))]
+
     def segment_entries(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None
                         ) -> tuple[list[SegmentKV], float, int]:
         """Segment KV for ``prompt`` under ``spec``: (entries, build seconds, tokens already cached)."""
         if spec.source == "neutral":
-            built = [self.neutral_entry(prompt.unit_ids(i), prompt.segment_hashes[i])
-                     for i in range(len(prompt.spans))]
+            built = self.neutral_entries(prompt)
             hit = sum(e.n_tokens for e, b in built if b == 0.0)
             return [e for e, _ in built], sum(b for _, b in built), hit
         if spec.source == "in_context":
@@ -157,10 +173,19 @@ class TransformersBackend:
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, spec: ArmSpec, entries: list[SegmentKV]) -> tuple[Any, torch.Tensor, int]:
         """Prefill ``prompt`` under ``spec``; returns (cache, first-token logits, tokens reused)."""
+        cache, logits, reused, _ = self.prefill_detail(prompt, spec, entries)
+        return cache, logits, reused
+
+    @torch.inference_mode()
+    def prefill_detail(self, prompt: Prompt, spec: ArmSpec, entries: list[SegmentKV]
+                       ) -> tuple[Any, torch.Tensor, int, dict[str, Any] | None]:
+        """:meth:`prefill`, plus a repair arm's account (None for other arms): the positions it
+        recomputed, how many of how many segment tokens, and the seconds its selection and its
+        recomputation took (both inside the prefill, so inside TTFT)."""
         cache = self.new_cache()
         if spec.source is None:
             logits = self.forward(prompt.ids, 0, cache)
-            return cache, logits[-1], 0
+            return cache, logits[-1], 0, None
         self.forward(prompt.ids[: prompt.head_len], 0, cache)
         head_k, head_v = self.stacked_kv(cache)
         # Assemble in place: the head's KV, then each segment's keys rotated straight into their
@@ -175,9 +200,92 @@ class TransformersBackend:
             self.rope.rotate(entry.keys, delta, out=k_all[:, 0, :, s:e])
             v_all[:, 0, :, s:e] = entry.values
         cache = self.new_cache([(k_all[i], v_all[i]) for i in range(n_layers)])
+        reused = sum(e.n_tokens for e in entries)
+        detail = None
+        if spec.repair is not None:
+            t0 = time.perf_counter()
+            chosen = self.select_tokens(prompt, spec, cache)
+            t1 = time.perf_counter()
+            self.recompute_tokens(prompt, cache, chosen)
+            t2 = time.perf_counter()
+            reused -= len(chosen)
+            seg = prompt.tail_start - prompt.head_len
+            detail = {"repair": spec.repair, "param": spec.param, "recomputed": chosen,
+                      "n_recomputed": len(chosen), "segment_tokens": seg,
+                      "share": len(chosen) / seg if seg else 0.0,
+                      "select_s": t1 - t0, "recompute_s": t2 - t1}
         tail = prompt.ids[prompt.tail_start:]
         logits = self.forward(tail, prompt.tail_start, cache)
-        return cache, logits[-1], sum(e.n_tokens for e in entries)
+        return cache, logits[-1], reused, detail
+
+    # ------------------------------------------------------------------ repairs
+
+    def select_tokens(self, prompt: Prompt, spec: ArmSpec, cache: Any) -> list[int]:
+        """The segment positions a repair arm recomputes, ascending (:func:`repair_count` of them)."""
+        spans = list(prompt.spans)
+        k = repair_count(spec, spans)
+        if spec.repair == "epic":
+            n = int(spec.param or 0)
+            return [p for s, e in spans for p in range(s, min(e, s + n))]
+        if spec.repair != "blend":
+            raise KvauditError(f"unknown repair {spec.repair!r}")
+        deviation = self.kv_deviation(prompt, cache)  # always measured: blend@0/1 time it too
+        if k <= 0:
+            return []
+        top = torch.topk(deviation, k).indices + prompt.head_len
+        return sorted(int(p) for p in top)
+
+    @torch.inference_mode()
+    def kv_deviation(self, prompt: Prompt, cache: Any, layer: int = BLEND_SELECT_LAYER) -> torch.Tensor:
+        """Per segment token (prompt order), the squared distance between its KV computed in
+        context and the reused KV in ``cache`` at ``layer``, keys and values together: the first
+        ``layer + 1`` layers alone are run over the head and segments (CacheBlend's selection)."""
+        h, n = prompt.head_len, prompt.tail_start
+        fresh = self.new_cache()
+        inner = self.model.model
+        layers = inner.layers
+        inner.layers = layers[: layer + 1]
+        try:
+            x = torch.tensor([prompt.ids[:n]], device=self.device)
+            pos = torch.arange(0, n, device=self.device).unsqueeze(0)
+            inner(input_ids=x, position_ids=pos, use_cache=True, **{self._cache_kw: fresh})
+        finally:
+            inner.layers = layers
+        fk, fv = fresh.layers[layer].keys[0, :, h:n], fresh.layers[layer].values[0, :, h:n]
+        rk, rv = cache.layers[layer].keys[0, :, h:n], cache.layers[layer].values[0, :, h:n]
+        dev = (fk.float() - rk.float()).pow(2).sum(dim=(0, 2)) + (fv.float() - rv.float()).pow(2).sum(dim=(0, 2))
+        return dev
+
+    @torch.inference_mode()
+    def recompute_tokens(self, prompt: Prompt, cache: Any, positions: list[int]) -> None:
+        """Recompute the KV of the tokens at ``positions`` (segment positions, ascending) in every
+        layer, in place: one forward of those tokens at their own positions whose attention mask
+        lets each see every earlier cached token except the stale entries of ``positions``, and
+        the recomputed ones at or before it; their new keys and values then replace the reused
+        ones and the cache is cut back to the segment end. No positions: nothing runs."""
+        if not positions:
+            return
+        n = prompt.tail_start
+        cached = cache.get_seq_length()
+        if cached != n:
+            raise KvauditError(f"recompute_tokens: the cache holds {cached} tokens, expected {n}")
+        dtype = next(self.model.parameters()).dtype
+        pos = torch.tensor(positions, device=self.device)
+        chosen = torch.zeros(n, dtype=torch.bool, device=self.device)
+        chosen[pos] = True
+        key_pos = torch.arange(n, device=self.device)
+        see_cached = (key_pos[None, :] <= pos[:, None]) & ~chosen[None, :]
+        see_new = pos[None, :] <= pos[:, None]
+        allowed = torch.cat([see_cached, see_new], dim=1)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+        x = torch.tensor([[prompt.ids[p] for p in positions]], device=self.device)
+        self.model(input_ids=x, position_ids=pos.unsqueeze(0), attention_mask=mask[None, None],
+                   use_cache=True, logits_to_keep=1, **{self._cache_kw: cache})
+        for layer in cache.layers:
+            layer.keys[:, :, pos] = layer.keys[:, :, n:]
+            layer.values[:, :, pos] = layer.values[:, :, n:]
+        self.truncate(cache, n)
 
     @torch.inference_mode()
     def decode(self, cache: Any, first_logits: torch.Tensor, start: int) -> list[int]:
@@ -213,11 +321,24 @@ class TransformersBackend:
 
     def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
                 candidates: list[str] | None = None) -> ArmOutput:
-        entries, build_s, hit = ([], 0.0, 0) if spec.source is None else self.segment_entries(prompt, spec, capture_prompt)
+        hits: list[bool] = []
+        if spec.source is None:
+            entries, build_s, hit = [], 0.0, 0
+        elif spec.repair is not None:  # per-segment hits: recomputed tokens are not cache hits
+            built = self.neutral_entries(prompt)
+            entries, build_s = [e for e, _ in built], sum(b for _, b in built)
+            hits = [b == 0.0 for _, b in built]
+            hit = sum(e.n_tokens for e, b in built if b == 0.0)
+        else:
+            entries, build_s, hit = self.segment_entries(prompt, spec, capture_prompt)
         t0 = time.perf_counter()
-        cache, first_logits, reused = self.prefill(prompt, spec, entries)
+        cache, first_logits, reused, detail = self.prefill_detail(prompt, spec, entries)
         top = torch.topk(first_logits, self.decoding.top_k_logits)
         ttft = time.perf_counter() - t0
+        if detail is not None:
+            recomputed = set(detail["recomputed"])
+            hit -= sum(1 for (s, e), was_hit in zip(prompt.spans, hits) if was_hit
+                       for p in range(s, e) if p in recomputed)
         t1 = time.perf_counter()
         answer_ids = self.decode(cache, first_logits, len(prompt.ids))
         decode_s = time.perf_counter() - t1
@@ -231,4 +352,4 @@ class TransformersBackend:
             tokens_reused=reused, cache_hit_tokens=hit,
             fingerprints={sid: e.fingerprint for sid, e in zip(prompt.segment_ids, entries)},
             canary=canary)
-        return ArmOutput(result=result, first_logits=first_logits, build_s=build_s)
+        return ArmOutput(result=result, first_logits=first_logits, build_s=build_s, detail=detail)
