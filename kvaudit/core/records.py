@@ -165,6 +165,12 @@ class ArmResult:
     logit_diff_vs_recompute: float | None = None
     segment_kv_fingerprints: dict[str, str] = field(default_factory=dict)
     canary_logprobs: dict[str, float] | None = None
+    # What a serving engine reported about this arm's request(s) (HTTP backends): the prompt ids
+    # it says it consumed (``prompt_ids_hash``), the cached prompt tokens it reported
+    # (``cached_tokens``; None when it reports none), the model it names (``model``), and the
+    # tokens the warm-up or tenant requests of this arm found cached (``warmup_cached_tokens``).
+    # ``None`` for in-process backends, whose evidence the runner holds directly.
+    engine: dict[str, Any] | None = None
 
 
 @dataclass
@@ -422,6 +428,7 @@ _ARM_TYPES: dict[str, type | tuple] = {
 }
 _ARM_OPTIONAL: dict[str, type | tuple] = {
     "logit_diff_vs_recompute": (int, float), "segment_kv_fingerprints": dict, "canary_logprobs": dict,
+    "engine": dict,
 }
 
 
