@@ -16,6 +16,7 @@ from kvaudit.reports.analysis import load_run as report_load_run
 from kvaudit.reports.synthetic import make_run
 
 REPORT_ORDER = ["records", "same_inputs", "one_configuration", "identity_control", "reuse_happened",
+                "repair_equals_reuse", "repair_equals_recompute",
                 "history_independence", "noise_floor", "prefix_cache_control", "coverage", "leak_probes"]
 NOT_REQUIRED = {"noise_floor", "prefix_cache_control", "coverage"}
 

@@ -57,6 +57,7 @@ class ArmSpec:
     scores_candidates: bool = False  # leak probes: candidate names are scored under this arm
     rerotate: bool = True
     leak_only: bool = False  # run only on cases that carry a canary
+    perturbs_batch: bool = False  # run beside a filler request, so the batch differs from the reference's
     why: str = ""
     backends: tuple[str, ...] | None = None  # None: every backend
     requires: tuple[str, ...] = ()  # arms that must run before this one in the same case
@@ -81,16 +82,29 @@ ARMS: dict[str, ArmSpec] = {
                     "must equal recompute, proving the reuse code"),
         ArmSpec("reuse_norope", "neutral", role="position_control", rerotate=False,
                 why="reuse without re-rotation: isolates the position error"),
-        ArmSpec("recompute_again", None, role="noise_floor", why="a second independent recompute: the noise floor"),
+        ArmSpec("recompute_again", None, role="noise_floor", perturbs_batch=True, why="a second independent recompute: the noise floor"),
         ArmSpec("reuse_first_user", "first_user", role="leak_capture", scores_candidates=True, leak_only=True,
                 why="segment KV captured from the first user request (unsafe policy), for leak probes"),
-        ArmSpec("prefix_cache_cold", "engine_prefix", role="engine_prefix", backends=("vllm",),
+        ArmSpec("prefix_cache_cold", "engine_prefix", role="engine_prefix", backends=("vllm", "openai"),
                 why="vLLM's automatic prefix caching on one cache shared by the whole run, the first time "
                     "this prompt arrives: its cached tokens are what exact prefix reuse finds on this workload"),
-        ArmSpec("prefix_cache", "engine_prefix", role="engine_prefix_warm", backends=("vllm",),
+        ArmSpec("prefix_cache_flushed", "engine_prefix", role="engine_prefix_flushed", backends=("openai",),
+                requires=("prefix_cache_cold",),
+                why="the same prompt after the server's prefix-cache reset (cold again): an answer that differs "
+                    "from prefix_cache_cold is the engine's own nondeterminism, not the cache"),
+        ArmSpec("prefix_cache", "engine_prefix", role="engine_prefix_warm", backends=("vllm", "openai"),
                 requires=("prefix_cache_cold",),
                 why="the same prompt again right after prefix_cache_cold, warm: exact KV for all but the last "
                     "block; answers that differ from the cold run are the prefix cache's own nondeterminism"),
+        ArmSpec("prefix_cache_other_tenant", None, role="tenant_probe", backends=("openai",),
+                requires=("prefix_cache",),
+                why="the same prompt right after the warm prefix_cache request, under another tenant's cache "
+                    "salt: it must find nothing cached (tenant isolation), and its time to first token is "
+                    "the miss against which the warm request's hit is timed (the timing side channel)"),
+        ArmSpec("reuse_other_tenant", None, role="segment_tenant_probe", backends=("openai",),
+                requires=("reuse",),
+                why="the case right after the reuse arm's warm-ups, under another tenant's cache salt: it must "
+                    "reuse none of the warmed segments (tenant isolation of segment reuse)"),
         ArmSpec("oracle_recompute", None, role="oracle_reference", prompt="evidence",
                 why="a full prefill of the evidence-only prompt (the case's distractor segments left out): "
                     "the oracle's reference; against recompute it shows what the distractors do to the model itself"),
@@ -211,8 +225,9 @@ ORACLE_REFERENCE_ARM = arm_for("oracle_reference")
 DEFAULT_ARMS = (REFERENCE_ARM, UNDER_TEST_ARM, IDENTITY_ARM)
 # recompute first, recompute_again last: the noise floor sees a different position in the sequence.
 # Parameterised repairs sort right after reuse (blend by share, then epic by tokens).
-CANONICAL_ORDER = ("recompute", "reuse", "identity", "reuse_norope", "reuse_first_user",
-                   "prefix_cache_cold", "prefix_cache", "oracle_recompute", "oracle", "recompute_again")
+CANONICAL_ORDER = ("recompute", "reuse", "reuse_other_tenant", "identity", "reuse_norope", "reuse_first_user",
+                   "prefix_cache_cold", "prefix_cache_flushed", "prefix_cache", "prefix_cache_other_tenant",
+                   "oracle_recompute", "oracle", "recompute_again")
 # The arms a routing frontier compares: the policy under test and its repairs.
 FRONTIER_ROLES = ("under_test", "repair")
 

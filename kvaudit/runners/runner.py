@@ -17,11 +17,11 @@ import statistics
 import subprocess
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.arms import ARMS, REFERENCE_ARM, UNDER_TEST_ARM, check_backend
+from kvaudit.core.arms import REFERENCE_ARM, UNDER_TEST_ARM, check_backend, evidence_only, get_arm
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import (
     AUDIT_FILE,
@@ -37,6 +37,7 @@ from kvaudit.core.records import (
     write_atomic,
     write_json,
 )
+from kvaudit.core.repair_log import REPAIRS_FILE, write_repair_line
 from kvaudit.runners.backend import Backend, logit_diff
 from kvaudit.runners.prompt import assemble
 
@@ -150,7 +151,9 @@ class Progress:
         return out
 
 
-def run_case(backend: Backend, case: Case, cfg: RunConfig, timing: dict[str, float]) -> PairRecord:
+def run_case(backend: Backend, case: Case, cfg: RunConfig, timing: dict[str, float],
+             details: dict[str, dict[str, Any]] | None = None) -> PairRecord:
+    """One case under every arm; a repair arm's own account goes into ``details`` (arm -> dict)."""
     segments = cfg.dataset.segments
     prompt = assemble(case, segments, backend.tok, backend.max_prompt_tokens)
     capture = None
@@ -159,29 +162,46 @@ def run_case(backend: Backend, case: Case, cfg: RunConfig, timing: dict[str, flo
         capture = assemble(case, segments, backend.tok, backend.max_prompt_tokens,
                            prefix=case.canary.get("capture_prefix", ""))
         candidates = [case.canary["value"], *case.canary.get("decoys", [])]
+    # The oracle pair's prompt: only the kept evidence segments (none: the pair does not run).
+    kept_evidence = evidence_only(prompt.segment_ids, case.evidence, bool(case.canary))
+    evidence_prompt = None
+    if kept_evidence:
+        evidence_prompt = assemble(replace(case, segment_ids=kept_evidence), segments, backend.tok,
+                                   backend.max_prompt_tokens)
     arms: dict[str, Any] = {}
     first_logits: dict[str, Any] = {}
     order = []
     for name in cfg.arms:
-        spec = ARMS[name]
+        spec = get_arm(name)
         if spec.leak_only and not case.canary:
             continue
+        arm_prompt = prompt
+        if spec.prompt == "evidence":
+            if evidence_prompt is None:
+                continue
+            arm_prompt = evidence_prompt
         t0 = time.perf_counter()
-        out = backend.run_arm(prompt, spec, capture_prompt=capture,
+        out = backend.run_arm(arm_prompt, spec, capture_prompt=capture,
                               candidates=candidates if spec.scores_candidates else None)
         wall = time.perf_counter() - t0
         if spec.source == "neutral":
             timing["caching"] += out.build_s
             wall -= out.build_s
-        timing[name if name in TIMED_ARMS else "controls"] += wall
+        timing[name if name in TIMED_ARMS else "repairs" if spec.repair else "controls"] += wall
         arms[name] = out.result
         first_logits[name] = out.first_logits
         order.append(name)
-    # Every arm against the reference arm's logits, whatever order the arms ran in.
-    ref_logits = first_logits[REFERENCE_ARM]
+        if out.detail is not None and details is not None:
+            details[name] = dict(out.detail)
+    # Every arm against its reference's logits (the reference arm, or the oracle's own
+    # recompute), whatever order the arms ran in.
     for name, result in arms.items():
+        ref = get_arm(name).compared_with
         if name != REFERENCE_ARM:
-            result.logit_diff_vs_recompute = logit_diff(first_logits[name], ref_logits)
+            result.logit_diff_vs_recompute = logit_diff(first_logits[name], first_logits[ref])
+    if details is not None and UNDER_TEST_ARM in first_logits:
+        for name, d in details.items():
+            d["logit_diff_vs_reuse"] = logit_diff(first_logits[name], first_logits[UNDER_TEST_ARM])
     return PairRecord(
         case_id=case.id,
         task=case.task,
@@ -229,7 +249,7 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> dict[
         "threads": torch.get_num_threads(),
         "decoding": backend.decoding.as_dict(),
         "arms": list(cfg.arms),
-        "arm_reasons": {a: ARMS[a].why for a in cfg.arms},
+        "arm_reasons": {a: get_arm(a).why for a in cfg.arms},
         "dataset": {
             "path": str(cfg.dataset.path),
             "hash": cfg.dataset.card.content_hash,
@@ -253,16 +273,26 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> dict[
     t_start = time.perf_counter()
     bar = tqdm(total=len(cases), initial=len(cases) - len(todo), unit="case", disable=not progress,
                dynamic_ncols=True)
+    repairs_log = None
+    if any(get_arm(a).repair for a in cfg.arms):
+        repairs_log = open(out / REPAIRS_FILE, "a", encoding="utf-8")
     with open(out / PAIRS_FILE, "a", encoding="utf-8") as f:
         for case in todo:
-            rec = run_case(backend, case, cfg, timing)
+            details: dict[str, dict[str, Any]] = {}
+            rec = run_case(backend, case, cfg, timing, details)
             f.write(json.dumps(asdict(rec), sort_keys=True, ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
+            if repairs_log is not None:
+                for name, d in details.items():
+                    write_repair_line(repairs_log, case.id, name, d)
+                repairs_log.flush()
             prog.add(rec)
             bar.update(1)
             bar.set_postfix(prog.postfix(), refresh=False)
     bar.close()
+    if repairs_log is not None:
+        repairs_log.close()
     stats = backend.cache.stats
     session.update({
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

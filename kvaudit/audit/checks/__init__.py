@@ -11,7 +11,8 @@ registers itself with ``@check(name, required=...)`` (:mod:`kvaudit.audit.checks
 check to a concern is one decorated function in that module (docs/audit.md). Thresholds and
 tests are documented in the module that uses them: identity tolerances in
 :mod:`~kvaudit.audit.checks.identity_reuse`, the noise floor's test in :mod:`~kvaudit.audit.checks.noise`,
-the leak test in :mod:`~kvaudit.audit.checks.leaks`, coverage minimums in
+the repair controls in :mod:`~kvaudit.audit.checks.repairs`, the leak test in
+:mod:`~kvaudit.audit.checks.leaks`, coverage minimums in
 :mod:`~kvaudit.audit.checks.coverage`.
 """
 
@@ -52,7 +53,7 @@ from kvaudit.audit.checks.noise import check_noise_floor, check_prefix_cache_con
 from kvaudit.core.arms import NOISE_ARM
 
 # Concern modules in report order; importing one registers its checks.
-CONCERNS = ("inputs", "configuration", "identity_reuse", "history", "noise", "coverage", "leaks")
+CONCERNS = ("inputs", "configuration", "identity_reuse", "repairs", "history", "noise", "coverage", "leaks")
 for _module in CONCERNS:
     importlib.import_module(f"{__name__}.{_module}")
 

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvaudit.core.arms import ARMS, REFERENCE_ARM
+from kvaudit.core.arms import REFERENCE_ARM, evidence_only, get_arm, known_arm, repair_count
 from kvaudit.core.records import PairRecord, flipped
 
 ALPHA = 0.05
@@ -95,15 +95,33 @@ def short(v: object, n: int = 60) -> str:
 
 def is_reuse_arm(name: str) -> bool | None:
     """True for arms whose segment KV comes from a cache, False for recomputes, None if unknown."""
-    if name in ARMS:
-        return ARMS[name].source is not None
-    if name.startswith("blend@"):
-        return True
+    if known_arm(name):
+        return get_arm(name).source is not None
     return None
 
 
 def source(name: str) -> str | None:
-    return ARMS[name].source if name in ARMS else None
+    return get_arm(name).source if known_arm(name) else None
+
+
+def arm_segments(p: PairRecord, name: str) -> list[str]:
+    """The segment ids in the prompt arm ``name`` consumed: the pair's, or for an evidence-prompt
+    arm (the oracle pair) its kept evidence segments (:func:`kvaudit.core.arms.evidence_only`)."""
+    if known_arm(name) and get_arm(name).prompt == "evidence":
+        return evidence_only(p.segment_ids, p.evidence, bool(p.canary))
+    return list(p.segment_ids)
+
+
+def arm_spans(p: PairRecord, name: str) -> list[tuple[int, int]]:
+    """The pair's spans of the segments arm ``name`` consumed (a unit has the same length
+    wherever it sits, so an evidence prompt's segment lengths are these spans' lengths)."""
+    keep = set(arm_segments(p, name))
+    return [(int(s), int(e)) for sid, (s, e) in zip(p.segment_ids, p.segment_spans) if sid in keep]
+
+
+def recomputed_expected(p: PairRecord, name: str) -> int:
+    """Segment tokens a repair arm must recompute on this pair (0 for every other arm)."""
+    return repair_count(get_arm(name), arm_spans(p, name)) if known_arm(name) else 0
 
 
 def flips_vs_reference(run, arm: str) -> dict[str, bool]:
@@ -122,5 +140,9 @@ def logit_diffs(run, arm: str) -> list[float]:
     return out
 
 
-def reused_expected(p: PairRecord) -> int:
-    return sum(int(e) - int(s) for s, e in p.segment_spans)
+def reused_expected(p: PairRecord, name: str | None = None) -> int:
+    """Segment tokens an arm must reuse: every segment token of its prompt (the pair's, or the
+    oracle's evidence segments), less what a repair arm recomputes."""
+    if name is None:
+        return sum(int(e) - int(s) for s, e in p.segment_spans)
+    return sum(e - s for s, e in arm_spans(p, name)) - recomputed_expected(p, name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from kvaudit.audit.checks.base import check, from_problems, result, source
+from kvaudit.audit.checks.base import arm_segments, check, from_problems, result, source
 from kvaudit.audit.checks.loading import LoadedRun
 
 
@@ -23,7 +23,7 @@ def check_history_independence(run: LoadedRun):
             if r is None:
                 continue
             fps = r.segment_kv_fingerprints or {}
-            for sid in p.segment_ids:
+            for sid in arm_segments(p, arm):
                 fp = fps.get(sid)
                 if not fp:
                     problems[p.case_id].append(f"arm '{arm}' recorded no KV fingerprint for segment {sid}")

@@ -28,6 +28,7 @@ from kvaudit.audit.checks.base import (
     fmt,
     from_problems,
     is_reuse_arm,
+    recomputed_expected,
     result,
     reused_expected,
     short,
@@ -35,7 +36,7 @@ from kvaudit.audit.checks.base import (
 )
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.audit.checks.noise import noise_floor
-from kvaudit.core.arms import ARMS, IDENTITY_ARM, NOISE_ARM, REFERENCE_ARM
+from kvaudit.core.arms import IDENTITY_ARM, NOISE_ARM, REFERENCE_ARM, get_arm, is_repair
 from kvaudit.core.records import MANIFEST_IDENTITY, PairRecord, flipped, manifest_get
 
 DEFAULT_TOL = 1e-4
@@ -78,12 +79,6 @@ def check_identity(run: LoadedRun, identity_tol: float | None = None):
     backend that is not known to be deterministic and ran no noise-floor arm cannot be judged:
     a fixed tolerance would fail it, or pass it, for the wrong reason.
     """
-    from scipy.stats import binomtest
-
-    dtype = manifest_get(run.manifest, MANIFEST_IDENTITY, "dtype") or manifest_get(run.manifest, "model", "dtype")
-    dtype = dtype if isinstance(dtype, str) else None
-    tol, why = identity_tolerance(dtype, identity_tol)
-    base_tol = tol
     # The engine's own prefix cache is exact and not kvaudit's code: the identity arm does not vouch for it.
     has_reuse = any(is_reuse_arm(a) and a != IDENTITY_ARM and source(a) != "engine_prefix"
                     for p in run.pairs for a in p.arms)
@@ -92,6 +87,21 @@ def check_identity(run: LoadedRun, identity_tol: float | None = None):
             return result(False, f"{IDENTITY_ARM} arm not run: the reuse implementation is unvalidated "
                                  f"(rerun with --arms including {IDENTITY_ARM})")
         return result(True, "no reuse arm ran; nothing to validate")
+    return equals_reference(run, IDENTITY_ARM, identity_tol)
+
+
+def equals_reference(run: LoadedRun, arm: str, identity_tol: float | None = None, *,
+                     cases: set[str] | None = None):
+    """The identity rule for any arm that must reproduce the reference (the identity control, a
+    repair's full-recompute control), on every case holding it (or only ``cases``): the dtype's
+    tolerance where the reference is exact, else relative to the noise floor, as documented in
+    :func:`check_identity`. A result without the registry's name (the caller's check gives it)."""
+    from scipy.stats import binomtest
+
+    dtype = manifest_get(run.manifest, MANIFEST_IDENTITY, "dtype") or manifest_get(run.manifest, "model", "dtype")
+    dtype = dtype if isinstance(dtype, str) else None
+    tol, why = identity_tolerance(dtype, identity_tol)
+    base_tol = tol
     noise = noise_floor(run)
     relative = noise is not None and not noise["exact"]
     if noise is None and not deterministic_backend(run.manifest):
@@ -109,9 +119,11 @@ def check_identity(run: LoadedRun, identity_tol: float | None = None):
     problems: dict[str, list[str]] = defaultdict(list)
     diffs, answer_flips = [], []
     for p in run.pairs:
-        r, ref = p.arms.get(IDENTITY_ARM), p.arms.get(REFERENCE_ARM)
+        if cases is not None and p.case_id not in cases:
+            continue
+        r, ref = p.arms.get(arm), p.arms.get(REFERENCE_ARM)
         if r is None or ref is None:
-            problems[p.case_id].append(f"{IDENTITY_ARM} or {REFERENCE_ARM} arm missing")
+            problems[p.case_id].append(f"{arm} or {REFERENCE_ARM} arm missing")
             continue
         d = r.logit_diff_vs_recompute
         if d is None or not math.isfinite(d):
@@ -125,7 +137,7 @@ def check_identity(run: LoadedRun, identity_tol: float | None = None):
             if exact:
                 problems[p.case_id].append(f"answer {short(r.answer, 40)!r} differs from "
                                            f"{REFERENCE_ARM}'s {short(ref.answer, 40)!r}")
-    n = sum(1 for p in run.pairs if IDENTITY_ARM in p.arms)
+    n = sum(1 for p in run.pairs if arm in p.arms and (cases is None or p.case_id in cases))
     # Backends measure the first-token difference differently (runners.backend.LOGIT_DIFF_KINDS):
     # say which, so a table never reads a top-20 log-probability difference as a logit one.
     kind = manifest_get(run.manifest, "backend", "logit_diff_kind") or "logits"
@@ -133,19 +145,19 @@ def check_identity(run: LoadedRun, identity_tol: float | None = None):
     stats = f"max {label} {fmt(max(diffs) if diffs else None)} over {n} cases ({why})"
     warning = None
     if relative:
-        with_identity = {p.case_id for p in run.pairs if IDENTITY_ARM in p.arms}
+        with_identity = {p.case_id for p in run.pairs if arm in p.arms and (cases is None or p.case_id in cases)}
         both = [c for c in noise["flips"] if c in with_identity]
         ident = set(answer_flips)
         b = sum(c in ident and not noise["flips"][c] for c in both)
         c_ = sum(noise["flips"][c] and c not in ident for c in both)
         p_flip = float(binomtest(b, b + c_, 0.5, alternative="greater").pvalue) if b + c_ else 1.0
-        stats += f"; identity flips {len(answer_flips)} vs noise floor {noise['n_flips']} (p={p_flip:.3g})"
+        stats += f"; {arm} flips {len(answer_flips)} vs noise floor {noise['n_flips']} (p={p_flip:.3g})"
         if p_flip < ALPHA:
             for cid in answer_flips:
-                problems[cid].append(f"identity answer differs from {REFERENCE_ARM} more often than the "
+                problems[cid].append(f"{arm} answer differs from {REFERENCE_ARM} more often than the "
                                      "noise floor's")
     elif answer_flips and not exact:
-        warning = (f"identity answer differs from {REFERENCE_ARM} on {len(answer_flips)} case(s) "
+        warning = (f"{arm} answer differs from {REFERENCE_ARM} on {len(answer_flips)} case(s) "
                    f"({', '.join(answer_flips[:MAX_LISTED])}); tolerated in {dtype}, whose rounding "
                    "can flip greedy near-ties")
     ok = f"{stats}; answers equal on {n - len(answer_flips)} of {n}"
@@ -158,8 +170,8 @@ def check_reuse_happened(run: LoadedRun):
     problems: dict[str, list[str]] = defaultdict(list)
     totals: Counter[str] = Counter()
     for p in run.pairs:
-        expected = reused_expected(p)
         for name, r in p.arms.items():
+            expected = reused_expected(p, name)
             family = is_reuse_arm(name)
             if family is None:
                 continue
@@ -173,12 +185,13 @@ def check_reuse_happened(run: LoadedRun):
                 if msgs := _engine_prefix_problems(p, name):
                     problems[p.case_id].extend(msgs)
                 continue
-            if expected <= 0:
+            if is_repair(name):  # blend@1 may reuse nothing; the count is exact all the same
+                if r.tokens_reused != expected:
+                    problems[p.case_id].append(
+                        f"arm '{name}' reused {r.tokens_reused} tokens; its segment tokens less the "
+                        f"{recomputed_expected(p, name)} it must recompute are {expected}")
+            elif expected <= 0:
                 problems[p.case_id].append(f"arm '{name}': no segment tokens to reuse (all dropped?)")
-            elif name.startswith("blend@"):
-                if not 0 < r.tokens_reused <= expected:
-                    problems[p.case_id].append(f"arm '{name}' reused {r.tokens_reused} of {expected} "
-                                               "segment tokens")
             elif r.tokens_reused != expected:
                 problems[p.case_id].append(f"arm '{name}' reused {r.tokens_reused} tokens, "
                                            f"segment tokens are {expected}")
@@ -188,7 +201,7 @@ def check_reuse_happened(run: LoadedRun):
     eng = {a: n for a, n in totals.items() if source(a) == "engine_prefix"}
     parts = []
     if seg:
-        parts.append("reused tokens equal the segment tokens on every case: "
+        parts.append("reused tokens equal the segment tokens (less a repair's recomputed ones) on every case: "
                      + ", ".join(f"{a} {n}" for a, n in sorted(seg.items())) + " tokens in all")
     if eng:
         n_prompt = sum(p.n_prompt_tokens for p in run.pairs)
@@ -205,7 +218,7 @@ def _engine_prefix_problems(p: PairRecord, name: str) -> list[str]:
         out.append(f"arm '{name}' reports {r.tokens_reused} cached tokens for a {p.n_prompt_tokens}-token prompt")
     if r.cache_hit_tokens != r.tokens_reused:
         out.append(f"arm '{name}': cache_hit_tokens {r.cache_hit_tokens} != tokens_reused {r.tokens_reused}")
-    for before in ARMS[name].requires:
+    for before in get_arm(name).requires:
         prev = p.arms.get(before)
         if prev is not None and not r.tokens_reused > 0:
             out.append(f"arm '{name}' found nothing in the prefix cache right after '{before}' "

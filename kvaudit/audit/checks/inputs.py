@@ -4,16 +4,31 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from kvaudit.audit.checks.base import check, from_problems, is_reuse_arm, result
+from kvaudit.audit.checks.base import (
+    arm_segments,
+    arm_spans,
+    check,
+    from_problems,
+    is_reuse_arm,
+    result,
+)
 from kvaudit.audit.checks.loading import LoadedRun
-from kvaudit.core.arms import ARMS, REFERENCE_ARM
+from kvaudit.core.arms import REFERENCE_ARM, get_arm, known_arm
 from kvaudit.core.records import MANIFEST_FILE, PairRecord, manifest_get
 
 
 def _expected_arms(run: LoadedRun, p: PairRecord) -> list[str]:
     arms = run.manifest.get("arms")
     arms = [a for a in arms if isinstance(a, str)] if isinstance(arms, list) else []
-    return [a for a in arms if not (a in ARMS and ARMS[a].leak_only and not p.canary)]
+    out = []
+    for a in arms:
+        spec = get_arm(a) if known_arm(a) else None
+        if spec is not None and spec.leak_only and not p.canary:
+            continue
+        if spec is not None and spec.prompt == "evidence" and not arm_segments(p, a):
+            continue  # the oracle pair runs only where the case names kept evidence
+        out.append(a)
+    return out
 
 
 @check("records", required=True)
@@ -68,7 +83,12 @@ def check_same_inputs(run: LoadedRun):
                 problems[p.case_id].append(f"segment span [{s}, {e}) is out of order or out of the prompt")
                 break
             prev = e
+        evidence_ids: dict[str, str] = {}
         for name, r in p.arms.items():
+            if known_arm(name) and get_arm(name).prompt == "evidence":
+                problems[p.case_id].extend(_evidence_prompt_problems(p, name))
+                evidence_ids[name] = r.ids_hash
+                continue
             diffs = [f for f in ("ids_hash", "segment_hashes", "truncation", "decoding")
                      if getattr(r, f) != getattr(p, f)]
             if diffs:
@@ -77,6 +97,30 @@ def check_same_inputs(run: LoadedRun):
                 problems[p.case_id].append(
                     f"arm '{name}' reused {r.tokens_reused} + computed {r.tokens_computed} tokens, "
                     f"not the prompt's {p.n_prompt_tokens}")
+        if len(set(evidence_ids.values())) > 1:
+            problems[p.case_id].append(f"the evidence-prompt arms ({', '.join(sorted(evidence_ids))}) "
+                                       "consumed different token ids")
     ok = (f"token ids, segment boundaries, truncation and decoding identical across the arms of "
           f"all {len(run.pairs)} pairs")
+    if any(known_arm(a) and get_arm(a).prompt == "evidence" for p in run.pairs for a in p.arms):
+        ok += "; the oracle pair consumed one evidence-only prompt per case (the pair's evidence segments)"
     return from_problems(problems, ok)
+
+
+def _evidence_prompt_problems(p: PairRecord, name: str) -> list[str]:
+    """An evidence-prompt arm consumed exactly the pair's kept evidence segments, in order, with
+    the pair's decoding, and as many tokens as the pair's prompt less its other segments."""
+    r, out = p.arms[name], []
+    keep = arm_segments(p, name)
+    want = [h for sid, h in zip(p.segment_ids, p.segment_hashes) if sid in set(keep)]
+    if not keep:
+        out.append(f"arm '{name}' ran on a case without kept evidence segments")
+    if r.segment_hashes != want:
+        out.append(f"arm '{name}' segment_hashes are not the pair's evidence segments")
+    if r.decoding != p.decoding:
+        out.append(f"arm '{name}' decoding differs from the pair's")
+    n = p.n_prompt_tokens - sum(int(e) - int(s) for s, e in p.segment_spans) + sum(e - s for s, e in arm_spans(p, name))
+    if r.tokens_reused + r.tokens_computed != n:
+        out.append(f"arm '{name}' reused {r.tokens_reused} + computed {r.tokens_computed} tokens, not the "
+                   f"evidence prompt's {n}")
+    return out
