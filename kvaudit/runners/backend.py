@@ -109,7 +109,7 @@ def model_shape_info(cfg: Any, rope: RopeSpec, max_prompt_tokens: int, neutral_h
 def build_arm_result(spec: ArmSpec, prompt: Prompt, tok: Tokenizer, decoding: Decoding, *,
                      answer_ids: list[int], top: list[tuple[int, float]], ttft_s: float, decode_s: float,
                      tokens_reused: int, cache_hit_tokens: int, fingerprints: dict[str, str],
-                     canary: dict[str, float] | None) -> ArmResult:
+                     canary: dict[str, float] | None, engine: dict[str, Any] | None = None) -> ArmResult:
     """The one :class:`ArmResult` builder: ``top`` is the first token's best (id, score) pairs, best
     first (logits or log-probabilities: the margin, top-1 minus top-2, is the same either way)."""
     vals = [float(v) for _, v in top]
@@ -130,4 +130,47 @@ def build_arm_result(spec: ArmSpec, prompt: Prompt, tok: Tokenizer, decoding: De
         decoding=decoding.as_dict(),
         segment_kv_fingerprints=fingerprints,
         canary_logprobs=canary,
+        engine=engine,
     )
+
+
+# --------------------------------------------------------------------------- engines that return
+# log-probabilities, not logits (vLLM in process, any server over HTTP)
+
+
+def eos_token_ids(model_dir: Any, hf_tokenizer: Any) -> set[int]:
+    """Every id that ends an answer: the generation config's EOS ids and the tokenizer's."""
+    from transformers import GenerationConfig
+
+    eos: set[int] = set()
+    try:
+        gen_eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+        eos |= {int(e) for e in (gen_eos if isinstance(gen_eos, list) else [gen_eos]) if e is not None}
+    except OSError:
+        pass
+    if hf_tokenizer.eos_token_id is not None:
+        eos.add(int(hf_tokenizer.eos_token_id))
+    return eos
+
+
+def cut_at_eos(ids: list[int], eos: set[int]) -> list[int]:
+    """The answer's ids: everything before the first EOS id."""
+    out = []
+    for t in ids:
+        if t in eos:
+            break
+        out.append(t)
+    return out
+
+
+def logits_from_top(first_lp: dict[int, float], vocab: int) -> torch.Tensor:
+    """``first_logits`` for a backend that returns only the top log-probabilities: every other
+    token sits at the lowest of them (``logit_diff_kind == "top_logprobs"``)."""
+    import torch
+
+    floor = min(first_lp.values()) if first_lp else 0.0
+    out = torch.full((vocab,), floor, dtype=torch.float32)
+    for k, v in first_lp.items():
+        if 0 <= k < vocab:
+            out[k] = v
+    return out

@@ -70,6 +70,20 @@ BACKENDS: dict[str, BackendEntry] = {
                          Option("--batch-invariant", "batch_invariant", False, "set VLLM_BATCH_INVARIANT=1",
                                 value=True),
                      )),
+        BackendEntry("openai", "any OpenAI-compatible completions server over HTTP (see docs/engines.md)",
+                     "kvaudit.runners.openai_backend:open_openai_backend", (
+                         Option("--base-url", "base_url", None, "the server, e.g. http://127.0.0.1:8000", type=str),
+                         Option("--reference-url", "reference_url", None,
+                                "a second server with caching off for the reference arms (where the first "
+                                "does not isolate cache_salt)", type=str),
+                         Option("--served-model", "served_model", None,
+                                "the model name the server serves (default: the first of /v1/models)", type=str),
+                         Option("--reuse-protocol", "reuse_protocol", "server",
+                                "server (the server's own reuse, primed by neutral warm-ups; default) or kvaudit "
+                                "(a server running kvaudit's connector, driven by kv_transfer_params)", type=str),
+                         Option("--request-timeout", "timeout_s", 300.0, "seconds per request (default 300)",
+                                type=float),
+                     )),
     )
 }
 DEFAULT_BACKEND = "transformers"

@@ -229,6 +229,9 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> dict[
 
     out = cfg.out
     check_backend(cfg.arms, backend.name)
+    check_arms = getattr(backend, "check_arms", None)
+    if check_arms is not None:  # what this engine's configuration cannot run, refused before any case
+        check_arms(list(cfg.arms))
     if REFERENCE_ARM not in cfg.arms:
         raise KvauditError(f"the arms must include the reference arm {REFERENCE_ARM!r}: every other arm "
                            "is compared with it")

@@ -43,10 +43,18 @@ from typing import Any
 
 import torch
 
-from kvaudit.core.arms import NOISE_ARM, ArmSpec
+from kvaudit.core.arms import ArmSpec
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import ArmResult, ids_hash
-from kvaudit.runners.backend import ArmOutput, Decoding, build_arm_result, model_shape_info
+from kvaudit.runners.backend import (
+    ArmOutput,
+    Decoding,
+    build_arm_result,
+    cut_at_eos,
+    eos_token_ids,
+    logits_from_top,
+    model_shape_info,
+)
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.segment_cache import CacheStats
@@ -116,7 +124,7 @@ class VllmBackend:
                  decoding: Decoding | None = None, cache_bytes: int = 2 << 30,
                  engine_opts: dict[str, Any] | None = None, store: str = "default",
                  store_bytes: int | None = None):
-        from transformers import AutoConfig, GenerationConfig
+        from transformers import AutoConfig
 
         self.llm = llm
         self.engine = llm.llm_engine
@@ -134,15 +142,7 @@ class VllmBackend:
         self._bytes_per_token: int | None = None
         self.neutral_head = neutral_head_ids(self.tok)
         self.neutral_hash = ids_hash(self.neutral_head)
-        eos: set[int] = set()
-        try:
-            gen_eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
-            eos |= {int(e) for e in (gen_eos if isinstance(gen_eos, list) else [gen_eos]) if e is not None}
-        except OSError:
-            pass
-        if hf_tokenizer.eos_token_id is not None:
-            eos.add(int(hf_tokenizer.eos_token_id))
-        self.eos = eos
+        self.eos = eos_token_ids(model_dir, hf_tokenizer)
         self.vocab = max(int(self.config.vocab_size), len(hf_tokenizer))
         max_len = int(self.engine_opts.get("max_model_len", 4096))
         self.max_prompt_tokens = max_len - self.decoding.max_new_tokens
@@ -315,24 +315,11 @@ class VllmBackend:
     # ------------------------------------------------------------------ arms
 
     def _first_logits(self, lp: dict[int, float]) -> torch.Tensor:
-        floor = min(lp.values()) if lp else 0.0
-        out = torch.full((self.vocab,), floor, dtype=torch.float32)
-        for k, v in lp.items():
-            if 0 <= k < self.vocab:
-                out[k] = v
-        return out
-
-    def _answer_ids(self, ids: list[int]) -> list[int]:
-        out = []
-        for t in ids:
-            if t in self.eos:
-                break
-            out.append(t)
-        return out
+        return logits_from_top(lp, self.vocab)
 
     def _result(self, spec: ArmSpec, prompt: Prompt, run: _Run, ttft: float, reused: int, hit: int,
                 fps: dict[str, str], canary: dict[str, float] | None) -> ArmResult:
-        answer_ids = self._answer_ids(run.token_ids)
+        answer_ids = cut_at_eos(run.token_ids, self.eos)
         top = sorted(run.first_lp.items(), key=lambda kv: -kv[1])[: self.decoding.top_k_logits]
         return build_arm_result(spec, prompt, self.tok, self.decoding, answer_ids=answer_ids, top=top,
                                 ttft_s=ttft, decode_s=max(0.0, run.total_s - run.ttft_s), tokens_reused=reused,
@@ -385,7 +372,7 @@ class VllmBackend:
         if spec.source == "engine_prefix":
             return self._prefix_cache_arm(prompt, spec)
         if spec.source is None:
-            if spec.name == NOISE_ARM:  # the noise floor: the same ids in another batch shape
+            if spec.perturbs_batch:  # the noise floor: the same ids in another batch shape
                 filler = self.neutral_head + prompt.ids[prompt.head_len: prompt.tail_start][:256]
                 rid = self._submit(prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens,
                                                             transfer=save_arm or None))

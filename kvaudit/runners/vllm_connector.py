@@ -39,6 +39,7 @@ CUDA) within a byte budget (``kv_connector_extra_config["capacity_bytes"]``, per
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
 SUPPORTED_VLLM = ("0.26.", "0.32.")
 DEFAULT_STORE_BYTES = 2 << 30
 PARAMS_KEY = "kvaudit"
+logger = logging.getLogger(__name__)
 
 
 def check_vllm_version(version: str | None = None) -> None:
@@ -253,6 +255,7 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         self._need_load: dict[str, _LoadReq] = {}
         # worker side
         self._kv: list[tuple[str, torch.Tensor]] = []
+        self._load_errors: set[int] = set()  # blocks of requests whose load plan failed
         self._layout: CpuLayout | PagedKV | None = None
         self._rope: RopeSpec | None = None
         if role == KVConnectorRole.WORKER:
@@ -354,7 +357,7 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         for key, dst, rerotate in ld.plan:
             entry = self.store.get(key)
             if entry is None:
-                raise RuntimeError(f"kvaudit connector: segment KV {key!r} is not in the store")
+                raise KeyError(f"segment KV {key!r} is not in the store")
             if dst != pos:
                 raise RuntimeError("kvaudit connector: load plan does not tile the loaded range")
             out.append((entry, dst, dst - entry.start if rerotate else 0))
@@ -367,7 +370,15 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
             return
         assert self._layout is not None and self._rope is not None
         t0 = time.perf_counter()
-        plans = [(ld, self._plan_entries(ld)) for ld in meta.loads]
+        plans = []
+        for ld in meta.loads:
+            try:
+                plans.append((ld, self._plan_entries(ld)))
+            except KeyError as e:
+                # A request over HTTP can name an entry this store does not hold (evicted, or a
+                # restarted server): fail that request (vLLM's kv_load_failure_policy), not the engine.
+                logger.error("kvaudit connector: %s; failing request %s", e.args[0], ld.req_id)
+                self._load_errors.update(ld.block_ids)
         if isinstance(self._layout, PagedKV):
             # Every request, entry and layer of this step in one launch.
             pieces = [Piece(e.keys, e.values, 0, e.n_tokens, dst, delta, ld.block_ids)
@@ -389,6 +400,10 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
             self.store.loaded_tokens += sum(e.n_tokens for e, _, _ in items)
             self.store.drop(ld.drop)
         self.store.last_load_s = time.perf_counter() - t0
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return

@@ -1,0 +1,182 @@
+"""One OpenAI-compatible completions server, as kvaudit talks to it: token ids in, evidence out.
+
+Every request sends the prompt as **token ids** (``"prompt": [ids]``), so the server consumes
+exactly what kvaudit assembled; greedy decoding (``temperature 0``); the first token's top-k
+log-probabilities keyed by token id (``return_tokens_as_token_ids``); streaming, so time to
+first token is the wall time until the first chunk that carries a token. What the server says
+about the request is kept as evidence for the audit, never trusted as fact: the prompt ids it
+echoes (``return_token_ids``), the cached prompt tokens it reports
+(``usage.prompt_tokens_details.cached_tokens``; ``None`` when it reports none), the model it
+names. Any transport or protocol failure is a :class:`~kvaudit.core.errors.KvauditError`
+naming the server and what it answered.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from kvaudit.core.errors import KvauditError
+
+LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
+@dataclass
+class Completion:
+    """One finished request, as the server reported it."""
+
+    token_ids: list[int]
+    first_lp: dict[int, float]  # first generated token: token id -> log-probability (top LOGPROBS)
+    ttft_s: float
+    total_s: float
+    cached_tokens: int | None  # None: the server reports no cached-token count
+    prompt_ids: list[int] | None  # None: the server does not echo the ids it consumed
+    model: str | None
+    finish_reason: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _token_id(key: str) -> int | None:
+    if key.startswith("token_id:"):
+        try:
+            return int(key.split(":", 1)[1])
+        except ValueError:
+            return None
+    return None
+
+
+class ServerClient:
+    """An OpenAI-compatible ``/v1/completions`` server at ``base_url`` (``http://host:port``)."""
+
+    def __init__(self, base_url: str, *, model: str | None = None, timeout_s: float = 300.0,
+                 api_key: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        self.model = model or self._first_model()["id"]
+
+    # ------------------------------------------------------------------ server facts
+
+    def _get(self, path: str) -> httpx.Response:
+        try:
+            return self.http.get(path)
+        except httpx.HTTPError as e:
+            raise KvauditError(f"server {self.base_url}: GET {path} failed ({e})") from None
+
+    def models(self) -> list[dict[str, Any]]:
+        r = self._get("/v1/models")
+        if r.status_code != 200:
+            raise KvauditError(f"server {self.base_url}: GET /v1/models answered {r.status_code}: {r.text[:300]}")
+        try:
+            data = r.json()["data"]
+        except (ValueError, KeyError, TypeError):
+            raise KvauditError(f"server {self.base_url}: /v1/models is not an OpenAI model list") from None
+        if not isinstance(data, list) or not data:
+            raise KvauditError(f"server {self.base_url}: /v1/models lists no model")
+        return data
+
+    def _first_model(self) -> dict[str, Any]:
+        return self.models()[0]
+
+    def model_card(self) -> dict[str, Any]:
+        """The served model's entry of ``/v1/models`` (``id``, and ``root``/``max_model_len`` where given)."""
+        for m in self.models():
+            if m.get("id") == self.model:
+                return m
+        raise KvauditError(f"server {self.base_url} does not serve model {self.model!r}")
+
+    def reset_prefix_cache(self) -> bool:
+        """``POST /reset_prefix_cache`` (vLLM with ``VLLM_SERVER_DEV_MODE=1``); False where the
+        server has no such endpoint or refuses."""
+        try:
+            r = self.http.post("/reset_prefix_cache")
+        except httpx.HTTPError as e:
+            raise KvauditError(f"server {self.base_url}: POST /reset_prefix_cache failed ({e})") from None
+        if r.status_code != 200:
+            return False
+        try:
+            return bool(r.json().get("success", True))
+        except ValueError:
+            return True
+
+    # ------------------------------------------------------------------ one request
+
+    def complete(self, ids: list[int], *, max_tokens: int, salt: str | None = None,
+                 kv_transfer_params: dict[str, Any] | None = None,
+                 stop_token_ids: list[int] | None = None) -> Completion:
+        """One greedy completion of the prompt ``ids``, streamed and timed."""
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": 0.0,
+            "logprobs": LOGPROBS, "return_token_ids": True, "return_tokens_as_token_ids": True,
+            "skip_special_tokens": True, "stream": True, "stream_options": {"include_usage": True},
+        }
+        if salt is not None:
+            body["cache_salt"] = salt
+        if kv_transfer_params is not None:
+            body["kv_transfer_params"] = kv_transfer_params
+        if stop_token_ids:
+            body["stop_token_ids"] = sorted(stop_token_ids)
+        tokens: list[int] = []
+        first_lp: dict[int, float] | None = None
+        prompt_ids: list[int] | None = None
+        cached: int | None = None
+        model = finish = None
+        kvp = None
+        extra: dict[str, Any] = {}
+        ttft = None
+        t0 = time.perf_counter()
+        try:
+            with self.http.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    raise KvauditError(f"server {self.base_url}: /v1/completions answered {resp.status_code}: "
+                                       f"{resp.text[:500]}")
+                for line in resp.iter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise KvauditError(f"server {self.base_url}: error in the stream: {chunk['error']}")
+                    model = chunk.get("model", model)
+                    if chunk.get("system_fingerprint"):
+                        extra["system_fingerprint"] = chunk["system_fingerprint"]
+                    usage = chunk.get("usage")
+                    if usage:
+                        details = usage.get("prompt_tokens_details") or {}
+                        if details.get("cached_tokens") is not None:
+                            cached = int(details["cached_tokens"])
+                    kvp = chunk.get("kv_transfer_params", kvp)
+                    for ch in chunk.get("choices") or []:
+                        if ch.get("prompt_token_ids") is not None and prompt_ids is None:
+                            prompt_ids = [int(t) for t in ch["prompt_token_ids"]]
+                        new = ch.get("token_ids") or []
+                        if new and ttft is None:
+                            ttft = time.perf_counter() - t0
+                        tokens.extend(int(t) for t in new)
+                        lps = (ch.get("logprobs") or {}).get("top_logprobs") or []
+                        if lps and first_lp is None:
+                            first_lp = {tid: float(v) for k, v in lps[0].items()
+                                        if (tid := _token_id(k)) is not None}
+                        finish = ch.get("finish_reason") or finish
+        except httpx.HTTPError as e:
+            raise KvauditError(f"server {self.base_url}: /v1/completions failed ({e})") from None
+        except (ValueError, TypeError, AttributeError) as e:
+            raise KvauditError(f"server {self.base_url}: unreadable completion stream ({e})") from None
+        total = time.perf_counter() - t0
+        if finish == "error":
+            raise KvauditError(f"server {self.base_url}: the request failed on the server (finish_reason "
+                               "'error'; with kvaudit's connector: a load plan named KV its store does not hold)")
+        return Completion(token_ids=tokens, first_lp=first_lp or {}, ttft_s=ttft if ttft is not None else total,
+                          total_s=total, cached_tokens=cached, prompt_ids=prompt_ids, model=model,
+                          finish_reason=finish, kv_transfer_params=kvp, extra=extra)
+
+    def close(self) -> None:
+        self.http.close()

@@ -1,0 +1,355 @@
+"""The HTTP backend: the arms on a serving stack a team deploys, over its OpenAI-compatible API.
+
+``kvaudit run --backend openai --base-url URL --model DIR``: ``DIR`` is a local checkpoint (or
+tokenizer) folder of the model the server serves, so kvaudit assembles the prompt ids itself
+(:func:`~kvaudit.runners.prompt.assemble`, exactly as in process) and sends **ids, not text**
+(:mod:`kvaudit.runners.http_client`). Every arm's record carries what the server reported about
+its request in ``ArmResult.engine`` (prompt ids it consumed, cached prompt tokens, model), which
+the audit's server checks (:mod:`kvaudit.audit.checks.server`) hold against what the arm was.
+
+Arms, by spec (:mod:`kvaudit.core.arms`), never by name:
+
+no segment source  one full prefill under a fresh ``cache_salt`` (no cache hit is possible), or
+                   on the ``--reference-url`` server (caching off) where salts do not isolate.
+                   The noise floor's arm runs beside a concurrent filler request. Tenant probes
+                   run under a fresh salt (another tenant) right after the request they probe.
+``engine_prefix``  the server's prefix cache under one salt for the whole run (one tenant):
+                   cold (first arrival), flushed (after ``POST /reset_prefix_cache``: cold
+                   again), warm (again right after).
+cached segments    ``--reuse-protocol server`` (default): the server's own reuse path. Neutral
+                   warm-ups (neutral head + one document, under the run's tenant salt) prime it,
+                   then the case is sent under the same salt; what it reused is what it reports
+                   as cached. ``--reuse-protocol kvaudit``: a server started with kvaudit's
+                   connector (``--kv-transfer-config``); warm-ups save each document's KV and
+                   the case loads [head][documents] through ``kv_transfer_params``, re-rotated,
+                   exactly as the in-process vLLM backend does (:mod:`kvaudit.runners.vllm_backend`).
+                   The identity and no-rotation controls need this protocol: a black box cannot
+                   be fed KV built in true context.
+
+Leak probes: vLLM recomputes every prompt that asks for prompt log-probabilities (it could not
+return them for cached tokens), so candidate names cannot be scored on an arm's cached KV over
+HTTP; such arms record no ``canary_logprobs`` and the leak-exposure check says it cannot judge.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvaudit.core.arms import ArmSpec, get_arm
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import ids_hash
+from kvaudit.runners.backend import (
+    ArmOutput,
+    Decoding,
+    build_arm_result,
+    cut_at_eos,
+    eos_token_ids,
+    logits_from_top,
+    model_shape_info,
+)
+from kvaudit.runners.http_client import LOGPROBS, Completion, ServerClient
+from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
+from kvaudit.runners.rope import RopeSpec
+from kvaudit.runners.segment_cache import CacheStats
+
+REUSE_PROTOCOLS = ("server", "kvaudit")
+# The roles whose arm is a full prefill that must find nothing cached.
+_FRESH_ROLES = ("reference", "noise_floor", "tenant_probe", "segment_tenant_probe")
+
+
+@dataclass
+class ClientCache:
+    """What the client knows of segment reuse on the server: warm-ups sent and what they found."""
+
+    capacity_bytes: int = 0  # the server's budget is its own; the client does not know it
+    stats: CacheStats = field(default_factory=CacheStats)
+    saved: set[str] = field(default_factory=set)  # kvaudit protocol: connector keys saved so far
+
+
+def _salt() -> str:
+    return uuid.uuid4().hex
+
+
+class OpenAIBackend:
+    name = "openai"
+
+    def __init__(self, client: ServerClient, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,
+                 decoding: Decoding | None = None, reuse_protocol: str = "server",
+                 reference: ServerClient | None = None, dtype: str = "float32") -> None:
+        from transformers import AutoConfig
+
+        if reuse_protocol not in REUSE_PROTOCOLS:
+            raise KvauditError(f"--reuse-protocol must be one of {', '.join(REUSE_PROTOCOLS)}, got {reuse_protocol!r}")
+        self.client = client
+        self.reference = reference
+        self.tok = Tokenizer(hf_tokenizer)
+        self.model_dir = model_dir
+        self.fingerprint = fingerprint
+        self.decoding = decoding or Decoding()
+        self.reuse_protocol = reuse_protocol
+        self.dtype = dtype
+        self.config = AutoConfig.from_pretrained(model_dir)
+        self.rope = RopeSpec.from_config(self.config)
+        self.cache = ClientCache()
+        self.eos = eos_token_ids(model_dir, hf_tokenizer)
+        self.vocab = max(int(self.config.vocab_size), len(hf_tokenizer))
+        self.neutral_head = neutral_head_ids(self.tok)
+        self.neutral_hash = ids_hash(self.neutral_head)
+        self.tenant_salt = _salt()  # the run's one tenant: engine-prefix arms and the server's reuse
+        card = client.model_card()
+        self.server_card = {k: card.get(k) for k in ("id", "root", "max_model_len", "owned_by")}
+        max_len = int(card.get("max_model_len") or 4096)
+        self.max_prompt_tokens = max_len - self.decoding.max_new_tokens
+        if self.rope.sliding_window:
+            self.max_prompt_tokens = min(self.max_prompt_tokens, self.rope.sliding_window)
+        self.probe = self._probe_cache()
+        self.system_fingerprint: str | None = None
+
+    # ------------------------------------------------------------------ what the server can do
+
+    def _probe_cache(self) -> dict[str, Any]:
+        """Three requests on one prompt: salt A, salt A again, salt B. Whether the server caches,
+        reports cached tokens, and isolates salts decides how the reference bypasses the cache."""
+        ids = (self.neutral_head * (1 + 96 // max(1, len(self.neutral_head))))[:96]
+        a, b = _salt(), _salt()
+        first = self._send(self.client, ids, max_tokens=1, salt=a)
+        again = self._send(self.client, ids, max_tokens=1, salt=a)
+        other = self._send(self.client, ids, max_tokens=1, salt=b)
+        reports = again.cached_tokens is not None
+        probe = {
+            "reports_cached_tokens": reports,
+            "echoes_prompt_ids": first.prompt_ids is not None,
+            "caching": bool(reports and again.cached_tokens),
+            "salt_isolates": bool(reports and again.cached_tokens and other.cached_tokens == 0),
+            "cached_tokens": [first.cached_tokens, again.cached_tokens, other.cached_tokens],
+            "prompt_tokens": len(ids),
+        }
+        if probe["caching"] and not probe["salt_isolates"] and self.reference is None:
+            raise KvauditError(
+                f"server {self.client.base_url} caches but does not isolate cache_salt (a second salt found "
+                f"{other.cached_tokens} cached tokens): the reference arm cannot bypass its cache; start a "
+                "second server with caching off and give it as --reference-url")
+        return probe
+
+    def check_arms(self, arms: list[str]) -> None:
+        """Refuse, before any case runs, arms this server or protocol cannot run."""
+        for name in arms:
+            spec = get_arm(name)
+            if spec.source in ("in_context",) or (spec.source == "neutral" and not spec.rerotate):
+                if self.reuse_protocol != "kvaudit":
+                    raise KvauditError(
+                        f"--arms: arm {name!r} needs --reuse-protocol kvaudit (a server running kvaudit's "
+                        "connector): a black-box server cannot be fed segment KV built in true context or "
+                        "left unrotated")
+            if spec.role == "engine_prefix_flushed" and not self.client.reset_prefix_cache():
+                raise KvauditError(
+                    f"--arms: arm {name!r} needs the server's cache reset (vLLM: start it with "
+                    f"VLLM_SERVER_DEV_MODE=1 for POST /reset_prefix_cache); {self.client.base_url} refused it")
+            if spec.role in ("engine_prefix", "engine_prefix_warm", "tenant_probe") and not self.probe["caching"]:
+                raise KvauditError(f"--arms: arm {name!r} measures the server's prefix cache, but "
+                                   f"{self.client.base_url} {'cached nothing' if self.probe['reports_cached_tokens'] else 'reports no cached tokens'} "
+                                   "in the cache probe (vLLM: --enable-prefix-caching --enable-prompt-tokens-details)")
+
+    def info(self) -> dict[str, Any]:
+        import torch
+        import transformers
+
+        return {
+            "backend": self.name,
+            "base_url": self.client.base_url,
+            "reference_url": self.reference.base_url if self.reference else None,
+            "server_model": self.server_card,
+            "system_fingerprint": self.system_fingerprint,
+            "reuse_protocol": self.reuse_protocol,
+            "cache_probe": self.probe,
+            "dtype": self.dtype,
+            "dtype_source": "as given by --dtype: the server does not report its dtype",
+            "threads": None,  # the server's, not ours
+            "torch": torch.__version__,  # the client's (tokenizer only)
+            "transformers": transformers.__version__,
+            "first_logits": f"top-{LOGPROBS} first-token log-probabilities over HTTP",
+            "logit_diff_kind": "top_logprobs",
+            "logit_diff_top_n": LOGPROBS,
+            "candidate_scoring": "unavailable over HTTP (prompt log-probabilities bypass the server's cache)",
+            **model_shape_info(self.config, self.rope, self.max_prompt_tokens, self.neutral_hash),
+        }
+
+    # ------------------------------------------------------------------ requests
+
+    def _send(self, client: ServerClient, ids: list[int], *, max_tokens: int | None = None,
+              salt: str | None = None, transfer: dict[str, Any] | None = None) -> Completion:
+        out = client.complete(ids, max_tokens=max_tokens or self.decoding.max_new_tokens,
+                              salt=salt or _salt(), kv_transfer_params=transfer, stop_token_ids=sorted(self.eos))
+        self.system_fingerprint = out.extra.get("system_fingerprint", self.system_fingerprint)
+        return out
+
+    def _with_filler(self, client: ServerClient, prompt: Prompt) -> Completion:
+        """The prompt beside a concurrent filler request, so the server batches it differently."""
+        filler = self.neutral_head + prompt.ids[prompt.head_len: prompt.tail_start][:256]
+        t = threading.Thread(target=lambda: self._send(client, filler, max_tokens=4), daemon=True)
+        t.start()
+        try:
+            return self._send(client, prompt.ids)
+        finally:
+            t.join(timeout=600)
+
+    def _warm_up(self, prompt: Prompt, salt: str | None) -> tuple[list[str], list[int | None]]:
+        """Neutral warm-ups (neutral head + one document each); kvaudit protocol: each saves its
+        document's KV under a connector key. Returns (keys, cached tokens each warm-up found)."""
+        h = len(self.neutral_head)
+        keys, found = [], []
+        for i, uh in enumerate(prompt.segment_hashes):
+            unit = prompt.unit_ids(i)
+            key = f"seg:{self.fingerprint[:16]}:{self.neutral_hash}:{uh}"
+            keys.append(key)
+            if self.reuse_protocol == "kvaudit" and key in self.cache.saved:
+                self.cache.stats.hits += 1
+                self.cache.stats.hit_tokens += len(unit)
+                continue
+            transfer = {"kvaudit": "run", "save": [[key, h, h + len(unit)]]} if self.reuse_protocol == "kvaudit" else None
+            w = self._send(self.client, self.neutral_head + unit, max_tokens=1, salt=salt, transfer=transfer)
+            found.append(w.cached_tokens)
+            self.cache.stats.builds += 1
+            self.cache.stats.build_s += w.total_s
+            if self.reuse_protocol == "kvaudit":
+                self.cache.saved.add(key)
+        return keys, found
+
+    def _load(self, prompt: Prompt, seg_keys: list[str], rerotate: bool, drop: list[str],
+              salt: str | None = None) -> tuple[Completion, Completion]:
+        """kvaudit protocol: the head prefilled fresh at position 0 by its own request, then the
+        prompt with [head][segments] loaded by the connector (the tail computed by the server)."""
+        head_key = f"tmp:head:{uuid.uuid4().hex[:12]}"
+        head = self._send(self.client, prompt.ids[: prompt.head_len], max_tokens=1,
+                          transfer={"kvaudit": "run", "save": [[head_key, 0, prompt.head_len]]})
+        plan = [[head_key, 0, False]] + [[k, s, rerotate] for (s, _), k in zip(prompt.spans, seg_keys)]
+        run = self._send(self.client, prompt.ids, salt=salt, transfer={
+            "kvaudit": "run", "n_load": prompt.tail_start, "plan": plan, "drop": [head_key, *drop]})
+        return head, run
+
+    # ------------------------------------------------------------------ arms
+
+    def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
+                candidates: list[str] | None = None) -> ArmOutput:
+        engine: dict[str, Any] = {"salt": "fresh"}
+        build_s = head_s = 0.0
+        hit = 0
+        if spec.source is None:
+            client = self.reference if (self.reference and spec.role in ("reference", "noise_floor")) else self.client
+            if client is self.reference:
+                engine["salt"] = "reference server"
+            if spec.role == "segment_tenant_probe" and self.reuse_protocol == "kvaudit":
+                # Another tenant sends the reuse arm's own load plan: the connector's keys are
+                # content hashes anyone can compute; a tenant-scoped store refuses them.
+                keys, _ = self._warm_up(prompt, None)
+                head, run = self._load(prompt, keys, True, [], salt=_salt())
+                ttft = head.total_s + run.ttft_s
+            else:
+                run = self._with_filler(client, prompt) if spec.perturbs_batch else self._send(client, prompt.ids)
+                ttft = run.ttft_s
+            reused = run.cached_tokens or 0
+        elif spec.source == "engine_prefix":
+            engine["salt"] = "tenant"
+            if spec.role == "engine_prefix_flushed":
+                engine["cache_reset"] = self.client.reset_prefix_cache()
+                if not engine["cache_reset"]:
+                    raise KvauditError(f"server {self.client.base_url} refused POST /reset_prefix_cache")
+            run = self._send(self.client, prompt.ids, salt=self.tenant_salt)
+            ttft = run.ttft_s
+            reused = hit = run.cached_tokens or 0
+        elif spec.source == "neutral" and self.reuse_protocol == "server":
+            engine["salt"] = "tenant"
+            t0_build = self.cache.stats.build_s
+            _, found = self._warm_up(prompt, self.tenant_salt)
+            build_s = self.cache.stats.build_s - t0_build
+            engine["warmup_cached_tokens"] = found
+            run = self._send(self.client, prompt.ids, salt=self.tenant_salt)
+            ttft = run.ttft_s
+            reused = hit = run.cached_tokens or 0
+        elif spec.source == "first_user" and self.reuse_protocol == "server":
+            if capture_prompt is None:
+                raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
+            engine["salt"] = "tenant"
+            first = self._send(self.client, capture_prompt.ids, salt=self.tenant_salt)
+            build_s = first.total_s
+            run = self._send(self.client, prompt.ids, salt=self.tenant_salt)
+            ttft = run.ttft_s
+            reused = hit = run.cached_tokens or 0
+        else:  # kvaudit protocol: cached segments through the connector
+            if spec.source == "neutral":
+                before = (self.cache.stats.hit_tokens, self.cache.stats.build_s)
+                seg_keys, _ = self._warm_up(prompt, None)
+                hit = self.cache.stats.hit_tokens - before[0]
+                build_s = self.cache.stats.build_s - before[1]
+                drop: list[str] = []
+            elif spec.source in ("in_context", "first_user"):
+                src = capture_prompt if spec.source == "first_user" else prompt
+                if src is None:
+                    raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
+                if src.segment_hashes != prompt.segment_hashes:
+                    raise KvauditError(f"arm {spec.name}: the capture request holds different segments")
+                tag = uuid.uuid4().hex[:12]
+                seg_keys = [f"tmp:cap:{tag}:{i}" for i in range(len(src.spans))]
+                cap = self._send(self.client, src.ids, max_tokens=1, transfer={
+                    "kvaudit": "run", "save": [[k, s, e] for k, (s, e) in zip(seg_keys, src.spans)]})
+                build_s = cap.total_s
+                drop = list(seg_keys)
+            else:
+                raise KvauditError(f"unknown segment source {spec.source!r}")
+            head, run = self._load(prompt, seg_keys, bool(spec.rerotate), drop)
+            head_s = head.total_s
+            ttft = head.total_s + run.ttft_s
+            if run.cached_tokens is not None and run.cached_tokens < prompt.tail_start:
+                raise KvauditError(f"arm {spec.name}: the server loaded {run.cached_tokens} tokens through "
+                                   f"kvaudit's connector, expected {prompt.tail_start}; is it running with "
+                                   "kvaudit's --kv-transfer-config?")
+            reused = prompt.tail_start - prompt.head_len
+        engine.update({
+            "prompt_ids_hash": ids_hash(run.prompt_ids) if run.prompt_ids is not None else None,
+            "cached_tokens": run.cached_tokens,
+            "model": run.model,
+            "finish_reason": run.finish_reason,
+        })
+        top = sorted(run.first_lp.items(), key=lambda kv: -kv[1])[: self.decoding.top_k_logits]
+        if len(top) < 2:
+            raise KvauditError(f"server {self.client.base_url} returned {len(top)} first-token log-probabilities "
+                               "(kvaudit needs the top-k: logprobs and return_tokens_as_token_ids)")
+        res = build_arm_result(spec, prompt, self.tok, self.decoding, answer_ids=cut_at_eos(run.token_ids, self.eos),
+                               top=top, ttft_s=ttft, decode_s=max(0.0, run.total_s - run.ttft_s),
+                               tokens_reused=reused, cache_hit_tokens=hit, fingerprints={}, canary=None,
+                               engine=engine)
+        return ArmOutput(result=res, first_logits=logits_from_top(run.first_lp, self.vocab), build_s=build_s,
+                         head_s=head_s)
+
+    def close(self) -> None:
+        self.client.close()
+        if self.reference is not None:
+            self.reference.close()
+
+
+def open_openai_backend(model: str = "smollm2", *, dtype: str = "float32", max_new_tokens: int = 24,
+                        cache_bytes: int = 0, base_url: str | None = None, reference_url: str | None = None,
+                        served_model: str | None = None, reuse_protocol: str = "server",
+                        timeout_s: float = 300.0) -> OpenAIBackend:
+    """Connect to the server at ``base_url``; ``model`` is the local checkpoint or tokenizer
+    folder of the model it serves (ids are assembled here)."""
+    import os
+
+    from transformers import AutoTokenizer
+
+    from kvaudit.models import model_fingerprint, resolve_model_dir
+
+    if not base_url:
+        raise KvauditError("--backend openai needs --base-url (the server, e.g. http://127.0.0.1:8000)")
+    path = resolve_model_dir(model)
+    api_key = os.environ.get("KVAUDIT_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    client = ServerClient(base_url, model=served_model, timeout_s=timeout_s, api_key=api_key)
+    reference = ServerClient(reference_url, model=served_model, timeout_s=timeout_s, api_key=api_key) \
+        if reference_url else None
+    return OpenAIBackend(client, AutoTokenizer.from_pretrained(path), path, model_fingerprint(path),
+                         decoding=Decoding(max_new_tokens=max_new_tokens), reuse_protocol=reuse_protocol,
+                         reference=reference, dtype=dtype)
