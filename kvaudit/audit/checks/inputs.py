@@ -86,7 +86,8 @@ def check_same_inputs(run: LoadedRun):
         evidence_ids: dict[str, str] = {}
         for name, r in p.arms.items():
             if known_arm(name) and get_arm(name).prompt == "evidence":
-                problems[p.case_id].extend(_evidence_prompt_problems(p, name))
+                if msgs := _evidence_prompt_problems(p, name):
+                    problems[p.case_id].extend(msgs)
                 evidence_ids[name] = r.ids_hash
                 continue
             diffs = [f for f in ("ids_hash", "segment_hashes", "truncation", "decoding")
