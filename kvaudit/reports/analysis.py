@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from kvaudit.audit.trust import VerifiedAudit, verify
-from kvaudit.core.arms import ARMS, NOISE_ARM, REFERENCE_ARM
+from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, get_arm, known_arm, reference_of
 from kvaudit.core.records import (
     CASES_FILE,
     PAIRS_FILE,
@@ -50,10 +50,9 @@ SIMULATION_FILE = "simulation.json"
 
 
 def arm_reason(arm: str) -> str:
-    """Why an arm is in the run: its registry entry's ``why``; ``blend@r`` arms say their share."""
-    if arm.startswith("blend@"):
-        return f"recompute the {arm.split('@', 1)[1]} share of segment tokens whose KV deviates most (CacheBlend style)"
-    return ARMS[arm].why if arm in ARMS else ""
+    """Why an arm is in the run: its spec's ``why`` (:func:`kvaudit.core.arms.get_arm`: registry
+    entries and parameterised repairs alike); empty for a name that is no arm."""
+    return get_arm(arm).why if known_arm(arm) else ""
 
 
 @dataclass
@@ -225,16 +224,18 @@ class Analysis:
     # ------------------------------------------------------------------ quality deltas
 
     def delta(self, arm: str, group: str = "overall") -> dict[str, Any]:
-        """Paired delta of ``arm`` against recompute on a group (see :func:`stats.paired_delta`)."""
+        """Paired delta of ``arm`` against its reference on a group (see :func:`stats.paired_delta`):
+        recompute, or for the oracle its own recompute on the same evidence-only prompt."""
         ids = self.select(group)
-        if arm in self._wide.columns and REFERENCE_ARM in self._wide.columns:
-            both = self._wide.loc[ids, [REFERENCE_ARM, arm]].dropna()
+        ref = reference_of(arm)
+        if arm in self._wide.columns and ref in self._wide.columns:
+            both = self._wide.loc[ids, [ref, arm]].dropna()
         else:
-            both = pd.DataFrame(columns=[REFERENCE_ARM, arm])
-        out = stats.paired_delta(both[REFERENCE_ARM].to_numpy(float), both[arm].to_numpy(float),
+            both = pd.DataFrame(columns=[ref, arm])
+        out = stats.paired_delta(both[ref].to_numpy(float), both[arm].to_numpy(float),
                                  self._docs.loc[both.index].tolist(), confidence=self.confidence,
                                  min_icc=self.min_icc)
-        out.update(arm=arm, group=group)
+        out.update(arm=arm, group=group, reference=ref)
         return out
 
     def flip_excess(self, arm: str, noise_arm: str = NOISE_ARM) -> dict[str, Any] | None:
@@ -287,10 +288,9 @@ class Analysis:
         """Measured hit rate of ``arm``: ``prompt`` basis is the simulator's token hit rate
         (tokens already cached / prompt tokens); ``segment`` basis is chunk-aligned (tokens loaded
         from the segment store / segment tokens)."""
-        from kvaudit.core.arms import ARMS
         from kvaudit.core.hit_rate import run_hit_rate, run_segment_hit_rate
 
-        if basis == "segment" and arm in ARMS and ARMS[arm].source == "engine_prefix":
+        if basis == "segment" and known_arm(arm) and get_arm(arm).source == "engine_prefix":
             return None  # an engine's prefix cache holds blocks, not segments
         fn = run_segment_hit_rate if basis == "segment" else run_hit_rate
         try:

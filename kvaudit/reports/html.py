@@ -6,8 +6,8 @@ may contain HTML or ``<script>``. The only unescaped pieces are our own: the for
 page's Content-Security-Policy allows, so an injected inline script could not run even if some
 escaping were missed. The CSP also blocks every network fetch (``default-src 'none'``).
 
-Figures (forest plot, flip rate per group beside the noise floor, TTFT per arm, reuse-dynamics
-coverage) are inline SVG from :mod:`kvaudit.reports.plots`.
+Figures (forest plot, flip rate per group beside the noise floor, TTFT per arm, the repairs'
+quality-for-speed frontier, reuse-dynamics coverage) are inline SVG from :mod:`kvaudit.reports.plots`.
 
 The drill-down filter can be preset from the URL: ``report.html#task=multi_hop_bridge&flips=1``.
 """
@@ -27,6 +27,7 @@ from kvaudit.reports.analysis import Analysis
 from kvaudit.reports.plots import (
     flip_strata_svg,
     forest_svg,
+    frontier_svg,
     per_segment_svg,
     refs_histogram_svg,
     shares_svg,
@@ -205,6 +206,9 @@ def render(summary: dict[str, Any], an: Analysis, policy: Policy, *,
     samples = {a: an.ttft_samples(a) for a in an.arms}
     ttft_plot = ttft_svg(samples, highlight=arm) if any(samples.values()) else ""
     cases, n_cases = _cases(an, arm, max_cases)
+    frontier = summary.get("frontier") or {}
+    frontier_plot = (frontier_svg(frontier["groups"], confidence=an.confidence)
+                     if frontier.get("groups") else "")
     digest = base64.b64encode(hashlib.sha256(FILTER_JS.encode()).digest()).decode()
 
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
@@ -213,6 +217,7 @@ def render(summary: dict[str, Any], an: Analysis, policy: Policy, *,
     return env.get_template("report.html.j2").render(
         s=summary, arm=arm, rows=rows, forest=Markup(svg), cases=cases, n_cases=n_cases,
         flip_plot=Markup(flip_svg), ttft_plot=Markup(ttft_plot), cov=_coverage_view(summary["coverage"]),
+        frontier=frontier, frontier_plot=Markup(frontier_plot),
         tasks=sorted({c["task"] for c in cases}), script=Markup(FILTER_JS),
         csp=f"default-src 'none'; style-src 'unsafe-inline'; img-src data:; script-src 'sha256-{digest}'",
         controls={a: [r for r in summary["comparisons"][a] if r["group"] == "overall" or r["group"].startswith("task:")]

@@ -8,6 +8,8 @@ same data gives the same bytes). Figures:
 - :func:`forest_svg`: paired delta and interval per group, zero and margin lines;
 - :func:`flip_strata_svg`: flip rate per group beside the noise floor's, Wilson intervals;
 - :func:`ttft_svg`: time to first token per arm, box plot over a strip of cases, log scale;
+- :func:`frontier_svg`: per task family, each frontier arm's quality delta (with its interval)
+  against its speed-up over the reference, the margin line, and the routed arm ringed;
 - :func:`refs_histogram_svg`, :func:`per_segment_svg`, :func:`shares_svg`: reuse-dynamics
   coverage of the dataset (``manifest["dataset"]["coverage"]``).
 """
@@ -159,6 +161,44 @@ def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = UNDER_T
         ax.set_xlabel("time to first token (seconds, log scale); box: quartiles, whiskers 1.5 IQR, dots: cases")
         ax.set_title("Time to first token per arm", fontsize=10, loc="left")
         ax.grid(axis="x", which="both", color="#eeeeee")
+        return _svg(fig)
+
+
+def frontier_svg(groups: Sequence[Mapping[str, Any]], *, confidence: float = 0.95) -> str:
+    """One panel per group (``group``, ``margin``, ``points``: ``arm``, ``delta``, ``ci``,
+    ``speedup``; ``route``: ``arm``): delta (points) against speed-up over the reference, an
+    interval bar per point, zero and margin lines; the routed arm is ringed."""
+    drawn = [g for g in groups if any(p.get("speedup") and p.get("delta") is not None for p in g["points"])]
+    n = max(len(drawn), 1)
+    cols = min(3, n)
+    rows = (n + cols - 1) // cols
+    with _rc():
+        fig = _figure(3.6 * cols + 0.4, 2.9 * rows + 0.5)
+        for i, g in enumerate(drawn):
+            ax = fig.add_subplot(rows, cols, i + 1)
+            pts = [p for p in g["points"] if p.get("speedup") and p.get("delta") is not None]
+            routed = (g.get("route") or {}).get("arm")
+            for p in pts:
+                x, y, ci = float(p["speedup"]), float(p["delta"]), p.get("ci")
+                colour = LOSS_COLOUR if ci and ci[1] < 0 else ARM_COLOUR
+                if ci:
+                    ax.plot([x, x], ci, color=colour, linewidth=1.3, alpha=0.8)
+                ax.plot([x], [y], "o", color=colour, markersize=4.5)
+                if p["arm"] == routed:
+                    ax.plot([x], [y], "o", markersize=11, markerfacecolor="none", markeredgecolor="#1a7f37",
+                            markeredgewidth=1.6)
+                ax.annotate(_short(p["arm"], 14), (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
+            ax.axhline(0, color="#888888", linewidth=0.8)
+            if g.get("margin") is not None:
+                ax.axhline(float(g["margin"]), color="#d6604d", linewidth=0.9, linestyle="--")
+            ax.axvline(1, color="#cccccc", linewidth=0.8, linestyle=":")
+            ax.set_title(_short(str(g["group"]), 34), fontsize=9, loc="left")
+            ax.set_xlabel("speed-up over the reference (median TTFT ratio)", fontsize=7.5)
+            ax.set_ylabel("delta (points)", fontsize=7.5)
+            ax.grid(color="#eeeeee")
+            ax.spines[["top", "right"]].set_visible(False)
+        fig.suptitle(f"Quality against speed per arm ({confidence:.0%} intervals; dashed: the policy's margin; "
+                     "ringed: the routed arm)", fontsize=9, x=0.01, ha="left")
         return _svg(fig)
 
 

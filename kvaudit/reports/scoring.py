@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from kvaudit.core.arms import REFERENCE_ARM
+from kvaudit.core.arms import REFERENCE_ARM, reference_of
 from kvaudit.core.records import ArmResult, PairRecord, cluster_key, documents, flipped
 
 SCORE_METRICS = ("em", "f1", "rouge_l", "contains")
@@ -145,12 +145,15 @@ def score_pairs(pairs: Iterable[PairRecord], near_tie: float = DEFAULT_NEAR_TIE)
     for pair in pairs:
         refs = references(pair)
         scorable = refs is not None and pair.task not in NON_QUALITY_TASKS
-        ref_arm = pair.arms.get(REFERENCE_ARM)
-        ref_margin = ref_arm.margin if ref_arm is not None else None
+        reference = pair.arms.get(REFERENCE_ARM)
+        ref_margin = reference.margin if reference is not None else None
         strata = {f"stratum:{k}": _stratum_value(v) for k, v in (pair.strata or {}).items()}
         for name, arm in pair.arms.items():
             scores = score_answer(arm.answer, refs) if scorable else dict.fromkeys(SCORE_METRICS, float("nan"))
             is_ref = name == REFERENCE_ARM
+            # flips against the arm's own reference (the oracle's: its recompute on the same prompt)
+            own = reference_of(name)
+            ref_arm = pair.arms.get(own) if own != REFERENCE_ARM else reference
             rows.append({
                 "case_id": pair.case_id,
                 "task": pair.task,

@@ -19,6 +19,8 @@ Top-level keys:
 ``ttft``         per arm seconds (n, mean, p50, p90, p99); ``speedup`` per arm vs recompute
 ``coverage``     reuse-dynamics coverage from ``manifest["dataset"]["coverage"]`` or None
 ``routing``      per task family: safe / unsafe / undecided for the policy's arm, with the reason
+``frontier``     the repairs' quality-for-speed frontier per task family, with the cheapest
+                 non-inferior arm, and the oracle's split of reuse's loss (:mod:`kvaudit.reports.frontier`)
 ``cases_needed`` each delta threshold that did not pass and each undecided task family, with the
                  cases the run has and about how many a decision needs (policy.cases_needed)
 """
@@ -33,6 +35,7 @@ import numpy as np
 
 from kvaudit.core.arms import NOISE_ARM
 from kvaudit.reports.analysis import Analysis, arm_reason
+from kvaudit.reports.frontier import build_frontier
 from kvaudit.reports.policy import Policy, evaluate, verdict
 
 
@@ -186,6 +189,7 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
         "speedup": {a: an.speedup(a) for a in an.compared_arms},
         "coverage": an.coverage,
         "routing": routing(an, policy),
+        "frontier": build_frontier(an, policy),
     }
     summary["cases_needed"] = cases_needed_rows(an, policy, gate, summary["routing"])
     return jsonable(summary)
