@@ -60,12 +60,12 @@ def main() -> None:
         cfg = RunConfig(dataset=dataset, out=Path(tmp) / "run", arms=parse_arms("recompute,reuse"),
                         model_name="smollm2")
         m = execute(cfg, be, progress=True)
-    t = m["timing_s"]
-    s = m["sessions"][-1]
+    t = m.timing_s or {}
+    s = m.sessions[-1]
     n = len(dataset.cases)
     lens = [sum(len(be.tok.unit_ids(dataset.segments[x].text)) for x in c.segment_ids) for c in dataset.cases]
     print(f"{n} cases, ~{min(lens)}-{max(lens)} document tokens per prompt, {args.docs} documents x {args.refs} references")
-    print(f"warm-up forwards: {s['segment_cache']['builds']} for {s['unique_segments_seen']} unique segments")
+    print(f"warm-up forwards: {(s.segment_cache or {})['builds']} for {s.unique_segments_seen} unique segments")
     print(f"recompute arm {t['recompute']:.1f}s | reuse arm {t['reuse']:.1f}s | one-time caching {t['caching']:.1f}s")
     ratio = (t["reuse"] + t["caching"]) / t["recompute"]
     print(f"(reuse + caching) / recompute = {ratio:.2f}  (target <= 0.5; both arms include decoding "

@@ -10,6 +10,7 @@ import re
 import pytest
 
 from kvaudit import cli
+from kvaudit.audit.record import write_audit
 from kvaudit.audit.trust import build_audit
 from kvaudit.core.records import read_json, write_json
 from kvaudit.reports.analysis import Analysis, load_run
@@ -29,7 +30,7 @@ def _edit_manifest(run, **dataset):
         m["identity"]["dataset_hash"] = dataset["hash"]
     m["dataset"].update(dataset)
     write_json(run / "manifest.json", m)
-    write_json(run / "audit.json", build_audit(run))
+    write_audit(run, build_audit(run))
     return run
 
 

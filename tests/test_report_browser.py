@@ -22,6 +22,7 @@ from kvaudit.core.coverage import compute_coverage
 from kvaudit.core.records import Case, Segment, read_json, write_json, write_jsonl
 from kvaudit.reports.report_cli import write_report
 from kvaudit.reports.synthetic import make_pairs, make_run
+from kvaudit.reports.synthetic_repairs import add_oracle_pair, add_repair_arms
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(
@@ -33,8 +34,8 @@ PWN = 'document.title="PWNED";document.body.setAttribute("data-pwned","{}")'
 ANSWER_INJECT = f"<script>{PWN.format('answer')}</script><img src=x onerror='{PWN.format('img')}'>"
 STRATUM_INJECT = f"<script>{PWN.format('stratum')}</script>"
 QUESTION_INJECT = f"Who?<script>{PWN.format('question')}</script>"
-FIGURES = ("forest-plot", "flip-strata-plot", "ttft-plot", "coverage-refs-plot", "coverage-per-segment-plot",
-           "coverage-shares-plot")
+FIGURES = ("forest-plot", "flip-strata-plot", "ttft-plot", "frontier-plot", "coverage-refs-plot",
+           "coverage-per-segment-plot", "coverage-shares-plot")
 
 
 def chromium(tmp: Path, *args: str, window: str = "1280,4000") -> str:
@@ -50,7 +51,7 @@ def chromium(tmp: Path, *args: str, window: str = "1280,4000") -> str:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     d = tmp_path_factory.mktemp("browser")
-    pairs = make_pairs(n_per_task=12, injected=ANSWER_INJECT)
+    pairs = add_oracle_pair(add_repair_arms(make_pairs(n_per_task=12, injected=ANSWER_INJECT)))
     pairs[0].strata["prefix_variant"] = STRATUM_INJECT
     # coverage as kvaudit.core.coverage computes it for a dataset card, on the pairs' layout
     segments = {s: Segment(s, " ".join(["word"] * (40 + 7 * i))) for i, s in
@@ -78,8 +79,11 @@ def test_rendered_dom_has_verdict_tables_plot_and_no_injected_script(report, tmp
     assert "PWNED" not in title
     for element_id in ("gate-verdict", "audit-verdict", "gate-table", "audit-table", "delta-table",
                        "leak-text-table", "flip-table", "coverage-table", "speed-table", "case-table",
-                       "routing-table"):
+                       "routing-table", "frontier-routing", "frontier-table", "oracle-table"):
         assert f'id="{element_id}"' in dom, element_id
+    frontier = re.search(r'<table id="frontier-table">(.*?)</table>', dom, re.S)[1]
+    assert all(f"<td>{a}</td>" in frontier for a in ("reuse", "blend@0.15", "epic@16"))
+    assert "compared only with its own recompute" in dom
     for figure in FIGURES:
         assert re.search(rf'id="{figure}"><svg', dom), figure
     assert 'id="cases-needed-table"' in dom and "about cases needed" in dom

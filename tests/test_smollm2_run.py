@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from kvaudit.core.arms import ARMS
-from kvaudit.core.records import read_manifest, read_pairs
+from kvaudit.core.records import read_pairs
+from kvaudit.core.run_records import read_manifest
 
 from .conftest import ALL_ARMS, EXAMPLE
 
@@ -66,12 +67,12 @@ def test_leak_probe_arms_and_manifest(smollm2_run: Path):
         names = {p.canary["value"], *p.canary["decoys"]}
         assert set(p.arms["reuse"].canary_logprobs) == names
     m = read_manifest(smollm2_run)
-    assert m["status"] == "complete"
-    assert m["identity"]["arms"] == ALL_ARMS.split(",")[:3] + ["reuse_norope", "reuse_first_user", "recompute_again"]
-    seg = m["sessions"][-1]["segment_cache"]
+    assert m.status == "complete"
+    assert m.identity.arms == ALL_ARMS.split(",")[:3] + ["reuse_norope", "reuse_first_user", "recompute_again"]
+    seg = m.sessions[-1].segment_cache
     assert seg["builds"] == len({s for p in pairs for s in p.segment_ids})  # one warm-up per unique segment
     for key in ("recompute", "reuse", "controls", "caching", "wall"):
-        assert m["timing_s"][key] > 0
+        assert m.timing_s[key] > 0
 
 
 def _cli(*args: str) -> list[str]:
@@ -114,7 +115,7 @@ def test_killed_run_resumes_without_loss(smollm2_run: Path, tmp_path: Path):
         for name, res in p.arms.items():
             assert res.answer_ids == r.arms[name].answer_ids, (p.case_id, name)
     manifest = read_manifest(out)
-    assert manifest["status"] == "complete" and len(manifest["sessions"]) == 2
+    assert manifest.status == "complete" and len(manifest.sessions) == 2
     assert not (out / "audit.json").exists()
 
 

@@ -152,13 +152,13 @@ def test_identity_reproduces_recompute_and_reuse_loads_the_segments(vllm_run):
 
 
 def test_manifest_records_the_engine(vllm_run):
-    from kvaudit.core.records import read_manifest
+    from kvaudit.core.run_records import read_manifest
 
     m = read_manifest(vllm_run)
-    assert m["identity"]["backend"] == "vllm" and m["status"] == "complete"
-    eng = m["backend"]["engine"]
+    assert m.identity.backend == "vllm" and m.status == "complete"
+    eng = m.backend["engine"]
     assert eng["enforce_eager"] is True and eng["tensor_parallel_size"] == 1
-    assert m["backend"]["vllm"] == vllm.__version__
+    assert m.backend["vllm"] == vllm.__version__
 
 
 def test_audit_passes_and_a_tampered_run_fails(vllm_run, tmp_path):
@@ -181,11 +181,12 @@ def test_audit_passes_and_a_tampered_run_fails(vllm_run, tmp_path):
 
 def test_prefix_cache_arms_find_what_vllm_cached(backend, vllm_run):
     from kvaudit.audit.audit_cli import audit
-    from kvaudit.core.records import read_manifest, read_pairs
+    from kvaudit.core.records import read_pairs
+    from kvaudit.core.run_records import read_manifest
 
     pairs = read_pairs(vllm_run)
     block = backend.engine_opts["block_size"]
-    assert read_manifest(vllm_run)["arms"][-3:] == ["prefix_cache_cold", "prefix_cache", "recompute_again"]
+    assert read_manifest(vllm_run).arms[-3:] == ["prefix_cache_cold", "prefix_cache", "recompute_again"]
     for i, rec in enumerate(pairs):
         cold, warm = rec.arms["prefix_cache_cold"], rec.arms["prefix_cache"]
         assert rec.arm_order.index("prefix_cache_cold") + 1 == rec.arm_order.index("prefix_cache")

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvaudit.audit.checks import CheckResult
+from kvaudit.audit.record import write_audit
 from kvaudit.audit.trust import build_audit
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import AUDIT_FILE, write_json
+from kvaudit.core.records import AUDIT_FILE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +38,9 @@ def audit(run_dir: str | Path, *, identity_tol: float | None = None,
     """Audit ``run_dir``, write ``audit.json`` there and return its content."""
     if identity_tol is not None and not (math.isfinite(identity_tol) and identity_tol >= 0):
         raise KvauditError(f"--identity-tol must be a non-negative number, got {identity_tol}")
-    result = build_audit(run_dir, identity_tol=identity_tol, dataset_dir=dataset_dir)
-    write_json(Path(run_dir) / AUDIT_FILE, result)
-    return result
+    record = build_audit(run_dir, identity_tol=identity_tol, dataset_dir=dataset_dir)
+    write_audit(run_dir, record)
+    return record.to_dict()
 
 
 def _status(c: CheckResult | dict) -> str:

@@ -1,18 +1,17 @@
 """The audit's chain of trust: ``audit.json`` binds its verdict to the exact files it judged.
 
-``kvaudit audit RUN`` writes (format :data:`AUDIT_FORMAT`)::
-
-    {"format": 2, "kvaudit_version": "...",
-     "inputs": {"pairs.jsonl": sha256, "manifest.json": sha256, "dataset": content hash or null},
-     "parameters": {"identity_tol": float or null, "dataset_dir": str or null},
-     "verdict": "passed" | "failed" | "cannot_judge", "passed": bool, "checks": [...]}
+``kvaudit audit RUN`` writes an :class:`~kvaudit.audit.record.AuditRecord` (format
+:data:`~kvaudit.audit.record.AUDIT_FORMAT`: the sha256 of ``pairs.jsonl`` and ``manifest.json``,
+the dataset's content hash, the parameters, the verdict and the checks; see
+:mod:`kvaudit.audit.record`).
 
 :func:`verify` is what every reader that acts on the audit (the gate, the report) calls. It
-refuses an ``audit.json`` that is missing, of another format or kvaudit version, or whose
-recorded hashes no longer match the run's files (the run was resumed, extended or edited
+refuses an ``audit.json`` that is missing, of another format or kvaudit version, malformed, or
+whose recorded hashes no longer match the run's files (the run was resumed, extended or edited
 after its audit), and then reruns the checks with the recorded parameters: the verdict it
 returns is derived from those fresh checks, never read from the file, and a file whose
-recorded checks disagree with the fresh ones (hand-written or edited) is refused too.
+recorded checks disagree with the fresh ones (hand-written or edited) is refused too. A caller
+that has read the run already passes its manifest and pairs, so they are not parsed twice.
 """
 
 from __future__ import annotations
@@ -22,12 +21,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.audit.checks import CheckResult, load_run, run_checks
+from kvaudit.audit.checks import CheckResult, LoadedRun, load_run, run_checks
+from kvaudit.audit.record import (
+    AUDIT_FORMAT,
+    VERDICTS,
+    AuditInputs,
+    AuditParameters,
+    AuditRecord,
+    read_audit,
+)
 from kvaudit.core.errors import USER_ERRORS
-from kvaudit.core.records import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE, DatasetError, read_json
+from kvaudit.core.records import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE, PairRecord
+from kvaudit.core.run_records import Manifest, RunFileError
 
-AUDIT_FORMAT = 2
-VERDICTS = ("passed", "failed", "cannot_judge")
+__all__ = ["AUDIT_FORMAT", "VERDICTS", "VerifiedAudit", "build_audit", "file_sha256", "verdict_of", "verify"]
 
 
 def file_sha256(path: Path) -> str:
@@ -55,87 +62,90 @@ def _kvaudit_version() -> str:
     return __version__
 
 
-def build_audit(run_dir: str | Path, *, identity_tol: float | None = None,
-                dataset_dir: str | Path | None = None) -> dict[str, Any]:
-    """Run every check on ``run_dir`` and return the ``audit.json`` content (not written)."""
-    run = load_run(run_dir, dataset_dir)
+def _audit_of(run: LoadedRun, identity_tol: float | None, dataset_dir: str | Path | None,
+              hashes: dict[str, str]) -> AuditRecord:
     checks = run_checks(run, identity_tol)
     verdict = verdict_of(checks)
-    return {
-        "format": AUDIT_FORMAT,
-        "kvaudit_version": _kvaudit_version(),
-        "inputs": {PAIRS_FILE: file_sha256(run.path / PAIRS_FILE),
-                   MANIFEST_FILE: file_sha256(run.path / MANIFEST_FILE),
-                   "dataset": run.dataset.card.content_hash if run.dataset is not None else None},
-        "parameters": {"identity_tol": identity_tol,
-                       "dataset_dir": None if dataset_dir is None else str(dataset_dir)},
-        "verdict": verdict,
-        "passed": verdict == "passed",
-        "checks": [asdict(c) for c in checks],
-    }
+    return AuditRecord(
+        kvaudit_version=_kvaudit_version(),
+        inputs=AuditInputs(pairs_sha256=hashes[PAIRS_FILE], manifest_sha256=hashes[MANIFEST_FILE],
+                           dataset=run.dataset.card.content_hash if run.dataset is not None else None),
+        parameters=AuditParameters(identity_tol=identity_tol,
+                                   dataset_dir=None if dataset_dir is None else str(dataset_dir)),
+        verdict=verdict, passed=verdict == "passed", checks=checks)
+
+
+def build_audit(run_dir: str | Path, *, identity_tol: float | None = None,
+                dataset_dir: str | Path | None = None) -> AuditRecord:
+    """Run every check on ``run_dir`` and return its :class:`AuditRecord` (not written: see
+    :func:`kvaudit.audit.record.write_audit`)."""
+    run = load_run(run_dir, dataset_dir)
+    hashes = {name: file_sha256(run.path / name) for name in (PAIRS_FILE, MANIFEST_FILE)}
+    return _audit_of(run, identity_tol, dataset_dir, hashes)
 
 
 @dataclass
 class VerifiedAudit:
     """The state of a run's audit: ``state`` is ``verified`` (``verdict`` and ``checks`` are the
-    fresh ones), ``missing``, or ``refused`` (``reason`` says why: stale, foreign, hand-written)."""
+    fresh ones), ``missing``, or ``refused`` (``reason`` says why: stale, foreign, hand-written).
+    ``run`` is the run as the fresh audit read it (``None`` unless verified)."""
 
     state: str
     reason: str = ""
     verdict: str | None = None
     checks: list[dict[str, Any]] = field(default_factory=list)
+    run: LoadedRun | None = field(default=None, repr=False, compare=False)
 
     @property
     def passed(self) -> bool | None:
         return None if self.verdict is None else self.verdict == "passed"
 
 
-def _summary(checks: list[dict[str, Any]]) -> list[tuple[Any, Any, Any, Any]]:
-    return [(c.get("name"), c.get("passed"), c.get("required"), c.get("cannot_judge", False))
-            for c in checks if isinstance(c, dict)]
+def _summary(checks: list[CheckResult]) -> list[tuple[Any, Any, Any, Any]]:
+    return [(c.name, c.passed, c.required, c.cannot_judge) for c in checks]
 
 
-def verify(run_dir: str | Path) -> VerifiedAudit:
-    """Check ``RUN/audit.json`` against the run's files and a fresh audit (see module docstring)."""
+def verify(run_dir: str | Path, *, manifest: Manifest | None = None,
+           pairs: list[PairRecord] | None = None) -> VerifiedAudit:
+    """Check ``RUN/audit.json`` against the run's files and a fresh audit (see module docstring).
+
+    ``manifest`` and ``pairs`` are the run's files as the caller read them (with
+    :func:`~kvaudit.core.run_records.read_manifest` and :func:`~kvaudit.core.records.read_pairs`);
+    without them the fresh audit reads them itself.
+    """
     path = Path(run_dir)
     file = path / AUDIT_FILE
     if not file.exists():
         return VerifiedAudit("missing", f"{file} is missing: run `kvaudit audit {path}` first")
     rerun = f"rerun `kvaudit audit {path}`"
     try:
-        recorded = read_json(file)
-    except DatasetError as e:
-        return VerifiedAudit("refused", f"{e}; {rerun}")
-    if not isinstance(recorded, dict) or recorded.get("format") != AUDIT_FORMAT:
-        return VerifiedAudit("refused", f"{file}: not an audit of format {AUDIT_FORMAT} (field 'format'); "
-                                        f"it was not written by this kvaudit: {rerun}")
-    if recorded.get("kvaudit_version") != _kvaudit_version():
-        return VerifiedAudit("refused", f"{file}: written by kvaudit {recorded.get('kvaudit_version')!r}, "
+        recorded = read_audit(path)
+    except RunFileError as e:
+        return VerifiedAudit("refused", f"{e}: {rerun}")
+    if recorded.kvaudit_version != _kvaudit_version():
+        return VerifiedAudit("refused", f"{file}: written by kvaudit {recorded.kvaudit_version!r}, "
                                         f"this is {_kvaudit_version()} (field 'kvaudit_version'): {rerun}")
-    inputs = recorded.get("inputs")
-    params = recorded.get("parameters")
-    if not isinstance(inputs, dict) or not isinstance(params, dict):
-        return VerifiedAudit("refused", f"{file}: fields 'inputs' and 'parameters' must be objects: {rerun}")
-    for name in (PAIRS_FILE, MANIFEST_FILE):
+    hashes: dict[str, str] = {}
+    for name, want in ((PAIRS_FILE, recorded.inputs.pairs_sha256), (MANIFEST_FILE, recorded.inputs.manifest_sha256)):
         if not (path / name).is_file():
             return VerifiedAudit("refused", f"{path / name} is missing")
-        if inputs.get(name) != file_sha256(path / name):
+        hashes[name] = file_sha256(path / name)
+        if want != hashes[name]:
             return VerifiedAudit("refused", f"{path / name} changed after the audit (its sha256 differs "
                                             f"from {file}, field 'inputs.{name}'): the audit is stale; {rerun}")
-    tol = params.get("identity_tol")
-    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))):
-        return VerifiedAudit("refused", f"{file}: field 'parameters.identity_tol' must be a number or null")
+    params = recorded.parameters
     try:
-        fresh = build_audit(path, identity_tol=tol, dataset_dir=params.get("dataset_dir"))
+        run = load_run(path, params.dataset_dir, manifest=manifest, pairs=pairs)
+        fresh = _audit_of(run, params.identity_tol, params.dataset_dir, hashes)
     except (*USER_ERRORS, OSError) as e:
         return VerifiedAudit("refused", f"the audit cannot be re-checked: {e}")
     # A dataset the audit read that is no longer on disk (a run directory copied elsewhere) only
     # changes the non-required coverage check; a dataset that is there must be the same one.
-    if fresh["inputs"]["dataset"] is not None and fresh["inputs"]["dataset"] != inputs.get("dataset"):
+    if fresh.inputs.dataset is not None and fresh.inputs.dataset != recorded.inputs.dataset:
         return VerifiedAudit("refused", f"the run's dataset changed after the audit (content hash differs "
                                         f"from {file}, field 'inputs.dataset'): {rerun}")
-    if _summary(recorded.get("checks") or []) != _summary(fresh["checks"]) \
-            or recorded.get("verdict") != fresh["verdict"] or recorded.get("passed") is not fresh["passed"]:
+    if _summary(recorded.checks) != _summary(fresh.checks) \
+            or recorded.verdict != fresh.verdict or recorded.passed != fresh.passed:
         return VerifiedAudit("refused", f"{file} does not match a fresh audit of the same files "
                                         f"(edited or hand-written): {rerun}")
-    return VerifiedAudit("verified", "", fresh["verdict"], fresh["checks"])
+    return VerifiedAudit("verified", "", fresh.verdict, [asdict(c) for c in fresh.checks], run=run)

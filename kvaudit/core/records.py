@@ -9,12 +9,13 @@ everything else):
 ``dataset.json``    the :class:`DatasetCard`: generator, seed, parameters, reuse-dynamics
                     coverage and a content hash of the two JSONL files.
 
-A *run directory* (written by ``kvaudit.runners``) holds ``manifest.json`` (a dict: model,
-backend, decoding, arms, dataset; its ``identity`` object, :data:`MANIFEST_IDENTITY`, holds the
-fields two runs must share to be compared) and ``pairs.jsonl`` (one :class:`PairRecord` per
-case, holding every arm's :class:`ArmResult`); :func:`read_manifest` and :func:`read_pairs` are
-their one reader. ``audit.json``, ``summary.json`` and ``report.html`` are added by the
-audit and report stages.
+A *run directory* (written by ``kvaudit.runners``) holds ``manifest.json`` (the typed
+:class:`~kvaudit.core.run_records.Manifest`, with a format version, read and written by
+:func:`kvaudit.core.run_records.read_manifest` / ``write_manifest``; its ``identity`` object,
+:data:`MANIFEST_IDENTITY`, holds the fields two runs must share to be compared) and
+``pairs.jsonl`` (one :class:`PairRecord` per case, holding every arm's :class:`ArmResult`;
+:func:`read_pairs` is its one reader). ``audit.json`` (:mod:`kvaudit.audit.record`),
+``summary.json`` and ``report.html`` are added by the audit and report stages.
 
 Bad input raises :class:`DatasetError`, whose message names the file, line and field.
 """
@@ -500,33 +501,3 @@ def read_pairs(run_dir: str | os.PathLike) -> list[PairRecord]:
         except TypeError as e:
             raise DatasetError(f"{where}: malformed pair record ({e})") from None
     return out
-
-
-def read_manifest(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """``manifest.json`` of a run, as a dict (a DatasetError naming the file if missing or not an object)."""
-    obj = read_json(Path(run_dir) / MANIFEST_FILE)
-    if not isinstance(obj, dict):
-        raise DatasetError(f"{Path(run_dir) / MANIFEST_FILE}: expected a JSON object")
-    return obj
-
-
-def manifest_get(manifest: Any, *keys: str) -> Any:
-    """``manifest[k1][k2]...``, or None where a level is missing or not an object."""
-    d = manifest
-    for k in keys:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
-
-
-def run_dataset_dir(manifest: dict[str, Any], run_dir: str | os.PathLike) -> tuple[Path | None, str]:
-    """The run's dataset directory named in its manifest (``dataset.path``) when it is still on
-    disk, tried as given and then relative to the run's parent; else ``None`` and why not."""
-    raw = manifest_get(manifest, "dataset", "path")
-    if not isinstance(raw, str) or not raw:
-        return None, "the manifest names no dataset path"
-    for cand in (Path(raw), Path(run_dir).parent / raw):
-        if (cand / CASES_FILE).is_file():
-            return cand, ""
-    return None, f"the run's dataset {raw} is not on disk"

@@ -1,10 +1,12 @@
 """Load a run directory and answer the report's questions about it (one object, computed once).
 
 :func:`load_run` reads ``manifest.json`` and ``pairs.jsonl`` through the one validated reader
-(:func:`kvaudit.core.records.read_manifest`, :func:`~kvaudit.core.records.read_pairs`), the
-audit's state (:func:`kvaudit.audit.trust.verify`: ``missing`` when the audit has not run) and
-``simulation.json`` (optional), raising :class:`~kvaudit.core.records.DatasetError` with the
-file and field for anything malformed.
+of each (:func:`kvaudit.core.run_records.read_manifest`, :func:`kvaudit.core.records.read_pairs`),
+once: the audit's verification (:func:`kvaudit.audit.trust.verify`: ``missing`` when the audit
+has not run) reruns the checks on the same records, and the case questions come from the
+dataset the audit read (read again only when the audit did not read it). ``simulation.json`` is
+optional. Anything malformed raises :class:`~kvaudit.core.records.DatasetError` with the file
+and field.
 
 :class:`Analysis` scores every (case, arm) once and then serves paired deltas for any *group*
 of cases. A group selector is ``"overall"`` (every answer-quality case), ``"task:<glob>"``
@@ -35,12 +37,10 @@ from kvaudit.core.records import (
     DatasetError,
     PairRecord,
     iter_jsonl,
-    manifest_get,
     read_json,
-    read_manifest,
     read_pairs,
-    run_dataset_dir,
 )
+from kvaudit.core.run_records import Manifest, read_manifest, run_dataset_dir
 from kvaudit.reports import scoring
 from kvaudit.stats import paired as stats
 from kvaudit.stats.leaks import leak_summary
@@ -62,7 +62,7 @@ class Run:
     was to hold that ``pairs.jsonl`` lacks (ids from the dataset when it is still on disk)."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     pairs: list[PairRecord]
     audit: VerifiedAudit
     simulation: dict[str, Any] | None = None
@@ -85,17 +85,15 @@ def _check_pairs(pairs: list[PairRecord], path: Path) -> None:
             raise DatasetError(f"{path}, record {i} ({p.case_id}): field 'arms' has no '{REFERENCE_ARM}' arm")
 
 
-def _get_int(d: Any, *keys: str) -> int | None:
-    v = manifest_get(d, *keys)
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-def _dataset_cases(manifest: dict[str, Any], run_dir: Path) -> list[tuple[str, str]]:
+def _dataset_cases(manifest: Manifest, run_dir: Path, audit: VerifiedAudit) -> list[tuple[str, str]]:
     """``(case id, question)`` in dataset order from the dataset the run names, when it is still
-    on disk (empty otherwise)."""
+    on disk (empty otherwise): the dataset the audit read when it read that one, else its cases file."""
     found, _ = run_dataset_dir(manifest, run_dir)
     if found is None:
         return []
+    read = audit.run.dataset if audit.run is not None else None
+    if read is not None and read.path == found:
+        return [(c.id, c.question) for c in read.cases]
     try:
         return [(str(o.get("id")), str(o.get("question", ""))) for _, o in iter_jsonl(found / CASES_FILE)]
     except DatasetError:
@@ -110,14 +108,14 @@ def load_run(run_dir: str | Path) -> Run:
     manifest = read_manifest(path)
     pairs = read_pairs(path)
     _check_pairs(pairs, path / PAIRS_FILE)
-    audit = verify(path)
+    audit = verify(path, manifest=manifest, pairs=pairs)
     simulation = None
     if (path / SIMULATION_FILE).exists():
         simulation = read_json(path / SIMULATION_FILE)
         if not isinstance(simulation, dict):
             raise DatasetError(f"{path / SIMULATION_FILE}: expected a JSON object")
-    cases = _dataset_cases(manifest, path)
-    n_expected = _get_int(manifest, "dataset", "n_cases")
+    cases = _dataset_cases(manifest, path, audit)
+    n_expected = manifest.dataset.n_cases if manifest.dataset else None
     missing: list[str] = []
     if n_expected is not None and len(pairs) < n_expected:
         seen = {p.case_id for p in pairs}
@@ -160,9 +158,8 @@ class Analysis:
     def arms(self) -> list[str]:
         """Every arm in the run, recompute first, then in the manifest's (or first seen) order."""
         seen: list[str] = []
-        declared = self.run.manifest.get("arms")
-        for name in (declared if isinstance(declared, list) else []):
-            if isinstance(name, str) and name not in seen:
+        for name in self.run.manifest.arms or []:
+            if name not in seen:
                 seen.append(name)
         for p in self.run.pairs:
             seen.extend(a for a in p.arms if a not in seen)
@@ -335,9 +332,8 @@ class Analysis:
 
     @property
     def coverage(self) -> dict[str, Any] | None:
-        ds = self.run.manifest.get("dataset")
-        cov = ds.get("coverage") if isinstance(ds, dict) else None
-        return cov if isinstance(cov, dict) and cov else None
+        ds = self.run.manifest.dataset
+        return (ds.coverage or None) if ds else None
 
     # ------------------------------------------------------------------ figures (additive)
 

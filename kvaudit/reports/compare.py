@@ -10,8 +10,8 @@ chunk-aligned and token hit rates, the TTFT speed-up, the gate's verdict (the ch
 family: the delta with its interval, the flips and the routing recommendation
 (:func:`kvaudit.reports.summary.routing`).
 
-Runs are grouped by the dataset they ran (the manifest's ``identity.dataset_hash``, else
-``manifest["dataset"]["hash"]``); a run that records no dataset hash is a group of its own. Each
+Runs are grouped by the dataset they ran (the manifest's ``identity.dataset_hash``, else its
+``dataset.hash``); a run that records no dataset hash is a group of its own. Each
 group is its own table: deltas measured on different cases are never put in one table.
 
 :func:`build_comparison` returns the JSON summary; :func:`write_comparison` writes
@@ -28,7 +28,7 @@ from typing import Any
 
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import MANIFEST_IDENTITY
+from kvaudit.core.run_records import Manifest
 
 JSON_FILE = "compare.json"
 HTML_FILE = "compare.html"
@@ -37,27 +37,24 @@ TEMPLATES = Path(__file__).with_name("templates")
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
 
-def _text(d: Any, *keys: str) -> str | None:
-    for k in keys:
-        d = d.get(k) if isinstance(d, dict) else None
-    return d if isinstance(d, str) and d else None
+def _text(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
 
 
-def run_identity(manifest: dict[str, Any]) -> dict[str, Any]:
+def run_identity(manifest: Manifest) -> dict[str, Any]:
     """Model, weights fingerprint, backend, dtype and dataset (name, hash, cases) of a run."""
+    ident, model = manifest.identity, manifest.model
+    dataset, backend = manifest.dataset, manifest.backend or {}
     return {
-        "model": _text(manifest, MANIFEST_IDENTITY, "model") or _text(manifest, "model", "name")
-        or _text(manifest, "model"),
-        "model_fingerprint": _text(manifest, MANIFEST_IDENTITY, "model_fingerprint")
-        or _text(manifest, "model", "fingerprint"),
-        "backend": _text(manifest, MANIFEST_IDENTITY, "backend") or _text(manifest, "backend", "backend")
-        or _text(manifest, "backend"),
-        "dtype": _text(manifest, MANIFEST_IDENTITY, "dtype") or _text(manifest, "dtype")
-        or _text(manifest, "model", "dtype"),
-        "dataset": _text(manifest, "dataset", "name") or _text(manifest, "dataset", "generator")
-        or _text(manifest, "dataset", "path"),
-        "dataset_path": _text(manifest, "dataset", "path"),
-        "dataset_hash": _text(manifest, MANIFEST_IDENTITY, "dataset_hash") or _text(manifest, "dataset", "hash"),
+        "model": _text(ident and ident.model) or _text(model and model.name),
+        "model_fingerprint": _text(ident and ident.model_fingerprint) or _text(model and model.fingerprint),
+        "backend": _text(ident and ident.backend) or _text(backend.get("backend")),
+        # a top-level dtype is what synthetic runs recorded before the manifest had a format
+        "dtype": _text(ident and ident.dtype) or _text(manifest.extra.get("dtype")) or _text(model and model.dtype),
+        "dataset": _text(dataset and dataset.name) or _text(dataset and dataset.generator)
+        or _text(dataset and dataset.path),
+        "dataset_path": _text(dataset and dataset.path),
+        "dataset_hash": _text(ident and ident.dataset_hash) or _text(dataset and dataset.hash),
     }
 
 

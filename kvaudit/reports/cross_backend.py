@@ -12,27 +12,24 @@ from typing import Any
 
 from kvaudit.core.arms import IDENTITY_ARM, NOISE_ARM, REFERENCE_ARM
 from kvaudit.core.errors import DatasetError
-from kvaudit.core.records import MANIFEST_IDENTITY, flipped
+from kvaudit.core.records import flipped
 from kvaudit.reports.analysis import Run
 
 
 def _dataset_hash(run: Run) -> Any:
     m = run.manifest
-    ident = m.get(MANIFEST_IDENTITY) if isinstance(m.get(MANIFEST_IDENTITY), dict) else {}
-    dataset = m.get("dataset") if isinstance(m.get("dataset"), dict) else {}
-    return ident.get("dataset_hash") or dataset.get("hash")
+    return (m.identity.dataset_hash if m.identity else None) or (m.dataset.hash if m.dataset else None)
 
 
 def _run_info(run: Run) -> dict[str, Any]:
     m = run.manifest
-    backend = m.get("backend") if isinstance(m.get("backend"), dict) else {"backend": m.get("backend")}
-    model = m.get("model") if isinstance(m.get("model"), dict) else {}
+    backend = m.backend or {}
     return {
         "path": str(run.path),
         "backend": backend.get("backend") or "unknown backend",
         "version": backend.get("vllm") or backend.get("transformers"),
-        "dtype": backend.get("dtype") or model.get("dtype"),
-        "fingerprint": model.get("fingerprint"),
+        "dtype": backend.get("dtype") or (m.model.dtype if m.model else None),
+        "fingerprint": m.model.fingerprint if m.model else None,
         "logits": backend.get("first_logits", "full first-token logits"),
     }
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from kvaudit.core.arms import REFERENCE_ARM
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import MANIFEST_IDENTITY
+from kvaudit.core.run_records import DatasetRef, Manifest
 
 FORMATS = ("inspect", "lm-eval")
 INSPECT_HINT = "pip install 'kvaudit[inspect]' (or: pip install inspect-ai)"
@@ -75,13 +75,11 @@ def _num(v: Any) -> float | None:
     return None if math.isnan(f) else f
 
 
-def _times(manifest: dict[str, Any]) -> tuple[datetime | None, datetime | None]:
+def _times(manifest: Manifest) -> tuple[datetime | None, datetime | None]:
     """The first session's start and the last recorded session time, in UTC."""
     stamps: list[datetime] = []
-    sessions = manifest.get("sessions")
-    for s in sessions if isinstance(sessions, list) else []:
-        for key in ("started", "finished"):
-            v = s.get(key) if isinstance(s, dict) else None
+    for s in manifest.sessions:
+        for v in (s.started, s.finished):
             try:
                 stamps.append(datetime.strptime(str(v), "%Y-%m-%dT%H:%M:%S%z").astimezone(timezone.utc))
             except ValueError:
@@ -89,17 +87,24 @@ def _times(manifest: dict[str, Any]) -> tuple[datetime | None, datetime | None]:
     return (stamps[0], stamps[-1]) if stamps else (None, None)
 
 
-def _dig(d: Any, *keys: str) -> Any:
-    for k in keys:
-        d = d.get(k) if isinstance(d, dict) else None
-    return d
-
-
-def _model(manifest: dict[str, Any]) -> tuple[str, str]:
+def _model(manifest: Manifest) -> tuple[str, str]:
     """``(model name, backend)`` as the manifest records them."""
-    name = _dig(manifest, "model", "name") or _dig(manifest, MANIFEST_IDENTITY, "model") or "unknown"
-    backend = _dig(manifest, "backend", "backend") or _dig(manifest, MANIFEST_IDENTITY, "backend") or "unknown"
+    ident = manifest.identity
+    name = (manifest.model.name if manifest.model else None) or (ident.model if ident else None) or "unknown"
+    backend = (manifest.backend or {}).get("backend") or (ident.backend if ident else None) or "unknown"
     return str(name), str(backend)
+
+
+def _dtype(manifest: Manifest) -> str | None:
+    """The run's dtype (a top-level ``dtype`` is what synthetic runs recorded before the manifest
+    had a format)."""
+    dtype = manifest.extra.get("dtype") or (manifest.model.dtype if manifest.model else None)
+    return None if dtype is None else str(dtype)
+
+
+def _versions(manifest: Manifest) -> dict[str, Any]:
+    """The identity's recorded values (``{}`` when the manifest has no identity)."""
+    return {k: v for k, v in manifest.identity.values().items() if v is not None} if manifest.identity else {}
 
 
 def _arm_means(an: Any, group: str = "overall") -> dict[str, dict[str, Any]]:
@@ -169,35 +174,34 @@ def build_inspect_log(an: Any) -> Any:
     model = f"{backend}/{name}"
     started, last = _times(manifest)
     created = (started or datetime.now(timezone.utc)).isoformat()
-    dataset = manifest.get("dataset") if isinstance(manifest.get("dataset"), dict) else {}
+    dataset = manifest.dataset or DatasetRef()
     # no "_" in the task: inspect reads the task back from the file name <created>_<task>_<id>
-    task = "kvaudit-" + re.sub(r"[\W_]+", "-", str(dataset.get("generator") or dataset.get("name") or "run"))
-    decoding = manifest.get("decoding") if isinstance(manifest.get("decoding"), dict) else {}
-    ident = _digest(manifest.get(MANIFEST_IDENTITY), [p.case_id for p in run.pairs])
+    task = "kvaudit-" + re.sub(r"[\W_]+", "-", str(dataset.generator or dataset.name or "run"))
+    decoding = manifest.decoding or {}
+    ident = _digest(manifest.identity.to_dict() if manifest.identity else None, [p.case_id for p in run.pairs])
     gen = {"max_tokens": decoding.get("max_new_tokens")}
     if decoding.get("strategy") == "greedy" or decoding.get("greedy"):
         gen["temperature"] = 0.0
-    versions = {k: str(v) for k, v in (manifest.get(MANIFEST_IDENTITY) or {}).items()
-                if k in ("torch", "transformers", "vllm")}
+    versions = {k: str(v) for k, v in _versions(manifest).items() if k in ("torch", "transformers", "vllm")}
     spec = log.EvalSpec(
         eval_id=ident[:22], run_id=ident[22:44], task_id=ident[44:64], created=created, task=task,
-        task_version=1, task_display_name=f"kvaudit {dataset.get('generator') or 'run'}",
+        task_version=1, task_display_name=f"kvaudit {dataset.generator or 'run'}",
         task_description="paired full recompute vs non-prefix KV reuse on the same token ids",
-        task_args={"arms": an.arms, "decoding": decoding, "dataset_hash": dataset.get("hash"),
-                   "dataset_path": dataset.get("path")},
+        task_args={"arms": an.arms, "decoding": decoding, "dataset_hash": dataset.hash,
+                   "dataset_path": dataset.path},
         solver="kvaudit", dataset=log.EvalDataset(
-            name=str(dataset.get("generator") or dataset.get("name") or "dataset"),
-            location=str(dataset.get("path") or ""), samples=len(run.pairs),
+            name=str(dataset.generator or dataset.name or "dataset"),
+            location=str(dataset.path or ""), samples=len(run.pairs),
             sample_ids=[p.case_id for p in run.pairs]),
         model=model, model_generate_config=model_mod.GenerateConfig(
             **{k: v for k, v in gen.items() if v is not None}),
-        model_args={"fingerprint": _dig(manifest, "model", "fingerprint"),
-                    "dtype": manifest.get("dtype"), "backend": manifest.get("backend")},
+        model_args={"fingerprint": manifest.model.fingerprint if manifest.model else None,
+                    "dtype": _dtype(manifest), "backend": manifest.backend},
         config=log.EvalConfig(epochs=1, log_samples=True),
-        revision=(log.EvalRevision(type="git", origin="", commit=str(manifest["git_revision"]))
-                  if manifest.get("git_revision") else None),
-        packages={"kvaudit": str(manifest.get("kvaudit_version") or __version__), **versions},
-        metadata={"kvaudit_manifest": manifest, "audit": {"state": run.audit.state,
+        revision=(log.EvalRevision(type="git", origin="", commit=manifest.git_revision)
+                  if manifest.git_revision else None),
+        packages={"kvaudit": str(manifest.kvaudit_version or __version__), **versions},
+        metadata={"kvaudit_manifest": manifest.to_dict(), "audit": {"state": run.audit.state,
                                                           "verdict": run.audit.verdict,
                                                           "reason": run.audit.reason}},
     )
@@ -239,11 +243,11 @@ def build_inspect_log(an: Any) -> Any:
             metadata={"group": "overall", "per_task_mean": {t: means[t][arm]["mean"] for t in an.tasks}},
         ) for arm, m in per_arm.items()],
     )
-    status = {"complete": "success", "partial": "cancelled"}.get(str(manifest.get("status")), "started")
+    status = {"complete": "success", "partial": "cancelled"}.get(str(manifest.status), "started")
     stats = log.EvalStats(started_at=(started.isoformat() if started else created),
                           completed_at=(last or started).isoformat() if started else created)
     plan = log.EvalPlan(name="kvaudit", steps=[
-        log.EvalPlanStep(solver=arm, params={"why": str(_dig(manifest, "arm_reasons", arm) or "")})
+        log.EvalPlanStep(solver=arm, params={"why": str((manifest.arm_reasons or {}).get(arm) or "")})
         for arm in an.arms])
     return log.EvalLog(status=status, eval=spec, plan=plan, results=results, stats=stats,
                        samples=samples)
@@ -297,8 +301,8 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
     _, last = _times(manifest)
     when = (last or datetime.now(timezone.utc)).replace(tzinfo=None)
     date_id = when.isoformat().replace(":", "-")  # as EvaluationTracker names its files
-    decoding = manifest.get("decoding") if isinstance(manifest.get("decoding"), dict) else {}
-    dataset = manifest.get("dataset") if isinstance(manifest.get("dataset"), dict) else {}
+    decoding = manifest.decoding or {}
+    dataset = manifest.dataset or DatasetRef()
     quality = set(an.select("overall")) | set(an.select("agreement"))
     questions = an.run.questions
     samples: dict[str, list[dict[str, Any]]] = {}
@@ -358,7 +362,7 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
         higher[t] = dict(hib)
         n_samples[t] = {"original": n, "effective": n}
         configs[t] = {
-            "task": t, "tag": ["kvaudit"], "dataset_path": str(dataset.get("path") or ""),
+            "task": t, "tag": ["kvaudit"], "dataset_path": str(dataset.path or ""),
             "output_type": "generate_until", "num_fewshot": 0, "repeats": 1,
             "generation_kwargs": decoding,
             "metric_list": [{"metric": k, "aggregation": "mean", "higher_is_better": v}
@@ -366,15 +370,15 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
             "filter_list": [{"name": arm, "filter": [{"function": "kvaudit_arm", "arm": arm}]}
                             for arm in an.arms],
             "description": f"kvaudit task family {task!r}: each filter is an arm of the run",
-            "metadata": {"version": 1.0, "kvaudit_dataset_hash": dataset.get("hash")},
+            "metadata": {"version": 1.0, "kvaudit_dataset_hash": dataset.hash},
         }
     gold_tasks = [_task_name(t) for t in an.tasks if len(set(an.select(f"task:{t}")) - set(an.select("agreement")))]
     groups = {}
     if gold_tasks:
         groups["kvaudit"] = metrics_of("overall", "kvaudit", len(set(an.select("overall"))))
         higher["kvaudit"] = dict(hib)
-    ident = manifest.get(MANIFEST_IDENTITY) if isinstance(manifest.get(MANIFEST_IDENTITY), dict) else {}
-    timing = _num(_dig(manifest, "timing_s", "total"))
+    ident = _versions(manifest)
+    timing = _num((manifest.timing_s or {}).get("total"))
     out: dict[str, Any] = {
         "results": {**groups, **results},
         **({"groups": groups} if groups else {}),
@@ -386,17 +390,17 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
         "higher_is_better": dict(sorted(higher.items())),
         "n-samples": n_samples,
         "config": {
-            "model": f"kvaudit-{backend}", "model_args": f"pretrained={name},dtype={manifest.get('dtype')}",
-            "model_dtype": manifest.get("dtype"), "model_sha": _dig(manifest, "model", "fingerprint"),
-            "batch_size": 1, "batch_sizes": [], "device": _dig(manifest, "backend", "device"),
+            "model": f"kvaudit-{backend}", "model_args": f"pretrained={name},dtype={_dtype(manifest)}",
+            "model_dtype": _dtype(manifest), "model_sha": manifest.model.fingerprint if manifest.model else None,
+            "batch_size": 1, "batch_sizes": [], "device": (manifest.backend or {}).get("device"),
             "use_cache": None, "limit": None, "bootstrap_iters": 0, "gen_kwargs": decoding,
             "random_seed": None, "numpy_seed": None, "torch_seed": None, "fewshot_seed": None,
             "kvaudit_arms": an.arms,
         },
-        "git_hash": str(manifest.get("git_revision") or "")[:7] or None,
+        "git_hash": (manifest.git_revision or "")[:7] or None,
         "date": when.replace(tzinfo=timezone.utc).timestamp(),
         "transformers_version": ident.get("transformers"),
-        "kvaudit_version": str(manifest.get("kvaudit_version") or __version__),
+        "kvaudit_version": str(manifest.kvaudit_version or __version__),
         "model_source": f"kvaudit-{backend}", "model_name": name,
         "model_name_sanitized": sanitize_model_name(name),
         "system_instruction": None, "system_instruction_sha": None, "fewshot_as_multiturn": False,

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, UNDER_TEST_ARM
+from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, UNDER_TEST_ARM, get_arm
 from kvaudit.core.errors import KvauditError
 from kvaudit.reports.analysis import Analysis
 from kvaudit.stats.leak_tests import text_leak_decision
@@ -147,6 +147,10 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
     arm = raw.get("arm", UNDER_TEST_ARM)
     if not isinstance(arm, str) or not arm:
         raise KvauditError(f"{source}: field 'arm' must be a non-empty string")
+    try:
+        get_arm(arm)  # a registry arm or a parameterised repair (blend@0.15, epic@16)
+    except KvauditError as e:
+        raise KvauditError(f"{source}: field 'arm': {e}") from None
     conf = _num(f"{source}: field 'confidence'", raw.get("confidence", DEFAULT_CONFIDENCE))
     try:
         check_confidence(conf)

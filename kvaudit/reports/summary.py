@@ -17,7 +17,7 @@ Top-level keys:
 ``leaks``        :func:`kvaudit.stats.leaks.leak_summary`
 ``hit_rate``     per arm measured token hit rate; ``simulated`` entries from simulation.json
 ``ttft``         per arm seconds (n, mean, p50, p90, p99); ``speedup`` per arm vs recompute
-``coverage``     reuse-dynamics coverage from ``manifest["dataset"]["coverage"]`` or None
+``coverage``     reuse-dynamics coverage from the manifest's ``dataset.coverage`` or None
 ``routing``      per task family: safe / unsafe / undecided for the policy's arm, with the reason
 ``frontier``     the repairs' quality-for-speed frontier per task family, with the cheapest
                  non-inferior arm, and the oracle's split of reuse's loss (:mod:`kvaudit.reports.frontier`)
@@ -121,11 +121,7 @@ def cases_needed_rows(an: Analysis, policy: Policy, gate: list[Any],
     return out
 
 
-def _pick(manifest: dict[str, Any], key: str, inner: str | None = None) -> Any:
-    """``manifest[key]`` when it is a scalar, else ``manifest[key][inner]`` (runner layouts vary)."""
-    v = manifest.get(key)
-    if isinstance(v, dict):
-        v = v.get(inner) if inner else None
+def _scalar(v: Any) -> Any:
     return v if isinstance(v, (str, int, float)) else None
 
 
@@ -150,18 +146,20 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
     run = an.run
     gate = evaluate(policy, an)
     audit = run.audit
-    manifest_model = run.manifest.get("model")
-    reasons = run.manifest.get("arm_reasons") if isinstance(run.manifest.get("arm_reasons"), dict) else {}
+    m = run.manifest
+    as_written = m.to_dict()
+    reasons = m.arm_reasons or {}
     summary = {
         "run": {
             "path": str(run.path),
             "n_cases": len(run.pairs),
             "n_quality_cases": int(len(an.select("overall"))),
             "arms": [{"name": a, "reason": reasons.get(a) or arm_reason(a)} for a in an.arms],
-            "backend": _pick(run.manifest, "backend", "backend"),
-            "dtype": _pick(run.manifest, "dtype") or _pick(run.manifest, "model", "dtype"),
-            "manifest": _scalars(run.manifest),
-            "model": _scalars(manifest_model) if isinstance(manifest_model, dict) else manifest_model,
+            "backend": _scalar((m.backend or {}).get("backend")),
+            # a top-level dtype is what synthetic runs recorded before the manifest had a format
+            "dtype": _scalar(m.extra.get("dtype")) or (m.model.dtype if m.model else None),
+            "manifest": _scalars(as_written),
+            "model": _scalars(as_written["model"]) if m.model else None,
             "near_tie_threshold": an.near_tie,
             "confidence": an.confidence,
             "interval": "score interval (Tango for 0/1 scores) with a network-robust document design "

@@ -21,17 +21,14 @@ from kvaudit.core.arms import (
     UNDER_TEST_ARM,
 )
 from kvaudit.core.records import (
-    AUDIT_FILE,
-    MANIFEST_FILE,
-    MANIFEST_IDENTITY,
     PAIRS_FILE,
     ArmResult,
     PairRecord,
     ids_hash,
     pair_to_dict,
-    write_json,
     write_jsonl,
 )
+from kvaudit.core.run_records import DatasetRef, Manifest, ModelInfo, RunIdentity, write_manifest
 
 DEFAULT_LOSS = {"single_doc": 0.0, "multi_hop_bridge": 0.3, "aggregate": 0.05, "agreement": 0.1}
 NAMES = ["Ada", "Boris", "Chloe", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas"]
@@ -160,6 +157,7 @@ def make_run(run_dir: str | Path, pairs: list[PairRecord] | None = None, *,
     ``audit_passed=None`` leaves out ``audit.json`` (audit not run); ``False`` breaks the first
     case's identity control before the audit, so the audit fails for a real reason.
     """
+    from kvaudit.audit.record import write_audit
     from kvaudit.audit.trust import build_audit
 
     d = Path(run_dir)
@@ -168,20 +166,19 @@ def make_run(run_dir: str | Path, pairs: list[PairRecord] | None = None, *,
         pairs[0].arms[IDENTITY_ARM].logit_diff_vs_recompute = 0.9
     arms = list(dict.fromkeys(a for p in pairs for a in p.arms))
     decoding = {"greedy": True}
-    write_json(d / MANIFEST_FILE, {
-        MANIFEST_IDENTITY: {"dataset_hash": "0" * 32, "model_fingerprint": "0" * 16, "model": "synthetic",
-                     "backend": "synthetic", "dtype": "float32", "arms": arms, "decoding": decoding},
-        "model": {"name": "synthetic", "fingerprint": "0" * 16, "dtype": "float32"},
-        "backend": {"backend": "synthetic", "dtype": "float32"},
-        "dtype": "float32", "arms": arms, "git_revision": "synthetic", "decoding": decoding,
-        "status": "complete",
-        "dataset": {"name": "synthetic", "hash": "0" * 32, "n_cases": len(pairs),
-                    "coverage": coverage if coverage is not None else {
-                        "refs_per_segment": {"min": 1, "median": 4, "max": 9},
-                        "distinct_positions_per_segment": {"median": 3},
-                        "share_never_cached_position": 0.72}},
-    })
+    write_manifest(d, Manifest(
+        identity=RunIdentity(dataset_hash="0" * 32, model_fingerprint="0" * 16, model="synthetic",
+                             backend="synthetic", dtype="float32", arms=arms, decoding=decoding),
+        model=ModelInfo(name="synthetic", fingerprint="0" * 16, dtype="float32"),
+        backend={"backend": "synthetic", "dtype": "float32"},
+        arms=arms, git_revision="synthetic", decoding=decoding, status="complete",
+        dataset=DatasetRef(name="synthetic", hash="0" * 32, n_cases=len(pairs),
+                           coverage=coverage if coverage is not None else {
+                               "refs_per_segment": {"min": 1, "median": 4, "max": 9},
+                               "distinct_positions_per_segment": {"median": 3},
+                               "share_never_cached_position": 0.72}),
+    ))
     write_jsonl(d / PAIRS_FILE, (pair_to_dict(p) for p in pairs))
     if audit_passed is not None:
-        write_json(d / AUDIT_FILE, build_audit(d))
+        write_audit(d, build_audit(d))
     return d

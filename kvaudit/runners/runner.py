@@ -26,18 +26,25 @@ from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import (
     AUDIT_FILE,
     MANIFEST_FILE,
-    MANIFEST_IDENTITY,
     PAIRS_FILE,
     Case,
     Dataset,
     PairRecord,
     flipped,
     iter_jsonl,
-    read_manifest,
     write_atomic,
-    write_json,
 )
 from kvaudit.core.repair_log import REPAIRS_FILE, write_repair_line
+from kvaudit.core.run_records import (
+    DatasetRef,
+    Manifest,
+    ModelInfo,
+    RunIdentity,
+    Session,
+    WarmupPrefix,
+    read_manifest,
+    write_manifest,
+)
 from kvaudit.runners.backend import Backend, logit_diff
 from kvaudit.runners.prompt import assemble
 
@@ -69,23 +76,23 @@ def git_revision() -> str | None:
         return None
 
 
-def run_identity(cfg: RunConfig, backend: Backend) -> dict[str, Any]:
+def run_identity(cfg: RunConfig, backend: Backend) -> RunIdentity:
     """What must not change between a run and its resumption."""
     info = backend.info()
-    return {
-        "dataset_hash": cfg.dataset.card.content_hash,
-        "model_fingerprint": backend.fingerprint,
-        "model": cfg.model_name,
-        "backend": info["backend"],
-        "dtype": info["dtype"],
-        "arms": list(cfg.arms),
-        "decoding": backend.decoding.as_dict(),
-        "warmup_prefix_hash": backend.neutral_hash,
+    return RunIdentity(
+        dataset_hash=cfg.dataset.card.content_hash,
+        model_fingerprint=backend.fingerprint,
+        model=cfg.model_name,
+        backend=info["backend"],
+        dtype=info["dtype"],
+        arms=list(cfg.arms),
+        decoding=backend.decoding.as_dict(),
+        warmup_prefix_hash=backend.neutral_hash,
         # Greedy outputs can change with the thread count and library versions.
-        "threads": info["threads"],
-        "torch": info["torch"],
-        "transformers": info.get("transformers"),
-    }
+        threads=info["threads"],
+        torch=info["torch"],
+        transformers=info.get("transformers"),
+    )
 
 
 def load_done(out: Path) -> dict[str, dict]:
@@ -101,7 +108,7 @@ def load_done(out: Path) -> dict[str, dict]:
     return done
 
 
-def check_resumable(out: Path, identity: dict[str, Any]) -> dict[str, Any] | None:
+def check_resumable(out: Path, identity: dict[str, Any]) -> Manifest | None:
     """The previous manifest of ``out`` if its identity matches (any subset of keys), else an error.
 
     Called with the cheap keys (dataset, arms, model name) before a model is loaded, and with the
@@ -112,7 +119,7 @@ def check_resumable(out: Path, identity: dict[str, Any]) -> dict[str, Any] | Non
             raise KvauditError(f"{out}: has {PAIRS_FILE} but no {MANIFEST_FILE}; use a new --out directory")
         return None
     old = read_manifest(out)
-    prev = old.get(MANIFEST_IDENTITY, {})
+    prev = old.identity.values() if old.identity else {}
     diffs = [k for k in identity if prev.get(k) != identity[k]]
     if diffs:
         k = diffs[0]
@@ -222,7 +229,7 @@ def run_case(backend: Backend, case: Case, cfg: RunConfig, timing: dict[str, flo
     )
 
 
-def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> dict[str, Any]:
+def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manifest:
     """Run (or resume) ``cfg`` on ``backend``; returns the final manifest."""
     import torch
     from tqdm import tqdm
@@ -237,39 +244,39 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> dict[
                            "is compared with it")
     out.mkdir(parents=True, exist_ok=True)
     identity = run_identity(cfg, backend)
-    old = check_resumable(out, identity)
+    old = check_resumable(out, identity.values())
     done = load_done(out)
     cases = cfg.dataset.cases[: cfg.limit] if cfg.limit else cfg.dataset.cases
     todo = [c for c in cases if c.id not in done]
     if todo:  # new pairs make any earlier audit stale: remove it rather than leave it lying
         (out / AUDIT_FILE).unlink(missing_ok=True)
     info = backend.info()
-    manifest: dict[str, Any] = {
-        "kvaudit_version": __import__("kvaudit").__version__,
-        MANIFEST_IDENTITY: identity,
-        "backend": info,
-        "model": {"name": cfg.model_name, "fingerprint": backend.fingerprint, "dtype": info["dtype"]},
-        "threads": torch.get_num_threads(),
-        "decoding": backend.decoding.as_dict(),
-        "arms": list(cfg.arms),
-        "arm_reasons": {a: get_arm(a).why for a in cfg.arms},
-        "dataset": {
-            "path": str(cfg.dataset.path),
-            "hash": cfg.dataset.card.content_hash,
-            "generator": cfg.dataset.card.generator,
-            "n_cases": len(cases),
-            "coverage": cfg.dataset.card.coverage,
-        },
-        "warmup_prefix": {"system": "neutral", "ids_hash": backend.neutral_hash},
-        "cache_budget_bytes": backend.cache.capacity_bytes,
-        "git_revision": git_revision(),
-        "sessions": (old or {}).get("sessions", []),
-        **cfg.extra_manifest,
-    }
-    session: dict[str, Any] = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cases_before": len(done)}
-    manifest["sessions"].append(session)
-    manifest["status"] = "running"
-    write_json(out / MANIFEST_FILE, manifest)
+    manifest = Manifest(
+        kvaudit_version=__import__("kvaudit").__version__,
+        identity=identity,
+        backend=info,
+        model=ModelInfo(name=cfg.model_name, fingerprint=backend.fingerprint, dtype=info["dtype"]),
+        threads=torch.get_num_threads(),
+        decoding=backend.decoding.as_dict(),
+        arms=list(cfg.arms),
+        arm_reasons={a: get_arm(a).why for a in cfg.arms},
+        dataset=DatasetRef(
+            path=str(cfg.dataset.path),
+            hash=cfg.dataset.card.content_hash,
+            generator=cfg.dataset.card.generator,
+            n_cases=len(cases),
+            coverage=cfg.dataset.card.coverage,
+        ),
+        warmup_prefix=WarmupPrefix(system="neutral", ids_hash=backend.neutral_hash),
+        cache_budget_bytes=backend.cache.capacity_bytes,
+        git_revision=git_revision(),
+        sessions=list(old.sessions) if old else [],
+        extra=dict(cfg.extra_manifest),
+    )
+    session = Session(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cases_before=len(done))
+    manifest.sessions.append(session)
+    manifest.status = "running"
+    write_manifest(out, manifest)
 
     timing: dict[str, float] = defaultdict(float)
     prog = Progress()
@@ -297,24 +304,22 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> dict[
     if repairs_log is not None:
         repairs_log.close()
     stats = backend.cache.stats
-    session.update({
-        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "cases_run": len(todo),
-        "wall_s": time.perf_counter() - t_start,
-        "timing_s": {k: round(v, 4) for k, v in sorted(timing.items())},
-        "segment_cache": asdict(stats),
-        "unique_segments_seen": len({sid for c in todo for sid in c.segment_ids}),
-    })
-    manifest["timing_s"] = _sum_timings(manifest["sessions"])
-    manifest["status"] = "complete" if len(load_done(out)) >= len(cases) else "partial"
-    write_json(out / MANIFEST_FILE, manifest)
+    session.finished = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    session.cases_run = len(todo)
+    session.wall_s = time.perf_counter() - t_start
+    session.timing_s = {k: round(v, 4) for k, v in sorted(timing.items())}
+    session.segment_cache = asdict(stats)
+    session.unique_segments_seen = len({sid for c in todo for sid in c.segment_ids})
+    manifest.timing_s = _sum_timings(manifest.sessions)
+    manifest.status = "complete" if len(load_done(out)) >= len(cases) else "partial"
+    write_manifest(out, manifest)
     return manifest
 
 
-def _sum_timings(sessions: list[dict]) -> dict[str, float]:
+def _sum_timings(sessions: list[Session]) -> dict[str, float]:
     total: dict[str, float] = defaultdict(float)
     for s in sessions:
-        for k, v in s.get("timing_s", {}).items():
+        for k, v in (s.timing_s or {}).items():
             total[k] += v
-        total["wall"] += s.get("wall_s", 0.0)
+        total["wall"] += s.wall_s or 0.0
     return {k: round(v, 4) for k, v in sorted(total.items())}

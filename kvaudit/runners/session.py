@@ -4,10 +4,10 @@ per-case console summary of a run, for any backend."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from kvaudit.core.arms import REFERENCE_ARM, UNDER_TEST_ARM
 from kvaudit.core.records import read_pairs
+from kvaudit.core.run_records import Manifest
 from kvaudit.runners.backend import Decoding
 from kvaudit.runners.transformers_backend import TransformersBackend
 
@@ -28,7 +28,7 @@ def open_backend(model: str = "smollm2", *, dtype: str = "float32", device: str 
                                cache_bytes=cache_bytes, device=device)
 
 
-def print_run_summary(run_dir: Path, manifest: dict[str, Any], max_rows: int = 200) -> None:
+def print_run_summary(run_dir: Path, manifest: Manifest, max_rows: int = 200) -> None:
     """Per case and arm: answer, first-token margin, TTFT and reused tokens."""
     pairs = read_pairs(run_dir)
     print(f"\n{'case':<18} {'arm':<17} {'margin':>7} {'ttft_s':>7} {'reused':>6} {'dlogit':>8}  answer")
@@ -40,7 +40,7 @@ def print_run_summary(run_dir: Path, manifest: dict[str, Any], max_rows: int = 2
             print(f"{rec.case_id[:18]:<18} {name:<17} {r.margin:7.3f} {r.ttft_s:7.3f} {r.tokens_reused:6d} {d:>8}  {ans}")
     if len(pairs) > max_rows:
         print(f"... {len(pairs) - max_rows} more cases in {run_dir / 'pairs.jsonl'}")
-    t = manifest.get("timing_s", {})
+    t = manifest.timing_s or {}
     print(f"\n{len(pairs)} cases in {run_dir}; wall {t.get('wall', 0):.1f}s "
           f"({REFERENCE_ARM} {t.get(REFERENCE_ARM, 0):.1f}s, {UNDER_TEST_ARM} {t.get(UNDER_TEST_ARM, 0):.1f}s, "
           f"controls {t.get('controls', 0):.1f}s, one-time caching {t.get('caching', 0):.1f}s)")

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from typing import Any
 
 from kvaudit.audit.checks.base import (
     ALPHA,
@@ -37,7 +36,8 @@ from kvaudit.audit.checks.base import (
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.audit.checks.noise import noise_floor
 from kvaudit.core.arms import IDENTITY_ARM, NOISE_ARM, REFERENCE_ARM, get_arm, is_repair
-from kvaudit.core.records import MANIFEST_IDENTITY, PairRecord, flipped, manifest_get
+from kvaudit.core.records import PairRecord, flipped
+from kvaudit.core.run_records import Manifest
 
 DEFAULT_TOL = 1e-4
 IDENTITY_TOL: dict[str, float] = {"float32": DEFAULT_TOL, "float64": DEFAULT_TOL,
@@ -57,11 +57,12 @@ def identity_tolerance(dtype: str | None, override: float | None = None) -> tupl
     return DEFAULT_TOL, f"tolerance {DEFAULT_TOL:g} (unknown dtype {dtype!r}: the float32 default)"
 
 
-def deterministic_backend(manifest: dict[str, Any]) -> bool:
+def deterministic_backend(manifest: Manifest) -> bool:
     """Backends whose recompute is bit-reproducible (measured): the transformers backend on CPU.
     Anything else (vLLM, GPUs, servers) must show its noise floor before identity can be judged."""
-    backend = manifest_get(manifest, "backend", "backend") or manifest_get(manifest, MANIFEST_IDENTITY, "backend")
-    device = manifest_get(manifest, "backend", "device")
+    info = manifest.backend or {}
+    backend = info.get("backend") or (manifest.identity.backend if manifest.identity else None)
+    device = info.get("device")
     return backend == "transformers" and isinstance(device, str) and device.startswith("cpu")
 
 
@@ -98,7 +99,8 @@ def equals_reference(run: LoadedRun, arm: str, identity_tol: float | None = None
     :func:`check_identity`. A result without the registry's name (the caller's check gives it)."""
     from scipy.stats import binomtest
 
-    dtype = manifest_get(run.manifest, MANIFEST_IDENTITY, "dtype") or manifest_get(run.manifest, "model", "dtype")
+    run_identity, model = run.manifest.identity, run.manifest.model
+    dtype = (run_identity.dtype if run_identity else None) or (model.dtype if model else None)
     dtype = dtype if isinstance(dtype, str) else None
     tol, why = identity_tolerance(dtype, identity_tol)
     base_tol = tol
@@ -140,7 +142,7 @@ def equals_reference(run: LoadedRun, arm: str, identity_tol: float | None = None
     n = sum(1 for p in run.pairs if arm in p.arms and (cases is None or p.case_id in cases))
     # Backends measure the first-token difference differently (runners.backend.LOGIT_DIFF_KINDS):
     # say which, so a table never reads a top-20 log-probability difference as a logit one.
-    kind = manifest_get(run.manifest, "backend", "logit_diff_kind") or "logits"
+    kind = (run.manifest.backend or {}).get("logit_diff_kind") or "logits"
     label = "logit diff" if kind == "logits" else f"{kind.replace('_', ' ')} diff"
     stats = f"max {label} {fmt(max(diffs) if diffs else None)} over {n} cases ({why})"
     warning = None

@@ -14,12 +14,11 @@ from kvaudit.audit.checks.base import (
 )
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.core.arms import REFERENCE_ARM, get_arm, known_arm
-from kvaudit.core.records import MANIFEST_FILE, PairRecord, manifest_get
+from kvaudit.core.records import MANIFEST_FILE, PairRecord
 
 
 def _expected_arms(run: LoadedRun, p: PairRecord) -> list[str]:
-    arms = run.manifest.get("arms")
-    arms = [a for a in arms if isinstance(a, str)] if isinstance(arms, list) else []
+    arms = run.manifest.arms or []
     out = []
     for a in arms:
         spec = get_arm(a) if known_arm(a) else None
@@ -39,8 +38,8 @@ def check_records(run: LoadedRun):
     for cid, n in counts.items():
         if n > 1:
             problems[cid].append(f"recorded {n} times")
-    run_arms = run.manifest.get("arms")
-    if not isinstance(run_arms, list) or REFERENCE_ARM not in run_arms:
+    run_arms = run.manifest.arms
+    if run_arms is None or REFERENCE_ARM not in run_arms:
         return result(False, f"{run.path / MANIFEST_FILE}: field 'arms' must list the arms, "
                              f"{REFERENCE_ARM} included")
     unknown = sorted({str(a) for a in run_arms if is_reuse_arm(str(a)) is None})
@@ -57,11 +56,11 @@ def check_records(run: LoadedRun):
         for name, r in p.arms.items():
             if r.arm != name:
                 problems[p.case_id].append(f"arm '{name}' holds a record of arm '{r.arm}'")
-    n_cases = manifest_get(run.manifest, "dataset", "n_cases")
+    n_cases = run.manifest.dataset.n_cases if run.manifest.dataset else None
     warnings = []
     if isinstance(n_cases, int) and len(counts) < n_cases:
         warnings.append(f"partial run: {len(counts)} of {n_cases} cases recorded")
-    status = run.manifest.get("status")
+    status = run.manifest.status
     if status not in (None, "complete"):
         warnings.append(f"manifest status is {status!r}, not 'complete'")
     ok = f"{len(counts)} cases, each once, each with its arms ({', '.join(map(str, run_arms))})"

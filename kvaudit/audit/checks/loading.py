@@ -1,14 +1,14 @@
 """Reading a run for the audit: the manifest, the validated pairs and, when found, the dataset.
 
-Pairs and manifest are read by :func:`kvaudit.core.records.read_pairs` and
-:func:`~kvaudit.core.records.read_manifest`, the one reader the report uses too.
+The manifest is read by :func:`kvaudit.core.run_records.read_manifest` and the pairs by
+:func:`kvaudit.core.records.read_pairs`, the readers the report uses too; a caller that has read
+them already (the report, before it verifies the audit) passes them in and they are not read again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import (
@@ -17,18 +17,16 @@ from kvaudit.core.records import (
     Dataset,
     DatasetError,
     PairRecord,
-    manifest_get,
     read_dataset,
-    read_manifest,
     read_pairs,
-    run_dataset_dir,
 )
+from kvaudit.core.run_records import Manifest, read_manifest, run_dataset_dir
 
 
 @dataclass
 class LoadedRun:
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     pairs: list[PairRecord]
     dataset: Dataset | None = None
     dataset_note: str = ""  # why no dataset was loaded (for the coverage check)
@@ -42,11 +40,13 @@ def read_run_pairs(run_dir: Path) -> list[PairRecord]:
     return out
 
 
-def load_run(run_dir: str | Path, dataset_dir: str | Path | None = None) -> LoadedRun:
+def load_run(run_dir: str | Path, dataset_dir: str | Path | None = None, *,
+             manifest: Manifest | None = None, pairs: list[PairRecord] | None = None) -> LoadedRun:
     """Read a run directory (and its dataset: ``dataset_dir``, else the manifest's path if found).
 
     Missing or corrupt files raise :class:`KvauditError` / :class:`DatasetError` naming the file.
-    A dataset passed explicitly must be the one the run was made from.
+    A dataset passed explicitly must be the one the run was made from. ``manifest`` and ``pairs``
+    are the run's files as already read (by the same readers), when the caller has them.
     """
     path = Path(run_dir)
     if not path.is_dir():
@@ -56,9 +56,12 @@ def load_run(run_dir: str | Path, dataset_dir: str | Path | None = None) -> Load
                            "(run `kvaudit run --dataset DIR --out RUN` first)")
     if not (path / PAIRS_FILE).is_file():
         raise KvauditError(f"{path}: no {PAIRS_FILE}; the run has not finished any case")
-    manifest = read_manifest(path)
-    pairs = read_run_pairs(path)
-    run_hash = manifest_get(manifest, "dataset", "hash")
+    manifest = read_manifest(path) if manifest is None else manifest
+    if pairs is None:
+        pairs = read_run_pairs(path)
+    elif not pairs:
+        raise KvauditError(f"{path / PAIRS_FILE}: no pair records; has the run finished any case?")
+    run_hash = manifest.dataset.hash if manifest.dataset else None
     dataset, note = None, ""
     if dataset_dir is not None:
         dataset = read_dataset(dataset_dir)

@@ -1,0 +1,123 @@
+"""The typed record of a run's ``audit.json`` (:class:`AuditRecord`) and its one reader/writer pair.
+
+``kvaudit audit RUN`` writes it (format :data:`AUDIT_FORMAT`)::
+
+    {"format": 2, "kvaudit_version": "...",
+     "inputs": {"pairs.jsonl": sha256, "manifest.json": sha256, "dataset": content hash or null},
+     "parameters": {"identity_tol": float or null, "dataset_dir": str or null},
+     "verdict": "passed" | "failed" | "cannot_judge", "passed": bool, "checks": [...]}
+
+:func:`read_audit` checks the ``format`` first (a record of another format is refused as such),
+then every field's type; a malformed file raises
+:class:`~kvaudit.core.run_records.RunFileError` naming the file and the field. What the record
+*means* (whether its hashes still match the run's files and its checks a fresh audit) is for
+:func:`kvaudit.audit.trust.verify` to say; this module only reads and writes it. Keys the format
+does not define are ignored (the record is re-derived from the run whenever it is read).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvaudit.audit.checks import CheckResult
+from kvaudit.core.records import (
+    AUDIT_FILE,
+    MANIFEST_FILE,
+    PAIRS_FILE,
+    DatasetError,
+    read_json,
+    write_json,
+)
+from kvaudit.core.run_records import Fields, RunFileError
+
+AUDIT_FORMAT = 2
+VERDICTS = ("passed", "failed", "cannot_judge")
+
+
+@dataclass
+class AuditInputs:
+    """The sha256 of the two run files the audit judged and the content hash of the dataset it
+    read (``None``: none was found)."""
+
+    pairs_sha256: str
+    manifest_sha256: str
+    dataset: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {PAIRS_FILE: self.pairs_sha256, MANIFEST_FILE: self.manifest_sha256, "dataset": self.dataset}
+
+
+@dataclass
+class AuditParameters:
+    """What the audit was run with (a fresh audit reruns with the same)."""
+
+    identity_tol: float | None = None
+    dataset_dir: str | None = None
+
+
+@dataclass
+class AuditRecord:
+    """``audit.json``: the verdict, the checks and what they were computed from."""
+
+    kvaudit_version: str
+    inputs: AuditInputs
+    parameters: AuditParameters
+    verdict: str
+    passed: bool
+    checks: list[CheckResult] = field(default_factory=list)
+    format: int = AUDIT_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": self.format, "kvaudit_version": self.kvaudit_version,
+                "inputs": self.inputs.to_dict(), "parameters": asdict(self.parameters),
+                "verdict": self.verdict, "passed": self.passed, "checks": [asdict(c) for c in self.checks]}
+
+    @classmethod
+    def from_dict(cls, obj: Any, file: str | os.PathLike = AUDIT_FILE) -> AuditRecord:
+        """Validate a parsed ``audit.json`` (errors name ``file`` and the field)."""
+        if not isinstance(obj, dict) or obj.get("format") != AUDIT_FORMAT:
+            got = obj.get("format") if isinstance(obj, dict) else None
+            raise RunFileError(f"{file}: not an audit of format {AUDIT_FORMAT} (field 'format' is "
+                               f"{got!r}); it was not written by this kvaudit")
+        f = Fields(obj, file)
+        inputs = f.record("inputs", lambda g: AuditInputs(
+            pairs_sha256=g.string(PAIRS_FILE, required=True), manifest_sha256=g.string(MANIFEST_FILE, required=True),
+            dataset=g.string("dataset")))
+        params = f.record("parameters", lambda g: AuditParameters(
+            identity_tol=g.number("identity_tol"), dataset_dir=g.string("dataset_dir")))
+        if inputs is None or params is None:
+            raise RunFileError(f"{file}: missing field '{'inputs' if inputs is None else 'parameters'}'")
+        verdict = f.string("verdict", required=True)
+        if verdict not in VERDICTS:
+            raise f.error(f"must be one of {', '.join(VERDICTS)}, got {verdict!r}", "verdict")
+        return cls(kvaudit_version=f.string("kvaudit_version", required=True), inputs=inputs, parameters=params,
+                   verdict=verdict, passed=f.boolean("passed", required=True),
+                   checks=f.records("checks", _read_check))
+
+
+def _read_check(g: Fields) -> CheckResult:
+    failing = g.str_list("failing_cases")
+    return CheckResult(name=g.string("name", required=True), passed=g.boolean("passed", required=True),
+                       required=g.boolean("required", required=True), detail=g.string("detail") or "",
+                       failing_cases=failing or [], warning=g.string("warning"),
+                       cannot_judge=bool(g.boolean("cannot_judge")))
+
+
+def read_audit(run_dir: str | os.PathLike) -> AuditRecord:
+    """``RUN/audit.json`` as an :class:`AuditRecord`; a :class:`RunFileError` naming the file
+    (and the field) when it is missing, not JSON, of another format or malformed."""
+    path = Path(run_dir) / AUDIT_FILE
+    try:
+        obj = read_json(path)
+    except DatasetError as e:
+        raise RunFileError(str(e)) from None
+    return AuditRecord.from_dict(obj, path)
+
+
+def write_audit(run_dir: str | os.PathLike, record: AuditRecord) -> None:
+    """Write ``RUN/audit.json`` atomically."""
+    write_json(Path(run_dir) / AUDIT_FILE, record.to_dict())
+
