@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kvaudit.audit.record import write_audit
 from kvaudit.audit.trust import build_audit
 from kvaudit.core.coverage import compute_coverage
 from kvaudit.core.records import Case, Segment, read_json, write_json, write_jsonl
@@ -64,7 +65,7 @@ def report(tmp_path_factory):
     manifest = read_json(run / "manifest.json")
     manifest["dataset"]["path"] = str(d / "data")
     write_json(run / "manifest.json", manifest)
-    write_json(run / "audit.json", build_audit(run))  # the audit binds the edited manifest
+    write_audit(run, build_audit(run))  # the audit binds the edited manifest
     return write_report(run)
 
 
