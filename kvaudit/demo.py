@@ -1,7 +1,9 @@
 """`kvaudit demo`: a full audit of the default model on the built-in Boxoffice dataset.
 
 generate -> run (all arms) -> audit -> report -> gate, ending with the path of the HTML report.
-Rerunning resumes the run where it stopped.
+Rerunning resumes the run where it stopped. ``--repairs`` runs the repairs' frontier sweep instead
+(:data:`kvaudit.core.arms.REPAIR_SWEEP`: blend@R and epic@K at a few settings, their controls and
+the oracle pair; transformers backend; docs/repairs.md).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvaudit.core.arms import ARMS
+from kvaudit.core.arms import ARMS, REPAIR_SWEEP
 from kvaudit.runners.registry import BACKENDS, DEFAULT_BACKEND
 
 
@@ -34,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"{' or '.join(BACKENDS)} (default {DEFAULT_BACKEND}; vllm in .venv-vllm: `make demo-vllm`)")
     p.add_argument("--dataset", type=Path, default=None,
                    help="run this dataset instead of generating Boxoffice cases")
+    p.add_argument("--repairs", action="store_true",
+                   help=f"run the repairs' frontier sweep ({','.join(REPAIR_SWEEP)}) instead of every arm")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -54,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         if code:
             return code
     run_dir = out / "run"
-    arms = demo_arms(args.backend)
+    arms = ",".join(REPAIR_SWEEP) if args.repairs else demo_arms(args.backend)
     _step(f"run {arms} on {args.backend} -> {run_dir}")
     run_args = ["run", "--dataset", str(dataset), "--out", str(run_dir), "--arms", arms,
                 "--model", args.model, "--backend", args.backend]

@@ -230,6 +230,10 @@ CANONICAL_ORDER = ("recompute", "reuse", "reuse_other_tenant", "identity", "reus
                    "oracle_recompute", "oracle", "recompute_again")
 # The arms a routing frontier compares: the policy under test and its repairs.
 FRONTIER_ROLES = ("under_test", "repair")
+# The repairs' frontier sweep (`kvaudit demo --repairs`, docs/repairs.md): the reference, reuse, its
+# controls, both repair families at a few settings with their controls at each end, and the oracle pair.
+REPAIR_SWEEP = ("recompute", "reuse", "identity", "recompute_again", "blend@0", "blend@0.15", "blend@0.3",
+                "blend@1", "epic@0", "epic@16", "epic@64", "oracle")
 
 
 def order_key(name: str) -> tuple[float, int, float]:
