@@ -1,4 +1,11 @@
-"""Shared fixtures: a tiny random Llama (fast engine tests) and one real SmolLM2 run per session."""
+"""Shared fixtures: one real SmolLM2 run per session, and the model tier.
+
+Tests come in two tiers. Most run on synthetic runs (``kvaudit.reports.synthetic.make_run``: real
+records, a real audit, no model) or a tiny random model. Tests that load a real model are the
+*model* tier (``@pytest.mark.model``, registered in pyproject.toml): the default suite runs them,
+``pytest -m "not model"`` leaves them out. A test that uses a real-model fixture is put in the
+tier here, so a new one cannot be left out of it by accident.
+"""
 
 from __future__ import annotations
 
@@ -13,9 +20,22 @@ EXAMPLE = ROOT / "kvaudit" / "data" / "example"
 ALL_ARMS = "recompute,reuse,identity,reuse_norope,recompute_again,reuse_first_user"
 
 
+# Fixtures that load a real model: conftest's, and those of single modules (by module name).
+MODEL_FIXTURES = {"smollm2_backend", "smollm2_run", "run_copy"}
+MODULE_MODEL_FIXTURES = {"test_backend_contract": {"runs"}, "test_vllm": {"backend", "vllm_run"}}
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        local = MODULE_MODEL_FIXTURES.get(module.__name__.rsplit(".", 1)[-1], set()) if module else set()
+        if (MODEL_FIXTURES | local) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
 
 
 @pytest.fixture(scope="session")
