@@ -15,10 +15,12 @@ from kvaudit.core.records import DatasetError, read_pairs
 from kvaudit.reports.analysis import load_run as report_load_run
 from kvaudit.reports.synthetic import make_run
 
-REPORT_ORDER = ["records", "same_inputs", "one_configuration", "identity_control", "reuse_happened",
+REPORT_ORDER = ["records", "same_inputs", "one_configuration",
+                "server_consumed_ids", "server_model", "server_cache_evidence", "tenant_isolation",
+                "identity_control", "reuse_happened",
                 "repair_equals_reuse", "repair_equals_recompute",
                 "history_independence", "noise_floor", "prefix_cache_control", "coverage", "leak_probes"]
-NOT_REQUIRED = {"noise_floor", "prefix_cache_control", "coverage"}
+NOT_REQUIRED = {"tenant_isolation", "noise_floor", "prefix_cache_control", "coverage"}
 
 
 def test_registry_runs_every_check_in_report_order_with_its_required_flag(tmp_path):

@@ -287,8 +287,13 @@ class Analysis:
         from the segment store / segment tokens)."""
         from kvaudit.core.hit_rate import run_hit_rate, run_segment_hit_rate
 
-        if basis == "segment" and known_arm(arm) and get_arm(arm).source == "engine_prefix":
-            return None  # an engine's prefix cache holds blocks, not segments
+        if basis == "segment" and known_arm(arm) and (
+                get_arm(arm).source == "engine_prefix"
+                or get_arm(arm).role in ("tenant_probe", "segment_tenant_probe")
+                or (get_arm(arm).source and (self.run.manifest.backend or {}).get("reuse_protocol") == "server")):
+            # an engine's prefix cache (or a server's own reuse, or what another tenant's request
+            # was served) holds blocks, not segments
+            return None
         fn = run_segment_hit_rate if basis == "segment" else run_hit_rate
         try:
             return fn(self.run.pairs, arm).rate
@@ -329,6 +334,14 @@ class Analysis:
     @cached_property
     def leaks(self) -> dict[str, Any]:
         return leak_summary(self.run.pairs, confidence=self.confidence)
+
+    @cached_property
+    def security(self) -> dict[str, Any]:
+        """Tenant isolation, the timing side channel and the cold/flushed/warm attribution
+        (:func:`kvaudit.reports.security.security_summary`)."""
+        from kvaudit.reports.security import security_summary
+
+        return security_summary(self.run.pairs, self.confidence)
 
     @property
     def coverage(self) -> dict[str, Any] | None:

@@ -27,6 +27,10 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
     forbid_neutral_exposure = true      # fail when the exact rank test finds exposure; cannot judge with
                                         # fewer probes than the test needs for 80% power
 
+    [security]                          # server runs with the tenant probes (docs/engines.md)
+    require_tenant_isolation = true     # another tenant's identical request is never served from the cache
+    max_timing_auc = 0.75               # hit vs miss TTFT: the AUC's interval must lie in [1 - max, max]
+
 Every section may set its own ``missing``. A check's status is pass, fail, error (could not be
 judged) or skip; the gate's verdict is error if any check errored, else fail if any failed.
 A policy without a single threshold is an error: a gate that checks nothing must not pass.
@@ -52,19 +56,20 @@ from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, check_confidence
 
 DEFAULT_POLICY = Path(__file__).with_name("policy_default.toml")
 MISSING = ("error", "fail", "skip")
-_TOP = {"arm", "confidence", "min_icc", "missing", "delta", "audit", "hit_rate", "leak"}
+_TOP = {"arm", "confidence", "min_icc", "missing", "delta", "audit", "hit_rate", "leak", "security"}
 _SECTIONS = {
     "delta": {"name", "group", "min_lower_bound", "missing"},
     "audit": {"require_passed", "missing"},
     "hit_rate": {"min", "source", "key", "missing"},
     "leak": {"max_neutral_text_leak_rate", "forbid_neutral_exposure", "missing"},
+    "security": {"require_tenant_isolation", "max_timing_auc", "missing"},
 }
 
 
 @dataclass
 class Check:
     name: str
-    kind: str  # delta | audit | hit_rate | leak_text | leak_exposure
+    kind: str  # delta | audit | hit_rate | leak_text | leak_exposure | tenant_isolation | timing
     params: dict[str, Any]
     missing: str = "error"
 
@@ -180,7 +185,7 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
         pol.checks.append(Check(name, "delta", {"group": group, "min_lower_bound": bound},
                                 _missing(source, f"delta[{i}]", d, default_missing)))
 
-    for key in ("audit", "hit_rate", "leak"):
+    for key in ("audit", "hit_rate", "leak", "security"):
         sec = raw.get(key)
         if sec is None:
             continue
@@ -205,9 +210,20 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
                 pol.checks.append(Check("neutral-policy text leak rate", "leak_text", {"max": mx}, missing))
             if sec.get("forbid_neutral_exposure", False):
                 pol.checks.append(Check("neutral-policy canary exposure", "leak_exposure", {}, missing))
+        elif key == "security":
+            req = sec.get("require_tenant_isolation", False)
+            if not isinstance(req, bool):
+                raise KvauditError(f"{source}: field 'security.require_tenant_isolation' must be true or false")
+            if req:
+                pol.checks.append(Check("tenant isolation", "tenant_isolation", {}, missing))
+            if "max_timing_auc" in sec:
+                mx = _num(f"{source}: field 'security.max_timing_auc'", sec["max_timing_auc"])
+                if not 0.5 <= mx < 1:
+                    raise KvauditError(f"{source}: field 'security.max_timing_auc' must be in [0.5, 1)")
+                pol.checks.append(Check("timing side channel", "timing", {"max": mx}, missing))
     if not pol.checks:
-        raise KvauditError(f"{source}: the policy sets no threshold (no [[delta]], [audit], [hit_rate] "
-                           "or [leak] check): a gate that checks nothing cannot pass a run")
+        raise KvauditError(f"{source}: the policy sets no threshold (no [[delta]], [audit], [hit_rate], "
+                           "[leak] or [security] check): a gate that checks nothing cannot pass a run")
     return pol
 
 
@@ -287,7 +303,41 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
         if e["verdict"] == "undecided":
             return CheckResult(check.name, k, "error", obs, thr, f"cannot judge: too few probes ({power})")
         return CheckResult(check.name, k, "pass", obs, thr, power)
+    if k == "tenant_isolation":
+        rows = an.security["isolation"]
+        if not rows:
+            return _missing_result(check, "no probes", "no other tenant served from the cache",
+                                   "the run has no tenant-probe arm (prefix_cache_other_tenant, reuse_other_tenant)")
+        status = ("fail" if any(r["verdict"] == "fail" for r in rows) else
+                  "error" if any(r["verdict"] != "pass" for r in rows) else "pass")
+        obs = "; ".join(f"{r['what']}: {r['verdict'].replace('_', ' ')}" for r in rows)
+        return CheckResult(check.name, k, status, obs, "no other tenant served from the cache",
+                           "; ".join(r["reason"] for r in rows))
+    if k == "timing":
+        from kvaudit.stats.timing import timing_auc, timing_decision
+
+        rows = an.security["timing"]
+        thr = f"AUC interval within [{1 - p['max']:.2f}, {p['max']:.2f}]"
+        if not rows:
+            return _missing_result(check, "no probes", thr, "the run has no tenant-probe arm to time hits against")
+        statuses, parts = [], []
+        for r in rows:
+            t = timing_auc(*_probe_ttfts(an, r["what"]), an.confidence)
+            dec = timing_decision(t, p["max"])
+            statuses.append({"pass": "pass", "fail": "fail"}.get(dec, "error"))
+            need = f", {t.requests_needed} request pair(s) to tell apart" if t.requests_needed else ""
+            parts.append(f"{r['what']}: AUC {t.auc:.3f} [{t.lower:.3f}, {t.upper:.3f}] on {t.n} cases{need}")
+        status = "fail" if "fail" in statuses else "error" if "error" in statuses else "pass"
+        return CheckResult(check.name, k, status, "; ".join(parts), thr,
+                           "cannot judge: the interval straddles the threshold (more cases needed)"
+                           if status == "error" else "")
     raise ValueError(f"unknown check kind {k!r}")
+
+
+def _probe_ttfts(an: Analysis, what: str) -> tuple[list[float], list[float]]:
+    from kvaudit.reports.security import probe_ttfts
+
+    return probe_ttfts(an.run.pairs, what)
 
 
 def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = None) -> CheckResult:

@@ -15,6 +15,7 @@ Top-level keys:
 ``flips_by_group`` per compared arm (``recompute_again`` included: the noise floor), one row per
                  group (overall, task families, strata): n, flips, rate, Wilson CI
 ``leaks``        :func:`kvaudit.stats.leaks.leak_summary`
+``security``     :func:`kvaudit.reports.security.security_summary` (tenant isolation, timing, cold/flushed/warm)
 ``hit_rate``     per arm measured token hit rate; ``simulated`` entries from simulation.json
 ``ttft``         per arm seconds (n, mean, p50, p90, p99); ``speedup`` per arm vs recompute
 ``coverage``     reuse-dynamics coverage from the manifest's ``dataset.coverage`` or None
@@ -180,6 +181,7 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
         if NOISE_ARM in an.arms else {},
         "flips_by_group": {arm: an.flips_by_group(arm) for arm in an.compared_arms},
         "leaks": an.leaks,
+        "security": an.security,
         "hit_rate": {"measured": {a: an.hit_rate(a) for a in an.arms},
                      "segment": {a: an.hit_rate(a, "segment") for a in an.arms},
                      "simulated": an.simulated_hit_rates() or None},

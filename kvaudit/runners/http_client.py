@@ -108,13 +108,20 @@ class ServerClient:
 
     def complete(self, ids: list[int], *, max_tokens: int, salt: str | None = None,
                  kv_transfer_params: dict[str, Any] | None = None,
-                 stop_token_ids: list[int] | None = None) -> Completion:
-        """One greedy completion of the prompt ``ids``, streamed and timed."""
+                 stop_token_ids: list[int] | None = None, stream: bool = True,
+                 logprob_token_ids: list[int] | None = None) -> Completion:
+        """One greedy completion of the prompt ``ids``, timed. Streamed (time to first token is
+        the first token's chunk) unless ``stream`` is false; servers return ``kv_transfer_params``
+        only in a whole response, so warm-ups that need them are sent unstreamed."""
         body: dict[str, Any] = {
             "model": self.model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": 0.0,
             "logprobs": LOGPROBS, "return_token_ids": True, "return_tokens_as_token_ids": True,
-            "skip_special_tokens": True, "stream": True, "stream_options": {"include_usage": True},
+            "skip_special_tokens": True, "stream": stream,
         }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if logprob_token_ids:  # vLLM: the log-probabilities of exactly these ids at the first position
+            body["logprob_token_ids"] = sorted(set(logprob_token_ids))
         if salt is not None:
             body["cache_salt"] = salt
         if kv_transfer_params is not None:
@@ -130,6 +137,8 @@ class ServerClient:
         extra: dict[str, Any] = {}
         ttft = None
         t0 = time.perf_counter()
+        if not stream:
+            return self._complete_whole(body, t0)
         try:
             with self.http.stream("POST", "/v1/completions", json=body) as resp:
                 if resp.status_code != 200:
@@ -177,6 +186,34 @@ class ServerClient:
         return Completion(token_ids=tokens, first_lp=first_lp or {}, ttft_s=ttft if ttft is not None else total,
                           total_s=total, cached_tokens=cached, prompt_ids=prompt_ids, model=model,
                           finish_reason=finish, kv_transfer_params=kvp, extra=extra)
+
+    def _complete_whole(self, body: dict[str, Any], t0: float) -> Completion:
+        try:
+            r = self.http.post("/v1/completions", json=body)
+        except httpx.HTTPError as e:
+            raise KvauditError(f"server {self.base_url}: /v1/completions failed ({e})") from None
+        total = time.perf_counter() - t0
+        if r.status_code != 200:
+            raise KvauditError(f"server {self.base_url}: /v1/completions answered {r.status_code}: {r.text[:500]}")
+        try:
+            obj = r.json()
+            ch = obj["choices"][0]
+            details = (obj.get("usage") or {}).get("prompt_tokens_details") or {}
+            lps = (ch.get("logprobs") or {}).get("top_logprobs") or []
+            first_lp = {tid: float(v) for k, v in lps[0].items() if (tid := _token_id(k)) is not None} if lps else {}
+            out = Completion(
+                token_ids=[int(t) for t in ch.get("token_ids") or []], first_lp=first_lp, ttft_s=total,
+                total_s=total,
+                cached_tokens=int(details["cached_tokens"]) if details.get("cached_tokens") is not None else None,
+                prompt_ids=[int(t) for t in ch["prompt_token_ids"]] if ch.get("prompt_token_ids") is not None else None,
+                model=obj.get("model"), finish_reason=ch.get("finish_reason"),
+                kv_transfer_params=obj.get("kv_transfer_params"),
+                extra={"system_fingerprint": obj["system_fingerprint"]} if obj.get("system_fingerprint") else {})
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            raise KvauditError(f"server {self.base_url}: unreadable completion ({e!r})") from None
+        if out.finish_reason == "error":
+            raise KvauditError(f"server {self.base_url}: the request failed on the server (finish_reason 'error')")
+        return out
 
     def close(self) -> None:
         self.http.close()

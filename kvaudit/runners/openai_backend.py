@@ -26,15 +26,22 @@ cached segments    ``--reuse-protocol server`` (default): the server's own reuse
                    The identity and no-rotation controls need this protocol: a black box cannot
                    be fed KV built in true context.
 
-Leak probes: vLLM recomputes every prompt that asks for prompt log-probabilities (it could not
-return them for cached tokens), so candidate names cannot be scored on an arm's cached KV over
-HTTP; such arms record no ``canary_logprobs`` and the leak-exposure check says it cannot judge.
+Leak probes: vLLM recomputes every prompt that asks for *prompt* log-probabilities (it could not
+return them for cached tokens), so candidates are scored by generation instead: for each distinct
+candidate prefix, one request of the prompt plus that prefix asks for the log-probabilities of
+the candidates' next tokens at the first generated position (vLLM's ``logprob_token_ids``), on
+the arm's own KV: under ``kvaudit`` the arm's prompt KV is saved by its request and loaded back
+by each scoring request; under ``server`` the scoring requests share the arm's salt, so the
+server reuses what the arm's request left in its cache. A server without ``logprob_token_ids``
+records no ``canary_logprobs`` (``info()["candidate_scoring"]`` says so) and the leak-exposure
+check says it cannot judge.
 """
 
 from __future__ import annotations
 
 import threading
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,11 +74,18 @@ class ClientCache:
 
     capacity_bytes: int = 0  # the server's budget is its own; the client does not know it
     stats: CacheStats = field(default_factory=CacheStats)
-    saved: set[str] = field(default_factory=set)  # kvaudit protocol: connector keys saved so far
+    saved: dict[str, str | None] = field(default_factory=dict)  # kvaudit protocol: key -> KV fingerprint
 
 
 def _salt() -> str:
     return uuid.uuid4().hex
+
+
+def _saved_fingerprints(c: Completion) -> dict[str, str]:
+    """key -> KV fingerprint of what kvaudit's connector saved for this request (its response's
+    ``kv_transfer_params``; absent where the server's store is not in its engine process)."""
+    saved = (c.kv_transfer_params or {}).get("kvaudit_saved") or {}
+    return {str(k): str(v[0]) for k, v in saved.items() if isinstance(v, list) and v}
 
 
 class OpenAIBackend:
@@ -106,8 +120,9 @@ class OpenAIBackend:
         self.max_prompt_tokens = max_len - self.decoding.max_new_tokens
         if self.rope.sliding_window:
             self.max_prompt_tokens = min(self.max_prompt_tokens, self.rope.sliding_window)
-        self.probe = self._probe_cache()
         self.system_fingerprint: str | None = None
+        self.candidate_scoring = "logprob_token_ids at the first generated position, on the arm's own KV"
+        self.probe = self._probe_cache()
 
     # ------------------------------------------------------------------ what the server can do
 
@@ -174,16 +189,17 @@ class OpenAIBackend:
             "first_logits": f"top-{LOGPROBS} first-token log-probabilities over HTTP",
             "logit_diff_kind": "top_logprobs",
             "logit_diff_top_n": LOGPROBS,
-            "candidate_scoring": "unavailable over HTTP (prompt log-probabilities bypass the server's cache)",
+            "candidate_scoring": self.candidate_scoring,
             **model_shape_info(self.config, self.rope, self.max_prompt_tokens, self.neutral_hash),
         }
 
     # ------------------------------------------------------------------ requests
 
     def _send(self, client: ServerClient, ids: list[int], *, max_tokens: int | None = None,
-              salt: str | None = None, transfer: dict[str, Any] | None = None) -> Completion:
+              salt: str | None = None, transfer: dict[str, Any] | None = None, stream: bool = True) -> Completion:
         out = client.complete(ids, max_tokens=max_tokens or self.decoding.max_new_tokens,
-                              salt=salt or _salt(), kv_transfer_params=transfer, stop_token_ids=sorted(self.eos))
+                              salt=salt or _salt(), kv_transfer_params=transfer, stop_token_ids=sorted(self.eos),
+                              stream=stream)
         self.system_fingerprint = out.extra.get("system_fingerprint", self.system_fingerprint)
         return out
 
@@ -211,45 +227,97 @@ class OpenAIBackend:
                 self.cache.stats.hit_tokens += len(unit)
                 continue
             transfer = {"kvaudit": "run", "save": [[key, h, h + len(unit)]]} if self.reuse_protocol == "kvaudit" else None
-            w = self._send(self.client, self.neutral_head + unit, max_tokens=1, salt=salt, transfer=transfer)
+            w = self._send(self.client, self.neutral_head + unit, max_tokens=1, salt=salt, transfer=transfer,
+                           stream=False)
             found.append(w.cached_tokens)
             self.cache.stats.builds += 1
             self.cache.stats.build_s += w.total_s
             if self.reuse_protocol == "kvaudit":
-                self.cache.saved.add(key)
+                self.cache.saved[key] = _saved_fingerprints(w).get(key)
         return keys, found
 
     def _load(self, prompt: Prompt, seg_keys: list[str], rerotate: bool, drop: list[str],
-              salt: str | None = None) -> tuple[Completion, Completion]:
+              salt: str | None = None, save: list[list[Any]] | None = None) -> tuple[Completion, Completion]:
         """kvaudit protocol: the head prefilled fresh at position 0 by its own request, then the
         prompt with [head][segments] loaded by the connector (the tail computed by the server)."""
         head_key = f"tmp:head:{uuid.uuid4().hex[:12]}"
         head = self._send(self.client, prompt.ids[: prompt.head_len], max_tokens=1,
                           transfer={"kvaudit": "run", "save": [[head_key, 0, prompt.head_len]]})
         plan = [[head_key, 0, False]] + [[k, s, rerotate] for (s, _), k in zip(prompt.spans, seg_keys)]
-        run = self._send(self.client, prompt.ids, salt=salt, transfer={
-            "kvaudit": "run", "n_load": prompt.tail_start, "plan": plan, "drop": [head_key, *drop]})
+        transfer: dict[str, Any] = {"kvaudit": "run", "n_load": prompt.tail_start, "plan": plan,
+                                    "drop": [head_key, *drop]}
+        if save:
+            transfer["save"] = save
+        run = self._send(self.client, prompt.ids, salt=salt, transfer=transfer)
         return head, run
+
+    def _score(self, prompt: Prompt, candidates: list[str], *, salt: str | None,
+               arm_key: str | None) -> dict[str, float] | None:
+        """Teacher-forced log-probability of each candidate as the whole answer, on the arm's KV
+        (``arm_key``: the kvaudit connector entry of its prompt's first n-1 tokens). ``None``
+        where the server cannot return log-probabilities of chosen token ids."""
+        n = len(prompt.ids)
+        cand_ids = {c: self.tok.encode(c) for c in dict.fromkeys(candidates)}
+        need: dict[tuple[int, ...], set[int]] = defaultdict(set)
+        for ids in cand_ids.values():
+            for j, t in enumerate(ids):
+                need[tuple(ids[:j])].add(t)
+        got: dict[tuple[int, ...], dict[int, float]] = {}
+        prefixes = list(need)
+        for i, prefix in enumerate(prefixes):
+            transfer = None
+            if arm_key is not None:
+                transfer = {"kvaudit": "run", "n_load": n - 1, "plan": [[arm_key, 0, False]],
+                            "drop": [arm_key] if i == len(prefixes) - 1 else []}
+            try:
+                c = self.client.complete(prompt.ids + list(prefix), max_tokens=1, salt=salt or _salt(),
+                                         kv_transfer_params=transfer, logprob_token_ids=sorted(need[prefix]),
+                                         stream=False)
+            except KvauditError as e:
+                if i == 0 and "logprob_token_ids" in str(e):
+                    self.candidate_scoring = f"unavailable: the server refused logprob_token_ids ({e})"
+                    return None
+                raise
+            if arm_key is not None and c.cached_tokens is not None and c.cached_tokens < n - 1:
+                raise KvauditError(f"the server loaded {c.cached_tokens} of the arm's {n - 1} prompt tokens when "
+                                   "scoring leak-probe candidates: they would be scored on recomputed KV")
+            missing = need[prefix] - set(c.first_lp)
+            if missing:
+                self.candidate_scoring = (f"unavailable: the server returned no log-probability for the requested "
+                                          f"token ids {sorted(missing)[:3]} (logprob_token_ids unsupported?)")
+                return None
+            got[prefix] = c.first_lp
+        return {c: sum(got[tuple(ids[:j])][t] for j, t in enumerate(ids)) for c, ids in cand_ids.items()}
 
     # ------------------------------------------------------------------ arms
 
     def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
                 candidates: list[str] | None = None) -> ArmOutput:
+        n = len(prompt.ids)
+        kvaudit = self.reuse_protocol == "kvaudit"
+        # Candidates are scored on the arm's own KV: under kvaudit its prompt KV is saved here.
+        arm_key = f"tmp:arm:{uuid.uuid4().hex[:12]}" if candidates and kvaudit else None
+        save = [[arm_key, 0, n - 1]] if arm_key else None
         engine: dict[str, Any] = {"salt": "fresh"}
+        fps: dict[str, str] = {}
         build_s = head_s = 0.0
         hit = 0
+        score_salt: str | None = None  # the salt scoring requests share with the arm's request
         if spec.source is None:
             client = self.reference if (self.reference and spec.role in ("reference", "noise_floor")) else self.client
             if client is self.reference:
                 engine["salt"] = "reference server"
-            if spec.role == "segment_tenant_probe" and self.reuse_protocol == "kvaudit":
+            if spec.role == "segment_tenant_probe" and kvaudit:
                 # Another tenant sends the reuse arm's own load plan: the connector's keys are
-                # content hashes anyone can compute; a tenant-scoped store refuses them.
+                # content hashes anyone can compute; only a tenant-scoped store would refuse them.
                 keys, _ = self._warm_up(prompt, None)
                 head, run = self._load(prompt, keys, True, [], salt=_salt())
                 ttft = head.total_s + run.ttft_s
+            elif spec.perturbs_batch:
+                run = self._with_filler(client, prompt)
+                ttft = run.ttft_s
             else:
-                run = self._with_filler(client, prompt) if spec.perturbs_batch else self._send(client, prompt.ids)
+                run = self._send(client, prompt.ids, transfer={"kvaudit": "run", "save": save} if save else None)
                 ttft = run.ttft_s
             reused = run.cached_tokens or 0
         elif spec.source == "engine_prefix":
@@ -261,30 +329,29 @@ class OpenAIBackend:
             run = self._send(self.client, prompt.ids, salt=self.tenant_salt)
             ttft = run.ttft_s
             reused = hit = run.cached_tokens or 0
-        elif spec.source == "neutral" and self.reuse_protocol == "server":
+        elif not kvaudit and spec.source in ("neutral", "first_user"):
+            # The server's own reuse path, primed under the run's tenant salt: neutral warm-ups, or
+            # (the unsafe capture policy) the first user's own request.
             engine["salt"] = "tenant"
-            t0_build = self.cache.stats.build_s
-            _, found = self._warm_up(prompt, self.tenant_salt)
-            build_s = self.cache.stats.build_s - t0_build
-            engine["warmup_cached_tokens"] = found
+            if spec.source == "neutral":
+                t0_build = self.cache.stats.build_s
+                _, engine["warmup_cached_tokens"] = self._warm_up(prompt, self.tenant_salt)
+                build_s = self.cache.stats.build_s - t0_build
+            else:
+                if capture_prompt is None:
+                    raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
+                build_s = self._send(self.client, capture_prompt.ids, salt=self.tenant_salt).total_s
             run = self._send(self.client, prompt.ids, salt=self.tenant_salt)
             ttft = run.ttft_s
             reused = hit = run.cached_tokens or 0
-        elif spec.source == "first_user" and self.reuse_protocol == "server":
-            if capture_prompt is None:
-                raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
-            engine["salt"] = "tenant"
-            first = self._send(self.client, capture_prompt.ids, salt=self.tenant_salt)
-            build_s = first.total_s
-            run = self._send(self.client, prompt.ids, salt=self.tenant_salt)
-            ttft = run.ttft_s
-            reused = hit = run.cached_tokens or 0
+            score_salt = self.tenant_salt
         else:  # kvaudit protocol: cached segments through the connector
             if spec.source == "neutral":
                 before = (self.cache.stats.hit_tokens, self.cache.stats.build_s)
                 seg_keys, _ = self._warm_up(prompt, None)
                 hit = self.cache.stats.hit_tokens - before[0]
                 build_s = self.cache.stats.build_s - before[1]
+                fp_of: dict[str, str | None] = dict(self.cache.saved)
                 drop: list[str] = []
             elif spec.source in ("in_context", "first_user"):
                 src = capture_prompt if spec.source == "first_user" else prompt
@@ -294,13 +361,14 @@ class OpenAIBackend:
                     raise KvauditError(f"arm {spec.name}: the capture request holds different segments")
                 tag = uuid.uuid4().hex[:12]
                 seg_keys = [f"tmp:cap:{tag}:{i}" for i in range(len(src.spans))]
-                cap = self._send(self.client, src.ids, max_tokens=1, transfer={
+                cap = self._send(self.client, src.ids, max_tokens=1, stream=False, transfer={
                     "kvaudit": "run", "save": [[k, s, e] for k, (s, e) in zip(seg_keys, src.spans)]})
                 build_s = cap.total_s
+                fp_of = dict(_saved_fingerprints(cap))
                 drop = list(seg_keys)
             else:
                 raise KvauditError(f"unknown segment source {spec.source!r}")
-            head, run = self._load(prompt, seg_keys, bool(spec.rerotate), drop)
+            head, run = self._load(prompt, seg_keys, bool(spec.rerotate), drop, save=save)
             head_s = head.total_s
             ttft = head.total_s + run.ttft_s
             if run.cached_tokens is not None and run.cached_tokens < prompt.tail_start:
@@ -308,6 +376,8 @@ class OpenAIBackend:
                                    f"kvaudit's connector, expected {prompt.tail_start}; is it running with "
                                    "kvaudit's --kv-transfer-config?")
             reused = prompt.tail_start - prompt.head_len
+            fps = {sid: fp for sid, k in zip(prompt.segment_ids, seg_keys) if (fp := fp_of.get(k))}
+        canary = self._score(prompt, candidates, salt=score_salt, arm_key=arm_key) if candidates else None
         engine.update({
             "prompt_ids_hash": ids_hash(run.prompt_ids) if run.prompt_ids is not None else None,
             "cached_tokens": run.cached_tokens,
@@ -320,7 +390,7 @@ class OpenAIBackend:
                                "(kvaudit needs the top-k: logprobs and return_tokens_as_token_ids)")
         res = build_arm_result(spec, prompt, self.tok, self.decoding, answer_ids=cut_at_eos(run.token_ids, self.eos),
                                top=top, ttft_s=ttft, decode_s=max(0.0, run.total_s - run.ttft_s),
-                               tokens_reused=reused, cache_hit_tokens=hit, fingerprints={}, canary=None,
+                               tokens_reused=reused, cache_hit_tokens=hit, fingerprints=fps, canary=canary,
                                engine=engine)
         return ArmOutput(result=res, first_logits=logits_from_top(run.first_lp, self.vocab), build_s=build_s,
                          head_s=head_s)

@@ -310,6 +310,7 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
     session.timing_s = {k: round(v, 4) for k, v in sorted(timing.items())}
     session.segment_cache = asdict(stats)
     session.unique_segments_seen = len({sid for c in todo for sid in c.segment_ids})
+    manifest.backend = backend.info()  # what the engine showed it can do during the run (HTTP servers)
     manifest.timing_s = _sum_timings(manifest.sessions)
     manifest.status = "complete" if len(load_done(out)) >= len(cases) else "partial"
     write_manifest(out, manifest)

@@ -322,7 +322,19 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         self._pending_save.pop(request.request_id, None)
         self._save_end.pop(request.request_id, None)
         self._need_load.pop(request.request_id, None)
-        return False, None
+        return False, self._saved_report(request)
+
+    def _saved_report(self, request: Request) -> dict[str, Any] | None:
+        """For a request that saved entries: ``{"kvaudit_saved": {key: [fingerprint, tokens]}}``,
+        returned to an HTTP client in the response's ``kv_transfer_params``. Only where the
+        store lives in this process (one worker, as with ``vllm serve`` on one device); under
+        tensor or pipeline parallelism each worker holds a share and the report is omitted."""
+        p = self._params(request)
+        store = _STORES.get(self.store_name)
+        if not p or not p.get("save") or store is None:
+            return None
+        info = store.info([str(k) for k, _, _ in p["save"]])
+        return {"kvaudit_saved": {k: [fp, n] for k, (fp, n, _, _) in info.items()}}
 
     # ------------------------------------------------------------------ worker side
 

@@ -146,3 +146,14 @@ def reused_expected(p: PairRecord, name: str | None = None) -> int:
     if name is None:
         return sum(int(e) - int(s) for s, e in p.segment_spans)
     return sum(e - s for s, e in arm_spans(p, name)) - recomputed_expected(p, name)
+
+
+def server_decides_reuse(run) -> bool:
+    """The run's reuse arms ran on a server's own reuse path (``--reuse-protocol server``): what
+    they reuse is the server's to decide and report, and no in-context KV can be fed to it."""
+    return (run.manifest.backend or {}).get("reuse_protocol") == "server"
+
+
+def probe_role(name: str) -> bool:
+    """A tenant probe: a request that must find nothing cached (the server checks judge it)."""
+    return known_arm(name) and get_arm(name).role in ("tenant_probe", "segment_tenant_probe")

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from kvaudit.audit.checks.base import arm_segments, check, from_problems, result, source
+from kvaudit.audit.checks.base import (
+    arm_segments,
+    check,
+    from_problems,
+    result,
+    server_decides_reuse,
+    source,
+)
 from kvaudit.audit.checks.loading import LoadedRun
 
 
@@ -14,6 +21,10 @@ def check_history_independence(run: LoadedRun):
     arms = sorted({a for p in run.pairs for a in p.arms if source(a) == "neutral"})
     if not arms:
         return result(True, "no neutral-source arm ran")
+    if server_decides_reuse(run):
+        return result(False, "the neutral-source arms ran on the server's own reuse path, which reports no KV "
+                             "fingerprints: whether a segment's KV depends on what ran before cannot be shown",
+                      cannot_judge=True)
     problems: dict[str, list[str]] = defaultdict(list)
     n_segments = 0
     for arm in arms:

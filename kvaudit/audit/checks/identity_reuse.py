@@ -27,9 +27,11 @@ from kvaudit.audit.checks.base import (
     fmt,
     from_problems,
     is_reuse_arm,
+    probe_role,
     recomputed_expected,
     result,
     reused_expected,
+    server_decides_reuse,
     short,
     source,
 )
@@ -84,6 +86,10 @@ def check_identity(run: LoadedRun, identity_tol: float | None = None):
     has_reuse = any(is_reuse_arm(a) and a != IDENTITY_ARM and source(a) != "engine_prefix"
                     for p in run.pairs for a in p.arms)
     if not any(IDENTITY_ARM in p.arms for p in run.pairs):
+        if has_reuse and server_decides_reuse(run):
+            return result(False, "the reuse arms ran on the server's own reuse path, which cannot be fed KV "
+                                 f"built in true context: the {IDENTITY_ARM} control cannot run, so the reuse "
+                                 "implementation is unvalidated (a black box; see docs/engines.md)", cannot_judge=True)
         if has_reuse:
             return result(False, f"{IDENTITY_ARM} arm not run: the reuse implementation is unvalidated "
                                  f"(rerun with --arms including {IDENTITY_ARM})")
@@ -171,12 +177,15 @@ def check_reuse_happened(run: LoadedRun):
     """Every reuse-family arm reused exactly the segment tokens (> 0); recomputes reused none."""
     problems: dict[str, list[str]] = defaultdict(list)
     totals: Counter[str] = Counter()
+    server_decides = server_decides_reuse(run)
     for p in run.pairs:
         for name, r in p.arms.items():
             expected = reused_expected(p, name)
             family = is_reuse_arm(name)
-            if family is None:
+            if family is None or probe_role(name):  # tenant probes: the server checks judge them
                 continue
+            if family and server_decides and source(name) != "engine_prefix":
+                continue  # the server's own reuse: server_cache_evidence holds it to what it reported
             if not family:
                 if r.tokens_reused:
                     problems[p.case_id].append(f"arm '{name}' is a full recompute but reused "
@@ -220,6 +229,11 @@ def _engine_prefix_problems(p: PairRecord, name: str) -> list[str]:
         out.append(f"arm '{name}' reports {r.tokens_reused} cached tokens for a {p.n_prompt_tokens}-token prompt")
     if r.cache_hit_tokens != r.tokens_reused:
         out.append(f"arm '{name}': cache_hit_tokens {r.cache_hit_tokens} != tokens_reused {r.tokens_reused}")
+    if get_arm(name).role == "engine_prefix_flushed":  # after the cache reset: cold again
+        if r.tokens_reused:
+            out.append(f"arm '{name}' found {r.tokens_reused} cached tokens right after the server's cache reset "
+                       "(the reset did not empty the cache)")
+        return out
     for before in get_arm(name).requires:
         prev = p.arms.get(before)
         if prev is not None and not r.tokens_reused > 0:

@@ -24,6 +24,10 @@ def check_leak_probes(run: LoadedRun):
     probes = [p for p in run.pairs if isinstance(p.canary, dict) and isinstance(p.canary.get("value"), str)]
     if not probes:
         return result(True, "no leak probes")
+    scoring = str((run.manifest.backend or {}).get("candidate_scoring") or "")
+    if scoring.startswith("unavailable"):
+        return result(False, f"{len(probes)} leak probe(s), but candidate names could not be scored on the arms' "
+                             f"KV ({scoring}): exposure cannot be judged", cannot_judge=True)
     problems: dict[str, list[str]] = defaultdict(list)
     for p in probes:
         decoys = p.canary.get("decoys", [])

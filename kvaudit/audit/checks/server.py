@@ -1,0 +1,211 @@
+"""The server checks: what a black-box serving engine reported, held against what each arm was.
+
+Runs made over HTTP (:mod:`kvaudit.runners.openai_backend`) record per arm what the server said
+about its request (``ArmResult.engine``). These checks hold that evidence against the arm's
+spec; evidence the server does not give is "cannot judge", never a pass. On in-process runs
+(no ``engine`` records) every check here passes with "not a server run".
+
+* ``server_consumed_ids``: the prompt ids the server echoes equal the ids kvaudit assembled.
+* ``server_model``: every response names the model the server listed when the run began.
+* ``server_cache_evidence``: the reference and noise-floor arms found nothing cached; kvaudit's
+  connector loaded exactly [head][segments]; the server's own reuse path (``--reuse-protocol
+  server``) reused something somewhere (a reuse arm that never reuses measures nothing); every
+  arm's recorded reuse equals what the server reported.
+* ``tenant_isolation`` (not required: a security finding, gated by the policy): the same
+  tenant's repeat is served from the cache and another tenant's identical request is not
+  (:func:`kvaudit.stats.timing.isolation_decision`), for the prefix cache and for segment reuse.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from kvaudit.audit.checks.base import check, from_problems, result
+from kvaudit.audit.checks.loading import LoadedRun
+from kvaudit.core.arms import arm_for, arms_where, get_arm, known_arm
+from kvaudit.core.records import PairRecord
+from kvaudit.stats.timing import isolation_decision
+
+NOT_A_SERVER_RUN = "not a server run (no arm recorded what a serving engine reported)"
+_FRESH_ROLES = ("reference", "noise_floor")
+
+
+def server_arms(p: PairRecord) -> dict:
+    """The arms of ``p`` that carry a server's report."""
+    return {name: r for name, r in p.arms.items() if r.engine is not None}
+
+
+def is_server_run(run: LoadedRun) -> bool:
+    return any(server_arms(p) for p in run.pairs)
+
+
+def reuse_protocol(run: LoadedRun) -> str | None:
+    return (run.manifest.backend or {}).get("reuse_protocol")
+
+
+@check("server_consumed_ids", required=True)
+def check_server_consumed_ids(run: LoadedRun):
+    """The prompt ids the server says it consumed are kvaudit's, for every arm of every case."""
+    if not is_server_run(run):
+        return result(True, NOT_A_SERVER_RUN)
+    problems: dict[str, list[str]] = defaultdict(list)
+    unechoed = 0
+    n = 0
+    for p in run.pairs:
+        for name, r in server_arms(p).items():
+            n += 1
+            echoed = r.engine.get("prompt_ids_hash")
+            if echoed is None:
+                unechoed += 1
+            elif echoed != r.ids_hash:
+                problems[p.case_id].append(f"arm '{name}': the server consumed other ids (hash {echoed[:12]} "
+                                           f"vs kvaudit's {r.ids_hash[:12]})")
+    if problems:
+        return from_problems(problems, "")
+    if unechoed:
+        return result(False, f"the server did not echo the prompt ids of {unechoed} of {n} requests "
+                             "(OpenAI `return_token_ids`): what it consumed cannot be shown", cannot_judge=True)
+    return result(True, f"the server echoed exactly kvaudit's prompt ids on all {n} arm requests")
+
+
+@check("server_model", required=True)
+def check_server_model(run: LoadedRun):
+    """Every response names the model the server listed when the run began."""
+    if not is_server_run(run):
+        return result(True, NOT_A_SERVER_RUN)
+    listed = ((run.manifest.backend or {}).get("server_model") or {}).get("id")
+    if not listed:
+        return result(False, "the manifest records no model listed by the server", cannot_judge=True)
+    problems: dict[str, list[str]] = defaultdict(list)
+    unnamed = 0
+    for p in run.pairs:
+        for name, r in server_arms(p).items():
+            got = r.engine.get("model")
+            if got is None:
+                unnamed += 1
+            elif got != listed:
+                problems[p.case_id].append(f"arm '{name}' was answered by model {got!r}, not {listed!r}")
+    if problems:
+        return from_problems(problems, "")
+    if unnamed:
+        return result(False, f"{unnamed} responses name no model", cannot_judge=True)
+    root = ((run.manifest.backend or {}).get("server_model") or {}).get("root")
+    return result(True, f"every response names {listed!r}" + (f" (served from {root})" if root else ""))
+
+
+def _segment_end(p: PairRecord) -> int:
+    return max((int(e) for _, e in p.segment_spans), default=0)
+
+
+@check("server_cache_evidence", required=True)
+def check_server_cache_evidence(run: LoadedRun):
+    """Cached prompt tokens as the server reported them: none for the reference and the noise
+    floor, exactly [head][segments] through kvaudit's connector, more than none somewhere for the
+    server's own reuse path, and equal to the reuse each arm recorded."""
+    if not is_server_run(run):
+        return result(True, NOT_A_SERVER_RUN)
+    protocol = reuse_protocol(run)
+    problems: dict[str, list[str]] = defaultdict(list)
+    unreported = 0
+    server_reuse: dict[str, int] = defaultdict(int)
+    for p in run.pairs:
+        for name, r in server_arms(p).items():
+            cached = r.engine.get("cached_tokens")
+            if cached is None:
+                unreported += 1
+                continue
+            spec = get_arm(name) if known_arm(name) else None
+            if spec is None:
+                continue
+            if spec.role in _FRESH_ROLES:
+                if cached:
+                    problems[p.case_id].append(f"arm '{name}' must bypass every cache but the server reported "
+                                               f"{cached} cached prompt tokens")
+            elif spec.source in ("neutral", "in_context", "first_user"):
+                if protocol == "kvaudit":
+                    if cached != _segment_end(p):
+                        problems[p.case_id].append(f"arm '{name}': the server reported {cached} cached tokens; "
+                                                   f"kvaudit's connector loads exactly {_segment_end(p)}")
+                else:
+                    server_reuse[name] += cached
+                    if r.tokens_reused != cached:
+                        problems[p.case_id].append(f"arm '{name}' recorded {r.tokens_reused} reused tokens, the "
+                                                   f"server reported {cached}")
+            elif spec.source == "engine_prefix" and r.tokens_reused != cached:
+                problems[p.case_id].append(f"arm '{name}' recorded {r.tokens_reused} reused tokens, the server "
+                                           f"reported {cached}")
+    if problems:
+        return from_problems(problems, "")
+    if unreported:
+        return result(False, f"the server reported no cached-token count for {unreported} requests (vLLM: "
+                             "--enable-prompt-tokens-details): cache bypass and reuse cannot be shown", cannot_judge=True)
+    vacuous = [a for a, total in server_reuse.items() if total == 0]
+    if vacuous:
+        return result(False, f"the server's reuse path reused no token for arm(s) {', '.join(vacuous)} on any case, "
+                             "after warm-ups with every document: it has no segment reuse, so these arms measure "
+                             "nothing (audit its prefix cache with the prefix_cache arms instead)")
+    parts = ["reference and noise-floor requests found nothing cached"]
+    if protocol == "kvaudit":
+        parts.append("kvaudit's connector loaded exactly [head][segments] on every cached-segment arm")
+    if server_reuse:
+        n_prompt = sum(p.n_prompt_tokens for p in run.pairs)
+        parts.append("the server's own reuse found " + ", ".join(
+            f"{a} {t} of {n_prompt} prompt tokens" for a, t in sorted(server_reuse.items())))
+    return result(True, "; ".join(parts))
+
+
+def _isolation_pairs(pairs: list[PairRecord], same_arm: str, probe_arm: str) -> tuple[list[str], list[int], list[int]]:
+    ids, same, other = [], [], []
+    for p in pairs:
+        a, b = p.arms.get(same_arm), p.arms.get(probe_arm)
+        if a is None or b is None or a.engine is None or b.engine is None:
+            continue
+        if a.engine.get("cached_tokens") is None or b.engine.get("cached_tokens") is None:
+            continue
+        ids.append(p.case_id)
+        same.append(int(a.engine["cached_tokens"]))
+        other.append(int(b.engine["cached_tokens"]))
+    return ids, same, other
+
+
+# What each tenant probe checks: (what, the same tenant's arm role, the probe's role).
+PROBES = (("prefix cache", "engine_prefix_warm", "tenant_probe"),
+          ("segment reuse", "under_test", "segment_tenant_probe"))
+
+
+def probe_arms(pairs: list[PairRecord]) -> list[tuple[str, str, str]]:
+    """``(what, same-tenant arm, probe arm)`` for the tenant probes that ran in ``pairs``."""
+    ran = {a for p in pairs for a in p.arms}
+    out = []
+    for what, same_role, probe_role_ in PROBES:
+        same_arm = arm_for(same_role)
+        for probe_arm in arms_where(role=probe_role_):
+            if probe_arm in ran and same_arm in ran:
+                out.append((what, same_arm, probe_arm))
+    return out
+
+
+def isolation_results(pairs: list[PairRecord]) -> dict[str, object]:
+    """``{"prefix cache" | "segment reuse": IsolationResult}`` for the probes that ran."""
+    out = {}
+    for what, same, probe in probe_arms(pairs):
+        ids, same_hits, other_hits = _isolation_pairs(pairs, same, probe)
+        out[what] = isolation_decision(same_hits, other_hits, case_ids=ids)
+    return out
+
+
+@check("tenant_isolation", required=False)
+def check_tenant_isolation(run: LoadedRun):
+    """Another tenant's identical request is never served from the cache, while the same
+    tenant's is (so the check cannot pass with caching off)."""
+    res = isolation_results(run.pairs)
+    if not res:
+        return result(True, "no tenant probe ran")
+    parts = [f"{what}: {r.verdict} ({r.reason})" for what, r in res.items()]
+    leaked = sorted({c for r in res.values() for c in r.leaked})
+    if leaked:
+        return result(False, "; ".join(parts), leaked,
+                      warning=f"another tenant was served from the cache on {len(leaked)} case(s)")
+    if any(r.verdict != "pass" for r in res.values()):
+        return result(False, "; ".join(parts), cannot_judge=True)
+    return result(True, "; ".join(parts))
