@@ -11,9 +11,13 @@ after warm-up, the same three things as benchmarks/ttft.py on kvaudit's transfor
 - lower bound: the same two fresh forwards (head from scratch, tail on a ready cache of the same
   length) with no rotation or assembly.
 
-Besides the medians it reports the KV bytes assembled per request, the achieved bandwidth of the
-assembly step against a plain device-to-device copy, and a physical floor (weights read once
-plus the assembled KV bytes, at the measured copy bandwidth). A second, benchmark-only path
+Every one of the three goes through the backend's own code (``prefill``, ``forward``, its caches
+and ``RopeSpec``): none has a prefill of its own. Besides the medians it reports the KV
+bytes assembled per request, the achieved bandwidth of the assembly step against a plain
+device-to-device copy, and a physical floor (weights read once plus the assembled KV bytes, at
+the measured copy bandwidth). The assembly step is timed inside the backend's own ``prefill``
+(:class:`MarkedBackend` marks its forwards: assembly is everything between the head forward's
+end and the tail forward's start). A second, benchmark-only path
 (``StaticReuse``: one preallocated cache, one Triton kernel per segment that rotates keys and
 copies values in place, head and tail forwards replayed as CUDA graphs with a GEMM-based attention
 for the few fresh queries) shows how much of the remaining time is per-forward overhead; it is
@@ -118,6 +122,29 @@ def make_prompt(n_tokens: int, n_docs: int, prefix: int, question: int, vocab: i
                   segment_hashes=[ids_hash(ids[a:b]) for a, b in spans], ids_hash=ids_hash(ids))
 
 
+class MarkedBackend(TransformersBackend):
+    """The transformers backend itself, marking the start and end of each ``forward`` while
+    ``marks`` is a list (CUDA events on a GPU, plus ``perf_counter`` always), so a phase inside its
+    own ``prefill`` can be timed without a copy of that code. With ``marks`` None it is unchanged."""
+
+    marks: list[tuple[Any, float]] | None = None
+
+    def _mark(self) -> None:
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+        self.marks.append((event, time.perf_counter()))
+
+    def forward(self, ids: list[int], start: int, cache: Any, all_logits: bool = False) -> torch.Tensor:
+        if self.marks is None:
+            return super().forward(ids, start, cache, all_logits)
+        self._mark()
+        out = super().forward(ids, start, cache, all_logits)
+        self._mark()
+        return out
+
+
 class Timer:
     """Medians of a callable's duration: CUDA events on a GPU (plus wall clock), wall clock on CPU."""
 
@@ -127,6 +154,29 @@ class Timer:
     def sync(self) -> None:
         if self.cuda:
             torch.cuda.synchronize()
+
+    def between_forwards(self, be: MarkedBackend, fn: Callable[[], Any], first: int, repeats: int,
+                         warmup: int = 1) -> dict[str, float]:
+        """Medians of the time from the end of ``be``'s forward number ``first`` to the start of the
+        next one, inside one call of ``fn`` (a ``prefill``): the work the backend does between them."""
+        for _ in range(warmup):
+            fn()
+        ev, wall = [], []
+        for _ in range(repeats):
+            self.sync()
+            be.marks = []
+            try:
+                fn()
+                self.sync()
+                (end, end_t), (nxt, nxt_t) = be.marks[2 * first + 1], be.marks[2 * first + 2]
+            finally:
+                be.marks = None
+            if self.cuda:
+                ev.append(end.elapsed_time(nxt) / 1e3)
+            wall.append(nxt_t - end_t)
+        med_wall = statistics.median(wall)
+        return {"s": statistics.median(ev) if ev else med_wall, "wall_s": med_wall,
+                "min_s": min(ev or wall), "max_s": max(ev or wall), "n": repeats}
 
     def __call__(self, fn: Callable[[], Any], repeats: int, warmup: int = 1) -> dict[str, float]:
         for _ in range(warmup):
@@ -281,7 +331,6 @@ class StaticReuse:
 
             AttentionInterface.register(GROUPED, grouped_attention)
         self.assembler = assembler
-        self.inv_freq = be.rope.inv_freq.double().to(dev)
         self._static: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._graphs: dict[tuple[int, int], tuple[Any, torch.Tensor]] = {}
 
@@ -339,9 +388,7 @@ class StaticReuse:
                 self.be.rope.rotate(entry.keys, delta, out=k_dst)
                 v_dst.copy_(entry.values)
             else:
-                ang = float(delta) * self.inv_freq  # float64 angles, as RopeSpec.cos_sin
-                self.assembler(k_dst, v_dst, entry.keys, entry.values,
-                               ang.cos().float()[:half].contiguous(), ang.sin().float()[:half].contiguous())
+                self.assembler(k_dst, v_dst, entry.keys, entry.values, *half_cos_sin(self.be, delta, half))
 
     @torch.inference_mode()
     def prefill(self, prompt: Prompt, entries: list[Any]) -> torch.Tensor:
@@ -355,6 +402,13 @@ class StaticReuse:
         return self.fresh(prompt.ids[prompt.tail_start:], prompt.tail_start)
 
 
+def half_cos_sin(be: TransformersBackend, delta: int, half: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rotation's cos and sin for a shift of ``delta`` positions, first half (the kernel's
+    layout), from the backend's own :meth:`RopeSpec.cos_sin` (float64 angle, float32 values)."""
+    cos, sin = be.rope.cos_sin(delta, be.device, torch.float32)
+    return cos[:half].contiguous(), sin[:half].contiguous()
+
+
 def pick_assembler(be: TransformersBackend, want: str) -> tuple[Callable | None, str]:
     """The Triton assembly kernel if it runs and matches the eager rotation, else None (eager)."""
     if want != "triton" or be.device.type != "cuda":
@@ -366,10 +420,7 @@ def pick_assembler(be: TransformersBackend, want: str) -> tuple[Callable | None,
         src_v = torch.randn_like(src_k)
         got_k = torch.zeros(3, 2, 50, src_k.shape[-1], dtype=dtype, device=be.device)
         got_v = torch.zeros_like(got_k)
-        half = be.rope.head_dim // 2
-        ang = 1234.0 * be.rope.inv_freq.double().to(be.device)
-        fn(got_k[:, :, 5:45], got_v[:, :, 5:45], src_k, src_v,
-           ang.cos().float()[:half].contiguous(), ang.sin().float()[:half].contiguous())
+        fn(got_k[:, :, 5:45], got_v[:, :, 5:45], src_k, src_v, *half_cos_sin(be, 1234, be.rope.head_dim // 2))
         want_k = be.rope.rotate(src_k, 1234)
         err = rel_err(got_k[:, :, 5:45], want_k)
         if err > 1e-2 or not torch.equal(got_v[:, :, 5:45], src_v) or got_k[:, :, :5].abs().sum() != 0:
@@ -400,7 +451,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def measure_context(be: TransformersBackend, timer: Timer, n_ctx: int, args: argparse.Namespace,
+def measure_context(be: MarkedBackend, timer: Timer, n_ctx: int, args: argparse.Namespace,
                     copy_bw: float, assembler: Callable | None) -> dict[str, Any]:
     model = be.model
     prompt = make_prompt(n_ctx, args.docs, args.prefix, args.question, model.config.vocab_size, seed=n_ctx)
@@ -435,16 +486,10 @@ def measure_context(be: TransformersBackend, timer: Timer, n_ctx: int, args: arg
         logits = be.forward(prompt.ids[prompt.tail_start:], prompt.tail_start, c)
         return int(torch.argmax(logits[-1]))
 
-    # The assembly step alone, exactly as prefill does it (head KV copy excluded: 64 tokens).
-    k_all = torch.empty((ready_k.shape[0], 1, ready_k.shape[2], prompt.tail_start, ready_k.shape[-1]),
-                        dtype=ready_k.dtype, device=ready_k.device)
-    v_all = torch.empty_like(k_all)
-
-    @torch.inference_mode()
-    def assembly() -> None:
-        for (s, e), entry in zip(prompt.spans, entries):
-            be.rope.rotate(entry.keys, s - entry.start, out=k_all[:, 0, :, s:e])
-            v_all[:, 0, :, s:e] = entry.values
+    # The assembly step inside the backend's own prefill: from the head forward's end to the tail
+    # forward's start (the head's KV gathered, the segments' keys rotated into place, values copied).
+    def assembled_prefill() -> None:
+        be.prefill(prompt, reuse, entries)
 
     row: dict[str, Any] = {"context": n_ctx, "prompt_tokens": len(prompt.ids), "docs": len(entries),
                            "segment_tokens": seg_tokens, "fresh_tokens": len(prompt.ids) - seg_tokens,
@@ -452,7 +497,7 @@ def measure_context(be: TransformersBackend, timer: Timer, n_ctx: int, args: arg
     row["recompute"] = timer(recompute, args.recompute_repeats, warmup=1)
     row["reuse"] = timer(reused, args.repeats, warmup=2)
     row["lower_bound"] = timer(lower_bound, args.repeats, warmup=2)
-    row["assembly"] = timer(assembly, args.repeats, warmup=2)
+    row["assembly"] = timer.between_forwards(be, assembled_prefill, 0, args.repeats, warmup=2)
     row["assembly"]["bytes_per_s"] = 2 * kv_bytes / row["assembly"]["s"]
     row["assembly"]["fraction_of_copy_bw"] = row["assembly"]["bytes_per_s"] / copy_bw
     row["lookup"] = timer(lambda: be.segment_entries(prompt, reuse, None), args.repeats, warmup=1)
@@ -543,9 +588,7 @@ def diagnose(be: TransformersBackend, timer: Timer, n_ctx: int, args: argparse.N
         dst_k, dst_v = (torch.zeros(layers, 1, hk, n_ctx + 256, d, device=dev, dtype=dtype) for _ in range(2))
         sk, sv = dst_k[:, 0, :, 64:64 + n_ctx], dst_v[:, 0, :, 64:64 + n_ctx]
         nbytes = 2 * src_k.numel() * src_k.element_size()
-        half = d // 2
-        ang = 4321.0 * be.rope.inv_freq.double().to(dev)
-        cs = ang.cos().float()[:half].contiguous(), ang.sin().float()[:half].contiguous()
+        cs = half_cos_sin(be, 4321, d // 2)
         variants: dict[str, Callable[[], Any]] = {
             "eager_rotate_and_copy": lambda: (be.rope.rotate(src_k, 4321, out=sk), sv.copy_(src_v)),
             "values_strided_copy_only": lambda: sv.copy_(src_v),
@@ -645,8 +688,8 @@ def main() -> int:
     print(env, flush=True)
     t0 = time.perf_counter()
     model = build_model(args.shape, getattr(torch, args.dtype), args.device, args.layers)
-    be = TransformersBackend(model, StandInTokenizer(model.config.vocab_size), f"random-{args.shape}",
-                             cache_bytes=1 << 50, device=args.device)
+    be = MarkedBackend(model, StandInTokenizer(model.config.vocab_size), f"random-{args.shape}",
+                       cache_bytes=1 << 50, device=args.device)
     timer.sync()
     print(f"model {args.shape} ({sum(p.numel() for p in model.parameters()) / 1e9:.2f}B params, "
           f"{weight_bytes_read(model) / 1e9:.1f} GB read per forward) built in {time.perf_counter() - t0:.1f}s; "

@@ -3,7 +3,7 @@ synthetic run of about 2,000 cases with its dataset on disk and a real, verified
 
 ``load_run`` reads the manifest and ``pairs.jsonl``, verifies ``audit.json`` (hashes and a fresh
 audit of the same records) and reads the case questions from the dataset. It prints the median
-wall time of ``--repeats`` loads and the audit state (which must be ``verified``, or the fresh
+wall and CPU time of ``--repeats`` loads (CPU time is the steadier on a busy machine) and the audit state (which must be ``verified``, or the fresh
 audit did not run). To compare two versions of kvaudit, run it from each checkout:
     .venv/bin/python benchmarks/load_run.py [--cases 2000] [--repeats 5]
     PYTHONPATH=/path/to/other/checkout .venv/bin/python benchmarks/load_run.py
@@ -50,16 +50,18 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run = build(Path(tmp), args.cases)
-        times, state = [], None
+        times, cpu, state = [], [], None
         for _ in range(args.repeats):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             r = load_run(run)
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             state = r.audit.state
         size = (run / "pairs.jsonl").stat().st_size
         print(f"load_run: {len(r.pairs)} cases ({size / 1e6:.1f} MB pairs.jsonl), audit {state}, "
-              f"{len(r.questions)} questions: median {statistics.median(times):.3f} s "
-              f"(min {min(times):.3f}, max {max(times):.3f}, {args.repeats} loads)")
+              f"{len(r.questions)} questions: median wall {statistics.median(times):.3f} s "
+              f"(min {min(times):.3f}), median CPU {statistics.median(cpu):.3f} s (min {min(cpu):.3f}); "
+              f"{args.repeats} loads")
     return 0
 
 
