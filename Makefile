@@ -28,11 +28,13 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed: the browser test will be skipped"; }
 
-# The main suite in .venv (tests/test_vllm.py skips there), then the vLLM tests in .venv-vllm.
+# The main suite in .venv (tests/test_vllm.py skips there), then the vLLM tests in .venv-vllm; the
+# HTTP tests among them start real `vllm serve` processes on 127.0.0.1 (free ports) and stop them.
 test: setup browser setup-vllm
 	$(PY) -m ruff check kvaudit tests benchmarks
 	$(PY) -m pytest -q
-	$(VLLM_PY) -m pytest -q tests/test_vllm.py tests/test_gpu_paged_kv.py tests/test_backend_contract.py
+	$(VLLM_PY) -m pytest -q tests/test_vllm.py tests/test_gpu_paged_kv.py tests/test_backend_contract.py \
+	  tests/test_http_backend.py tests/test_http_prefix_server.py
 
 bench: setup
 	$(PY) benchmarks/ttft.py

@@ -34,7 +34,7 @@ def server_command(model_dir: Path, port: int, *, connector: bool, prefix_cachin
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--max-model-len", "4096", "--kv-cache-memory-bytes", str(1 << 30), "--block-size", "32",
-           "--enforce-eager", "--seed", "0", "--enable-prompt-tokens-details",
+           "--enforce-eager", "--seed", "0", "--enable-prompt-tokens-details", "--max-num-batched-tokens", "4096",
            "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching"]
     if connector:
         cmd += ["--kv-transfer-config", json.dumps(CONNECTOR)]

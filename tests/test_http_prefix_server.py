@@ -1,0 +1,78 @@
+"""The HTTP backend against a real ``vllm serve`` with plain prefix caching (no kvaudit connector).
+
+What a team running stock vLLM can audit: the reference bypasses the cache by ``cache_salt``, the
+prefix cache's cold / flushed / warm answers, tenant isolation and the timing side channel. The
+server's own "reuse" of warmed documents is vacuous there, and the audit says so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+vllm = pytest.importorskip("vllm")
+
+from kvaudit.cli import main  # noqa: E402
+from kvaudit.core.records import read_pairs  # noqa: E402
+
+from .vllm_server import vllm_server  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+ARMS = "recompute,prefix_cache_cold,prefix_cache_flushed,prefix_cache,prefix_cache_other_tenant,recompute_again"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("prefix_box") / "dataset"
+    assert main(["generate", "boxoffice", "--out", str(out), "--cases", "5", "--seed", "4",
+                 "--families", "single_doc=3,multi_hop_bridge=2"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from kvaudit.models import resolve_model_dir
+
+    with vllm_server(resolve_model_dir("smollm2"), tmp_path_factory.mktemp("serve") / "vllm-serve.log",
+                     connector=False) as url:
+        yield url
+
+
+def run(url: str, dataset: Path, out: Path, arms: str, *extra: str) -> int:
+    return main(["run", "--backend", "openai", "--base-url", url, "--dataset", str(dataset), "--out", str(out),
+                 "--arms", arms, "--max-new-tokens", "8", "--no-progress", *extra])
+
+
+def checks(run_dir: Path) -> tuple[int, dict]:
+    code = main(["audit", str(run_dir)])
+    return code, {c["name"]: c for c in json.loads((run_dir / "audit.json").read_text())["checks"]}
+
+
+def test_stock_prefix_caching_audits_with_its_security_probes(server, dataset, tmp_path):
+    out = tmp_path / "run"
+    assert run(server, dataset, out, ARMS) == 0
+    code, c = checks(out)
+    assert code == 0, {k: v["detail"] for k, v in c.items() if not v["passed"]}
+    assert "reference and noise-floor requests found nothing cached" in c["server_cache_evidence"]["detail"]
+    assert c["tenant_isolation"]["passed"] and "prefix cache: pass" in c["tenant_isolation"]["detail"]
+    pairs = read_pairs(out)
+    for p in pairs:  # the flushed arm found nothing (the reset emptied the cache); warm found the prompt
+        assert p.arms["prefix_cache_flushed"].tokens_reused == 0
+        assert p.arms["prefix_cache"].tokens_reused >= p.n_prompt_tokens - 32
+        assert p.arms["prefix_cache_other_tenant"].tokens_reused == 0
+    assert main(["report", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    cfw = summary["security"]["cold_flushed_warm"]
+    assert cfw["n"] == 5 and sum(cfw["counts"].values()) == 5
+
+
+def test_the_servers_own_reuse_of_warmed_documents_is_shown_vacuous(server, dataset, tmp_path):
+    out = tmp_path / "run"
+    assert run(server, dataset, out, "recompute,reuse", "--limit", "2") == 0
+    code, c = checks(out)
+    assert code == 1
+    assert not c["server_cache_evidence"]["passed"] and "has no segment reuse" in c["server_cache_evidence"]["detail"]
+    assert c["identity_control"].get("cannot_judge")  # a black box cannot be fed in-context KV
