@@ -278,13 +278,21 @@ def read_json(path: str | os.PathLike) -> Any:
         raise DatasetError(f"{path}: not valid JSON ({e})") from None
 
 
-def iter_jsonl(path: str | os.PathLike, *, tolerate_torn_tail: bool = False) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line_number, object)``; a torn last line (killed writer) is skipped if allowed."""
-    path = Path(path)
+def read_bytes(path: str | os.PathLike) -> bytes:
+    """A file's bytes (a DatasetError naming it when it is missing)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        return Path(path).read_bytes()
     except FileNotFoundError:
         raise DatasetError(f"{path}: file not found") from None
+
+
+def iter_jsonl(path: str | os.PathLike, *, tolerate_torn_tail: bool = False,
+               data: bytes | None = None) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_number, object)``; a torn last line (killed writer) is skipped if allowed.
+    ``data``: the file's bytes, when the caller has read them already (``path`` names them)."""
+    path = Path(path)
+    try:
+        lines = (read_bytes(path) if data is None else data).decode("utf-8").splitlines(keepends=True)
     except UnicodeDecodeError as e:
         raise DatasetError(f"{path}: not UTF-8 text ({e})") from None
     for n, line in enumerate(lines, 1):
@@ -323,9 +331,9 @@ def _str_list(obj: dict, name: str, where: str) -> None:
         raise DatasetError(f"{where}: field '{name}' must be a list of strings")
 
 
-def read_segments(path: Path) -> dict[str, Segment]:
+def read_segments(path: Path, data: bytes | None = None) -> dict[str, Segment]:
     out: dict[str, Segment] = {}
-    for n, obj in iter_jsonl(path):
+    for n, obj in iter_jsonl(path, data=data):
         where = f"{path}, line {n}"
         _check_fields(obj, Segment, where, {"id": str, "text": str})
         if obj["id"] in out:
@@ -336,10 +344,10 @@ def read_segments(path: Path) -> dict[str, Segment]:
     return out
 
 
-def read_cases(path: Path, segments: dict[str, Segment]) -> list[Case]:
+def read_cases(path: Path, segments: dict[str, Segment], data: bytes | None = None) -> list[Case]:
     out: list[Case] = []
     seen: set[str] = set()
-    for n, obj in iter_jsonl(path):
+    for n, obj in iter_jsonl(path, data=data):
         where = f"{path}, line {n}"
         _check_fields(
             obj, Case, where, {"id": str, "task": str, "segment_ids": list, "question": str, "answers": list}
@@ -370,6 +378,7 @@ def read_cases(path: Path, segments: dict[str, Segment]) -> list[Case]:
 
 
 def content_hash(dir_: Path) -> str:
+    """The dataset's content hash: sha256 of ``segments.jsonl`` then ``cases.jsonl``, 32 hex digits."""
     h = hashlib.sha256()
     for name in (SEGMENTS_FILE, CASES_FILE):
         h.update((dir_ / name).read_bytes())
@@ -381,8 +390,10 @@ def read_dataset(dir_: str | os.PathLike) -> Dataset:
     d = Path(dir_)
     if not d.is_dir():
         raise DatasetError(f"{d}: dataset directory not found")
-    segments = read_segments(d / SEGMENTS_FILE)
-    cases = read_cases(d / CASES_FILE, segments)
+    # Each file is read once: the same bytes are parsed and hashed (content_hash's definition).
+    seg_bytes, case_bytes = read_bytes(d / SEGMENTS_FILE), read_bytes(d / CASES_FILE)
+    segments = read_segments(d / SEGMENTS_FILE, seg_bytes)
+    cases = read_cases(d / CASES_FILE, segments, case_bytes)
     card_path = d / CARD_FILE
     if card_path.exists():
         raw = read_json(card_path)
@@ -392,7 +403,7 @@ def read_dataset(dir_: str | os.PathLike) -> Dataset:
         card = DatasetCard(**{k: v for k, v in raw.items() if k in known})
     else:
         card = DatasetCard(generator="unknown")
-    card.content_hash = content_hash(d)
+    card.content_hash = hashlib.sha256(seg_bytes + case_bytes).hexdigest()[:32]
     return Dataset(segments=segments, cases=cases, card=card, path=d)
 
 
