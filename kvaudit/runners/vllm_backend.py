@@ -18,8 +18,9 @@ no segment source    one full prefill (fresh salt: no prefix-cache hit); the noi
                      after: exact KV for all but the last block. Cold/warm answer flips are the
                      prefix cache's own nondeterminism.
 cached segments      the connector (:mod:`kvaudit.runners.vllm_connector`) loads [head][segment
-                     units] and vLLM computes the tail. The head is prefilled fresh at position 0
-                     by its own request (timed in TTFT, like the transformers backend's head);
+                     units] and vLLM computes the tail. The head is prefilled at position 0 by its
+                     own request (timed in TTFT) the first time its ids are seen, and kept in the
+                     store like a prefix-cache entry (:meth:`VllmBackend.head_entry`);
                      segment KV comes from the neutral store (source ``neutral``), from a capture
                      of the true prompt (``in_context``) or of the first user request
                      (``first_user``), re-rotated to its new position when ``spec.rerotate``.
@@ -168,6 +169,7 @@ class VllmBackend:
             "dtype": str(self.engine_opts.get("dtype", "float32")),
             "engine": {k: v for k, v in sorted(self.engine_opts.items()) if k != "kv_transfer_config"},
             "connector": f"{CONNECTOR_MODULE}.{CONNECTOR_CLASS}",
+            "head_kv": "prefilled by its own request the first time its ids are seen, then held by ids",
             "first_logits": f"top-{LOGPROBS} first-token log-probabilities (raw_logprobs)",
             "logit_diff_kind": "top_logprobs",  # logit_diff_vs_recompute: over the top-LOGPROBS tokens
             "logit_diff_top_n": LOGPROBS,
@@ -304,6 +306,19 @@ class VllmBackend:
                                "worker); raise the cache budget (--cache-budget)")
         return keys, build_s, hit
 
+    def head_entry(self, prompt: Prompt) -> tuple[str, float]:
+        """The store key of the prompt's head KV, and the seconds spent prefilling it here (0 when
+        it was already held). The head (template start, system prompt, user-turn prefix) sits at
+        position 0 in every prompt that has it, so its KV from an earlier request with the same
+        ids is what a fresh prefill computes: it is kept like a prefix-cache entry, keyed by its
+        ids, and prefilled by its own request (timed in TTFT) only the first time."""
+        head_ids = prompt.ids[: prompt.head_len]
+        key = f"head:{self.fingerprint[:16]}:{ids_hash(head_ids)}"
+        if key in self.store_rpc("info", [key]):
+            return key, 0.0
+        head = self._one(head_ids, max_tokens=1, transfer={"save": [[key, 0, prompt.head_len]]})
+        return key, head.total_s
+
     def captured_entries(self, src: Prompt) -> tuple[list[str], float]:
         """Capture the KV of ``src``'s segment units in their true context (one full prefill)."""
         tag = uuid.uuid4().hex[:12]
@@ -408,26 +423,23 @@ class VllmBackend:
         if missing:
             raise KvauditError(f"segment KV {missing[0]} is not in the vLLM connector's store (budget "
                                f"{self.store_bytes} bytes per worker)")
-        head_key = f"tmp:head:{uuid.uuid4().hex[:12]}"
+        head_key, head_s = self.head_entry(prompt)
         plan = [[head_key, 0, False]]
         for (s, _), key in zip(prompt.spans, seg_keys):
             plan.append([key, s, bool(spec.rerotate)])
-        transfer = {"n_load": prompt.tail_start, "plan": plan, "drop": [head_key, *drop], **save_arm}
-        # The head is prefilled fresh at position 0 (its own request) and counts in TTFT.
-        head = self._one(prompt.ids[: prompt.head_len], max_tokens=1,
-                         transfer={"save": [[head_key, 0, prompt.head_len]]})
+        transfer = {"n_load": prompt.tail_start, "plan": plan, "drop": drop, **save_arm}
         run = self._one(prompt.ids, transfer=transfer)
         if run.num_cached_tokens < prompt.tail_start:
             raise KvauditError(f"arm {spec.name}: vLLM loaded {run.num_cached_tokens} tokens, "
                                f"expected {prompt.tail_start}")
-        ttft = head.total_s + run.ttft_s
+        ttft = head_s + run.ttft_s
         reused = prompt.tail_start - prompt.head_len
         self.sync_store()
         canary = self._candidates(prompt, arm_key, candidates) if candidates else None
         fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, seg_keys)}
         res = self._result(spec, prompt, run, ttft, reused, hit, fps, canary)
         return ArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=build_s,
-                             head_s=head.total_s)
+                         head_s=head_s)
 
     def _prefix_cache_arm(self, prompt: Prompt, spec: ArmSpec) -> ArmOutput:
         """One request on the run's shared prefix-cache chain; vLLM decides what it finds."""
