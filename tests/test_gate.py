@@ -142,6 +142,9 @@ def test_custom_policy_on_a_stratum(failing, tmp_path):
     ("arm = 'reuse'\n", "sets no threshold"),
     ("confidence = 0.5\n[audit]\n", "field 'confidence'"),  # finding 5: the bound became the estimate
     ("confidence = 1.0\n[audit]\n", "field 'confidence'"),
+    ("[security]\nmax_timing_auc = 1.0\n", "security.max_timing_auc"),  # at 1 every run would pass
+    ("[security]\nrequire_tenant_isolation = 'yes'\n", "security.require_tenant_isolation"),
+    ("[security]\nrequire_tenant_isolation = false\n", "sets no threshold"),
 ])
 def test_bad_policy_is_a_clear_error_and_exit_2(tmp_path, passing, capsys, text, field):
     policy = tmp_path / "bad.toml"
@@ -161,6 +164,16 @@ def test_default_policy_ships_the_documented_thresholds():
     assert kinds.count("audit") == 1 and "hit_rate" in kinds and "leak_text" in kinds
     assert next(c for c in p.checks if c.kind == "hit_rate").params["min"] == 0.8
     assert p.margin_for_task("multi_hop_compare") == -5.0 and p.margin_for_task("single_doc") == -2.0
+
+
+def test_security_checks_without_probes_cannot_pass(passing, tmp_path, capsys):
+    # An in-process run has no tenant probes: a policy that asks for isolation or a timing bound
+    # must not pass it (missing = error, the default), and says what is missing.
+    policy = tmp_path / "p.toml"
+    policy.write_text("[security]\nrequire_tenant_isolation = true\nmax_timing_auc = 0.75\n")
+    assert cli([str(passing), "--policy", str(policy)]) == 2
+    out = capsys.readouterr().out
+    assert "tenant isolation" in out and "timing side channel" in out and "no tenant-probe arm" in out
 
 
 def test_simulated_hit_rate_source(passing, tmp_path):
