@@ -472,6 +472,28 @@ def _device_type() -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_parallelism(model_dir: Path, tensor_parallel_size: int, pipeline_parallel_size: int) -> None:
+    """Refuse, before an engine starts, a split the model cannot take: tensor parallelism must
+    divide its attention heads and KV heads (each rank's connector store holds its own KV heads),
+    pipeline parallelism must not exceed its layers."""
+    from transformers import AutoConfig
+
+    for name, v in (("--tensor-parallel-size", tensor_parallel_size), ("--pipeline-parallel-size", pipeline_parallel_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise KvauditError(f"{name} must be a positive integer, got {v!r}")
+    cfg = AutoConfig.from_pretrained(model_dir)
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    tp = tensor_parallel_size
+    if heads % tp or (kv_heads % tp and tp % kv_heads):
+        raise KvauditError(f"--tensor-parallel-size {tp} does not split {model_dir.name}: {heads} attention heads and "
+                           f"{kv_heads} KV heads must divide by it (or the KV heads replicate evenly); try a size "
+                           f"that divides {heads}")
+    if pipeline_parallel_size > int(cfg.num_hidden_layers):
+        raise KvauditError(f"--pipeline-parallel-size {pipeline_parallel_size} exceeds {model_dir.name}'s "
+                           f"{cfg.num_hidden_layers} layers")
+
+
 def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new_tokens: int = 24,
                       cache_bytes: int = 2 << 30, max_model_len: int = 4096, enforce_eager: bool = True,
                       tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
@@ -508,6 +530,7 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
     from vllm.config import KVTransferConfig
 
     path = resolve_model_dir(model)
+    check_parallelism(path, tensor_parallel_size, pipeline_parallel_size)
     store = uuid.uuid4().hex[:8]
     # Each worker keeps its share of the segment KV (its heads under tensor parallelism, its
     # layers under pipeline parallelism) within its share of the budget.
