@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from kvaudit.core.arms import ARMS
+from kvaudit.core.arms import get_arm
 from kvaudit.core.records import ids_hash, write_json
 from kvaudit.runners.prompt import Prompt
 from kvaudit.runners.transformers_backend import TransformersBackend
@@ -455,7 +455,7 @@ def measure_context(be: MarkedBackend, timer: Timer, n_ctx: int, args: argparse.
                     copy_bw: float, assembler: Callable | None) -> dict[str, Any]:
     model = be.model
     prompt = make_prompt(n_ctx, args.docs, args.prefix, args.question, model.config.vocab_size, seed=n_ctx)
-    reuse = ARMS["reuse"]
+    reuse = get_arm("reuse")
     t0 = time.perf_counter()
     entries = be.segment_entries(prompt, reuse, None)[0]  # one-time neutral warm-up, not timed below
     timer.sync()
@@ -465,7 +465,7 @@ def measure_context(be: MarkedBackend, timer: Timer, n_ctx: int, args: argparse.
     kv_bytes = seg_tokens * bpt
 
     def recompute() -> int:
-        _, logits, _ = be.prefill(prompt, ARMS["recompute"], [])
+        _, logits, _ = be.prefill(prompt, get_arm("recompute"), [])
         return int(torch.argmax(logits))
 
     def reused() -> int:
@@ -538,8 +538,8 @@ def check_fp32(args: argparse.Namespace, assembler_kind: str) -> dict[str, Any]:
                              cache_bytes=1 << 50, device=args.device)
     n = 4096 if be.device.type == "cuda" else 512
     prompt = make_prompt(n, args.docs, args.prefix, args.question, model.config.vocab_size, seed=7)
-    entries = be.segment_entries(prompt, ARMS["reuse"], None)[0]
-    _, want, _ = be.prefill(prompt, ARMS["reuse"], entries)
+    entries = be.segment_entries(prompt, get_arm("reuse"), None)[0]
+    _, want, _ = be.prefill(prompt, get_arm("reuse"), entries)
     assembler, name = pick_assembler(be, assembler_kind)
     fast = StaticReuse(be, n, graphs=args.graphs, attention=args.attention, assembler=assembler)
     got = fast.prefill(prompt, entries).float()

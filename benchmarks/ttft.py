@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from kvaudit.core.arms import ARMS
+from kvaudit.core.arms import get_arm
 from kvaudit.core.records import Case, Segment, segment_id
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.session import open_backend
@@ -67,11 +67,11 @@ def measure(be, size: int, repeats: int) -> tuple[int, int, float, float, float,
     """Median TTFT of recompute, reuse and the lower bound for one prompt size."""
     case, segs = build_case(be, size, seed=size)
     prompt = assemble(case, segs, be.tok, be.max_prompt_tokens)
-    reuse = ARMS["reuse"]
+    reuse = get_arm("reuse")
     _, build_s, _ = be.segment_entries(prompt, reuse, None)  # one-time warm-up, not timed below
 
     def recompute():
-        _, logits, _ = be.prefill(prompt, ARMS["recompute"], [])
+        _, logits, _ = be.prefill(prompt, get_arm("recompute"), [])
         int(torch.argmax(logits))
 
     def reused():

@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.arms import ARMS
+from kvaudit.core.arms import get_arm
 from kvaudit.core.records import Case, Segment, segment_id
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.transformers_backend import Decoding
@@ -75,7 +75,7 @@ def bench_size(backend: Any, size: int, repeats: int) -> dict:
     backend.neutral_entries(b)  # one-time caching, not timed
     rec, pc, reuse, cached, head, load, full, full_cached, kernel = [], [], [], [], [], [], [], [], []
     for _ in range(repeats):
-        rec.append(backend.run_arm(b, ARMS["recompute"]).result.ttft_s)
+        rec.append(backend.run_arm(b, get_arm("recompute")).result.ttft_s)
         salt = uuid.uuid4().hex
         backend._one(a.ids, salt=salt, max_tokens=1)  # the documents enter the prefix cache behind A
         warm = backend._one(b.ids, salt=salt, max_tokens=1)
@@ -84,7 +84,7 @@ def bench_size(backend: Any, size: int, repeats: int) -> dict:
         hit = backend._one(b.ids, salt=salt, max_tokens=1)  # the same ids again: a full hit
         full.append(hit.ttft_s)
         full_cached.append(hit.num_cached_tokens)
-        out = backend.run_arm(b, ARMS["reuse"])
+        out = backend.run_arm(b, get_arm("reuse"))
         reuse.append(out.result.ttft_s)
         head.append(out.head_s)
         st = backend.store_rpc("stats")
@@ -117,8 +117,8 @@ def agreement(backend) -> None:
     same_top, same_ans = 0, 0
     for case in ds.cases:
         p = assemble(case, ds.segments, backend.tok, backend.max_prompt_tokens)
-        tv = backend.run_arm(p, ARMS["recompute"])
-        tt = tb.run_arm(p, ARMS["recompute"])
+        tv = backend.run_arm(p, get_arm("recompute"))
+        tt = tb.run_arm(p, get_arm("recompute"))
         t_lp = torch.log_softmax(tt.first_logits, -1)
         top5 = [i for i, _ in tv.result.top_k]
         d = max(abs(float(t_lp[i]) - tv.first_logits[i].item()) for i in top5)
@@ -144,11 +144,11 @@ def controls(backend, n_cases: int) -> None:
     again_d, ident_d, again_flips, ident_flips, pc_flips, pc_d = [], [], 0, 0, 0, []
     for case in ds.cases:
         p = assemble(case, ds.segments, backend.tok, backend.max_prompt_tokens)
-        ref = backend.run_arm(p, ARMS["recompute"])
-        again = backend.run_arm(p, ARMS["recompute_again"])
-        ident = backend.run_arm(p, ARMS["identity"])
-        cold = backend.run_arm(p, ARMS["prefix_cache_cold"]).result
-        warm = backend.run_arm(p, ARMS["prefix_cache"]).result
+        ref = backend.run_arm(p, get_arm("recompute"))
+        again = backend.run_arm(p, get_arm("recompute_again"))
+        ident = backend.run_arm(p, get_arm("identity"))
+        cold = backend.run_arm(p, get_arm("prefix_cache_cold")).result
+        warm = backend.run_arm(p, get_arm("prefix_cache")).result
         again_d.append(float((again.first_logits - ref.first_logits).abs().max()))
         ident_d.append(float((ident.first_logits - ref.first_logits).abs().max()))
         pc_d.append(max(abs(a[1] - b[1]) for a, b in zip(cold.top_k, warm.top_k)))

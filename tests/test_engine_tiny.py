@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvaudit.core.arms import ARMS
+from kvaudit.core.arms import get_arm
 from kvaudit.core.errors import UnsupportedModelError
 from kvaudit.core.records import Case, Segment, segment_id
 from kvaudit.runners.prompt import assemble
@@ -57,7 +57,7 @@ def make_case(prefix: str = "Session 4411, 2026-11-30.\n") -> Case:
 
 
 def first_logits(be: TransformersBackend, arm: str, prompt):
-    out = be.run_arm(prompt, ARMS[arm])
+    out = be.run_arm(prompt, get_arm(arm))
     return out.first_logits, out.result
 
 
@@ -120,7 +120,7 @@ def test_reuse_differs_without_rerotation_and_counts_tokens(tokenizer):
 def test_same_ids_for_every_arm(tokenizer):
     be = backend_for(tiny_model("llama"), tokenizer)
     prompt = assemble(make_case(), SEGS, be.tok, be.max_prompt_tokens)
-    results = [be.run_arm(prompt, ARMS[a]).result for a in ("recompute", "reuse", "identity", "reuse_norope")]
+    results = [be.run_arm(prompt, get_arm(a)).result for a in ("recompute", "reuse", "identity", "reuse_norope")]
     assert len({r.ids_hash for r in results}) == 1
     assert len({tuple(r.segment_hashes) for r in results}) == 1
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvaudit.core.arms import ARMS
+from kvaudit.core.arms import get_arm
 from kvaudit.core.records import read_pairs
 from kvaudit.core.run_records import read_manifest
 
@@ -33,7 +33,7 @@ def test_reuse_reports_segment_tokens_as_reused(smollm2_run: Path):
     for rec in read_pairs(smollm2_run):
         seg_tokens = sum(e - s for s, e in rec.segment_spans)
         for name, res in rec.arms.items():
-            if ARMS[name].source is None:
+            if get_arm(name).source is None:
                 assert res.tokens_reused == 0 and res.tokens_computed == rec.n_prompt_tokens
             else:
                 assert res.tokens_reused == seg_tokens > 0, (rec.case_id, name)
