@@ -20,7 +20,8 @@ from kvaudit.reports.synthetic import make_pairs, make_run
 
 EXAMPLE = Path(kvaudit.__file__).parent / "data" / "example"
 REQUIRED = {"records", "same_inputs", "one_configuration", "identity_control", "reuse_happened",
-            "history_independence", "leak_probes"}
+            "history_independence", "leak_probes", "repair_equals_reuse", "repair_equals_recompute",
+            "server_consumed_ids", "server_model", "server_cache_evidence"}
 N_CASES = 13  # the synthetic run: 3 cases per task family of four, and one leak probe
 PROBE = "leak_probe-000"
 
@@ -89,7 +90,7 @@ def test_untampered_run_passes(run_copy, capsys):
     assert rc == 0
     assert result["passed"] is True
     checks_ = by_name(result)
-    assert REQUIRED | {"noise_floor", "prefix_cache_control", "coverage"} == set(checks_)
+    assert REQUIRED | {"noise_floor", "prefix_cache_control", "coverage", "tenant_isolation"} == set(checks_)
     assert checks_["prefix_cache_control"]["detail"] == "prefix_cache arms not run"
     for name in REQUIRED:
         assert checks_[name]["required"] and checks_[name]["passed"], checks_[name]
