@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, type=Path, help="dataset directory (segments.jsonl, cases.jsonl)")
     p.add_argument("--out", required=True, type=Path, help="run directory (rerun the same command to resume)")
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS),
-                   help=f"comma-separated arms from: {', '.join(ARMS)} (default: %(default)s)")
+                   help=f"comma-separated arms from: {', '.join(ARMS)}, and the repairs blend@R (R in [0, 1]) "
+                        "and epic@K (K >= 0 tokens; docs/repairs.md) (default: %(default)s)")
     p.add_argument("--model", default="smollm2", help="'smollm2' (default) or a local checkpoint directory")
     add_backend_arguments(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

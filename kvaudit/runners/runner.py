@@ -11,6 +11,7 @@ directory made with a different identity is refused instead of being mixed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -283,10 +284,10 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
     t_start = time.perf_counter()
     bar = tqdm(total=len(cases), initial=len(cases) - len(todo), unit="case", disable=not progress,
                dynamic_ncols=True)
-    repairs_log = None
-    if any(get_arm(a).repair for a in cfg.arms):
-        repairs_log = open(out / REPAIRS_FILE, "a", encoding="utf-8")
-    with open(out / PAIRS_FILE, "a", encoding="utf-8") as f:
+    with contextlib.ExitStack() as files:
+        f = files.enter_context(open(out / PAIRS_FILE, "a", encoding="utf-8"))
+        repairs_log = (files.enter_context(open(out / REPAIRS_FILE, "a", encoding="utf-8"))
+                       if any(get_arm(a).repair for a in cfg.arms) else None)
         for case in todo:
             details: dict[str, dict[str, Any]] = {}
             rec = run_case(backend, case, cfg, timing, details)
@@ -301,8 +302,6 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
             bar.update(1)
             bar.set_postfix(prog.postfix(), refresh=False)
     bar.close()
-    if repairs_log is not None:
-        repairs_log.close()
     stats = backend.cache.stats
     session.finished = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     session.cases_run = len(todo)
