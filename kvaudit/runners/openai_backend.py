@@ -227,7 +227,8 @@ class OpenAIBackend:
                 self.cache.stats.hit_tokens += len(unit)
                 continue
             transfer = {"kvaudit": "run", "save": [[key, h, h + len(unit)]]} if self.reuse_protocol == "kvaudit" else None
-            w = self._send(self.client, self.neutral_head + unit, max_tokens=1, salt=salt, transfer=transfer,
+            # Two tokens: the connector's save report reaches the response one step after the save.
+            w = self._send(self.client, self.neutral_head + unit, max_tokens=2, salt=salt, transfer=transfer,
                            stream=False)
             found.append(w.cached_tokens)
             self.cache.stats.builds += 1
@@ -361,7 +362,7 @@ class OpenAIBackend:
                     raise KvauditError(f"arm {spec.name}: the capture request holds different segments")
                 tag = uuid.uuid4().hex[:12]
                 seg_keys = [f"tmp:cap:{tag}:{i}" for i in range(len(src.spans))]
-                cap = self._send(self.client, src.ids, max_tokens=1, stream=False, transfer={
+                cap = self._send(self.client, src.ids, max_tokens=2, stream=False, transfer={
                     "kvaudit": "run", "save": [[k, s, e] for k, (s, e) in zip(seg_keys, src.spans)]})
                 build_s = cap.total_s
                 fp_of = dict(_saved_fingerprints(cap))

