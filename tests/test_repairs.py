@@ -9,7 +9,7 @@ import json
 import pytest
 
 from kvaudit.audit import checks
-from kvaudit.core.arms import get_arm, parse_arms, reference_of, repair_count
+from kvaudit.core.arms import REPAIR_SWEEP, get_arm, parse_arms, reference_of, repair_count
 from kvaudit.core.errors import KvauditError
 from kvaudit.reports.analysis import Analysis, load_run
 from kvaudit.reports.frontier import build_frontier, route_cheapest
@@ -50,6 +50,16 @@ def test_parameterised_names_resolve_in_canonical_order_and_bad_ones_are_refused
             parse_arms(f"reuse,{bad}")
     with pytest.raises(KvauditError, match="needs --backend transformers"):
         parse_arms("blend@0.15", "vllm")
+
+
+def test_the_sweep_runs_on_transformers_only_and_brings_the_oracle_reference():
+    arms = parse_arms(",".join(REPAIR_SWEEP), "transformers")
+    assert arms[:2] == ["recompute", "reuse"] and arms[-1] == "recompute_again"
+    assert arms.index("oracle_recompute") < arms.index("oracle")
+    assert {a for a in arms if get_arm(a).repair} == {"blend@0", "blend@0.15", "blend@0.3", "blend@1",
+                                                     "epic@0", "epic@16", "epic@64"}
+    with pytest.raises(KvauditError, match="needs --backend transformers"):
+        parse_arms(",".join(REPAIR_SWEEP), "vllm")
 
 
 def test_repair_count_rounds_half_up_and_caps_at_the_segment():

@@ -23,6 +23,7 @@ from collections import Counter, defaultdict
 from kvaudit.audit.checks.base import (
     ALPHA,
     MAX_LISTED,
+    CheckResult,
     check,
     fmt,
     from_problems,
@@ -98,7 +99,7 @@ def check_identity(run: LoadedRun, identity_tol: float | None = None):
 
 
 def equals_reference(run: LoadedRun, arm: str, identity_tol: float | None = None, *,
-                     cases: set[str] | None = None):
+                     cases: set[str] | None = None) -> CheckResult:
     """The identity rule for any arm that must reproduce the reference (the identity control, a
     repair's full-recompute control), on every case holding it (or only ``cases``): the dtype's
     tolerance where the reference is exact, else relative to the noise floor, as documented in

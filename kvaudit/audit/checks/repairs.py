@@ -25,6 +25,7 @@ from collections import defaultdict
 
 from kvaudit.audit.checks.base import (
     MAX_LISTED,
+    CheckResult,
     arm_spans,
     check,
     from_problems,
@@ -59,7 +60,7 @@ def control_cases(run: LoadedRun, end: str) -> dict[str, set[str]]:
 
 
 @check("repair_equals_reuse", required=True)
-def check_repair_equals_reuse(run: LoadedRun):
+def check_repair_equals_reuse(run: LoadedRun) -> CheckResult:
     """A repair arm that recomputes no token equals the arm under test bit for bit."""
     cases = control_cases(run, "none")
     if not cases:
@@ -87,7 +88,7 @@ def check_repair_equals_reuse(run: LoadedRun):
 
 
 @check("repair_equals_recompute", required=True, options=("identity_tol",))
-def check_repair_equals_recompute(run: LoadedRun, identity_tol: float | None = None):
+def check_repair_equals_recompute(run: LoadedRun, identity_tol: float | None = None) -> CheckResult:
     """A repair arm that recomputes every segment token equals the reference under the identity
     rule (the dtype's tolerance where the reference is exact, else relative to the noise floor)."""
     cases = control_cases(run, "all")
