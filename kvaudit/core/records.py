@@ -172,6 +172,10 @@ class ArmResult:
     # tokens the warm-up or tenant requests of this arm found cached (``warmup_cached_tokens``).
     # ``None`` for in-process backends, whose evidence the runner holds directly.
     engine: dict[str, Any] | None = None
+    # A repair arm's own account (blend@R, epic@K): recomputed prompt positions, their count and
+    # share of the segment tokens, the selection and recomputation seconds (inside TTFT) and the
+    # first-token difference against the arm under test (:mod:`kvaudit.core.repair_log`).
+    repair: dict[str, Any] | None = None
 
 
 @dataclass
@@ -440,7 +444,7 @@ _ARM_TYPES: dict[str, type | tuple] = {
 }
 _ARM_OPTIONAL: dict[str, type | tuple] = {
     "logit_diff_vs_recompute": (int, float), "segment_kv_fingerprints": dict, "canary_logprobs": dict,
-    "engine": dict,
+    "engine": dict, "repair": dict,
 }
 
 

@@ -6,7 +6,7 @@ and ``epic@K``): its paired quality delta against the reference with the interva
 (:meth:`kvaudit.reports.analysis.Analysis.delta`), the share of segment tokens it recomputed
 (``1 - tokens_reused / segment tokens``, summed over the family's cases), its median time to
 first token and the speed-up over the reference (ratio of the two medians on the same cases),
-and, for repairs, the median seconds of its selection step (from ``repairs.jsonl``; inside TTFT).
+and, for repairs, the median seconds of its selection step (``ArmResult.repair``; inside TTFT).
 
 **Routing line.** Per family, the cheapest arm (lowest median TTFT) among those that are
 non-inferior at the policy's margin for that family (:meth:`kvaudit.reports.policy.Policy.margin_for_task`:
@@ -36,7 +36,7 @@ from kvaudit.core.arms import (
     get_arm,
     known_arm,
 )
-from kvaudit.core.repair_log import read_repairs
+from kvaudit.core.repair_log import repair_accounts
 from kvaudit.reports.analysis import Analysis
 from kvaudit.reports.policy import Policy
 
@@ -127,7 +127,7 @@ def build_frontier(an: Analysis, policy: Policy) -> dict[str, Any]:
     """The report's ``frontier`` entry: ``arms``, one entry per group (``group``, ``task``,
     ``margin``, ``points``, ``route``), the ``oracle`` split, and what the numbers are."""
     arms = frontier_arms(an)
-    repairs = read_repairs(an.run.path)
+    repairs = repair_accounts(an.run.pairs)
     groups = []
     for group, task in [("overall", None)] + [(f"task:{t}", t) for t in an.tasks]:
         margin = policy.margin_for_task(task) if task else _overall_margin(policy)

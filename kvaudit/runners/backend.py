@@ -53,7 +53,7 @@ class ArmOutput:
     build_s: float  # segment KV built for this arm (one-time caching cost, not in TTFT)
     head_s: float = 0.0  # cached-segment arms on an engine that prefills the head as its own request
     # A repair arm's account (positions recomputed, counts, selection and recompute seconds): the
-    # runner writes it to the run's repairs.jsonl (kvaudit.runners.runner.REPAIRS_FILE).
+    # runner records it as the arm's ArmResult.repair.
     detail: dict[str, Any] | None = None
 
 

@@ -35,7 +35,6 @@ from kvaudit.core.records import (
     iter_jsonl,
     write_atomic,
 )
-from kvaudit.core.repair_log import REPAIRS_FILE, write_repair_line
 from kvaudit.core.run_records import (
     DatasetRef,
     Manifest,
@@ -161,7 +160,8 @@ class Progress:
 
 def run_case(backend: Backend, case: Case, cfg: RunConfig, timing: dict[str, float],
              details: dict[str, dict[str, Any]] | None = None) -> PairRecord:
-    """One case under every arm; a repair arm's own account goes into ``details`` (arm -> dict)."""
+    """One case under every arm; a repair arm's own account goes into its ``ArmResult.repair``
+    (and into ``details``, arm -> dict, when given)."""
     segments = cfg.dataset.segments
     prompt = assemble(case, segments, backend.tok, backend.max_prompt_tokens)
     capture = None
@@ -207,9 +207,11 @@ def run_case(backend: Backend, case: Case, cfg: RunConfig, timing: dict[str, flo
         ref = get_arm(name).compared_with
         if name != REFERENCE_ARM:
             result.logit_diff_vs_recompute = logit_diff(first_logits[name], first_logits[ref])
-    if details is not None and UNDER_TEST_ARM in first_logits:
+    if details is not None:
         for name, d in details.items():
-            d["logit_diff_vs_reuse"] = logit_diff(first_logits[name], first_logits[UNDER_TEST_ARM])
+            if UNDER_TEST_ARM in first_logits:
+                d["logit_diff_vs_reuse"] = logit_diff(first_logits[name], first_logits[UNDER_TEST_ARM])
+            arms[name].repair = d
     return PairRecord(
         case_id=case.id,
         task=case.task,
@@ -286,18 +288,12 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
                dynamic_ncols=True)
     with contextlib.ExitStack() as files:
         f = files.enter_context(open(out / PAIRS_FILE, "a", encoding="utf-8"))
-        repairs_log = (files.enter_context(open(out / REPAIRS_FILE, "a", encoding="utf-8"))
-                       if any(get_arm(a).repair for a in cfg.arms) else None)
         for case in todo:
             details: dict[str, dict[str, Any]] = {}
             rec = run_case(backend, case, cfg, timing, details)
             f.write(json.dumps(asdict(rec), sort_keys=True, ensure_ascii=False) + "\n")
             f.flush()
             os.fsync(f.fileno())
-            if repairs_log is not None:
-                for name, d in details.items():
-                    write_repair_line(repairs_log, case.id, name, d)
-                repairs_log.flush()
             prog.add(rec)
             bar.update(1)
             bar.set_postfix(prog.postfix(), refresh=False)
