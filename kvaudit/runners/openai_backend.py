@@ -113,7 +113,11 @@ class OpenAIBackend:
         self.vocab = max(int(self.config.vocab_size), len(hf_tokenizer))
         self.neutral_head = neutral_head_ids(self.tok)
         self.neutral_hash = ids_hash(self.neutral_head)
-        self.tenant_salt = _salt()  # the run's one tenant: engine-prefix arms and the server's reuse
+        # The run's tenant, as two cache chains that must not see each other's KV: the engine-prefix
+        # arms' (first arrival means first arrival) and the server's own reuse path's (its warm-ups
+        # are shared across cases, as a segment cache is).
+        self.prefix_salt = _salt()
+        self.reuse_salt = _salt()
         card = client.model_card()
         self.server_card = {k: card.get(k) for k in ("id", "root", "max_model_len", "owned_by")}
         max_len = int(card.get("max_model_len") or 4096)
@@ -327,7 +331,7 @@ class OpenAIBackend:
                 engine["cache_reset"] = self.client.reset_prefix_cache()
                 if not engine["cache_reset"]:
                     raise KvauditError(f"server {self.client.base_url} refused POST /reset_prefix_cache")
-            run = self._send(self.client, prompt.ids, salt=self.tenant_salt)
+            run = self._send(self.client, prompt.ids, salt=self.prefix_salt)
             ttft = run.ttft_s
             reused = hit = run.cached_tokens or 0
         elif not kvaudit and spec.source in ("neutral", "first_user"):
@@ -336,16 +340,16 @@ class OpenAIBackend:
             engine["salt"] = "tenant"
             if spec.source == "neutral":
                 t0_build = self.cache.stats.build_s
-                _, engine["warmup_cached_tokens"] = self._warm_up(prompt, self.tenant_salt)
+                _, engine["warmup_cached_tokens"] = self._warm_up(prompt, self.reuse_salt)
                 build_s = self.cache.stats.build_s - t0_build
             else:
                 if capture_prompt is None:
                     raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
-                build_s = self._send(self.client, capture_prompt.ids, salt=self.tenant_salt).total_s
-            run = self._send(self.client, prompt.ids, salt=self.tenant_salt)
+                build_s = self._send(self.client, capture_prompt.ids, salt=self.reuse_salt).total_s
+            run = self._send(self.client, prompt.ids, salt=self.reuse_salt)
             ttft = run.ttft_s
             reused = hit = run.cached_tokens or 0
-            score_salt = self.tenant_salt
+            score_salt = self.reuse_salt
         else:  # kvaudit protocol: cached segments through the connector
             if spec.source == "neutral":
                 before = (self.cache.stats.hit_tokens, self.cache.stats.build_s)
