@@ -71,7 +71,10 @@ def test_stock_prefix_caching_audits_with_its_security_probes(server, dataset, t
 
 def test_the_servers_own_reuse_of_warmed_documents_is_shown_vacuous(server, dataset, tmp_path):
     out = tmp_path / "run"
-    assert run(server, dataset, out, "recompute,reuse", "--limit", "2") == 0
+    assert run(server, dataset, out, "recompute,reuse,prefix_cache_cold", "--limit", "2") == 0
+    first = read_pairs(out)[0]
+    # the reuse arm's own requests must not warm the prefix chain: the cold arm is a first arrival
+    assert first.arms["prefix_cache_cold"].tokens_reused < first.n_prompt_tokens // 2
     code, c = checks(out)
     assert code == 1
     assert not c["server_cache_evidence"]["passed"] and "has no segment reuse" in c["server_cache_evidence"]["detail"]
