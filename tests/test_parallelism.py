@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kvaudit.core.errors import KvauditError
-from kvaudit.runners.vllm_backend import check_parallelism
+from kvaudit.runners.vllm_setup import check_parallelism
 
 
 def shape(tmp_path, heads: int, kv_heads: int, layers: int = 32):

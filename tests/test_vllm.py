@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 from kvaudit.core.errors import KvauditError, UnsupportedModelError  # noqa: E402
 from kvaudit.runners import vllm_connector as vc  # noqa: E402
+from kvaudit.runners import vllm_cpu_layout as vcl  # noqa: E402
 
 RUN_ARMS = "recompute,reuse,identity,prefix_cache,recompute_again"
 
@@ -29,11 +30,11 @@ def test_cpu_layout_round_trip_through_vllms_cache_write_op(dtype):
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
     blocks, heads, bs, d = 5, 3, 32, 64
-    layout = vc.CpuLayout(_get_attn_isa(dtype, bs, d), bs, heads, d, dtype)
+    layout = vcl.CpuLayout(_get_attn_isa(dtype, bs, d), bs, heads, d, dtype)
     kv = torch.zeros(blocks, heads, bs, 2 * d, dtype=dtype)
     n = 45
     keys, values = torch.randn(n, heads, d).to(dtype), torch.randn(n, heads, d).to(dtype)
-    slots = vc.slots_for([3, 1], bs, 7, 7 + n)  # starts mid-block, crosses into a second block
+    slots = vcl.slots_for([3, 1], bs, 7, 7 + n)  # starts mid-block, crosses into a second block
     layout.write(kv, keys, values, slots)
     k2, v2 = layout.read(kv, slots)
     assert torch.equal(k2, keys) and torch.equal(v2, values)
@@ -50,7 +51,7 @@ def test_both_vllm_lines_are_accepted():
 
 
 def test_slots_follow_the_block_table():
-    assert vc.slots_for([5, 2], 4, 2, 7).tolist() == [22, 23, 8, 9, 10]
+    assert vcl.slots_for([5, 2], 4, 2, 7).tolist() == [22, 23, 8, 9, 10]
 
 
 def test_unknown_vllm_version_and_unsupported_rope_are_refused():
