@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from kvaudit.audit.checks.base import server_decides_reuse
 from kvaudit.audit.trust import VerifiedAudit, verify
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, get_arm, known_arm, reference_of
 from kvaudit.core.records import (
@@ -290,7 +291,7 @@ class Analysis:
         if basis == "segment" and known_arm(arm) and (
                 get_arm(arm).source == "engine_prefix"
                 or get_arm(arm).role in ("tenant_probe", "segment_tenant_probe")
-                or (get_arm(arm).source and (self.run.manifest.backend or {}).get("reuse_protocol") == "server")):
+                or (get_arm(arm).source and server_decides_reuse(self.run))):
             # an engine's prefix cache (or a server's own reuse, or what another tenant's request
             # was served) holds blocks, not segments
             return None
