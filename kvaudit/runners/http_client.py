@@ -50,6 +50,54 @@ def _token_id(key: str) -> int | None:
     return None
 
 
+class _Response:
+    """What one completion's response says, read chunk by chunk (a whole response is one chunk of
+    the same OpenAI shape as a streamed one): the first token's arrival time, the generated ids,
+    the first token's top log-probabilities, the echoed prompt ids, cached tokens, model."""
+
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0
+        self.tokens: list[int] = []
+        self.first_lp: dict[int, float] | None = None
+        self.prompt_ids: list[int] | None = None
+        self.cached: int | None = None
+        self.model: str | None = None
+        self.finish: str | None = None
+        self.kvp: dict[str, Any] | None = None
+        self.extra: dict[str, Any] = {}
+        self.ttft: float | None = None
+        self.error: Any = None
+
+    def add(self, chunk: dict[str, Any]) -> None:
+        if "error" in chunk:
+            self.error = chunk["error"]
+            return
+        self.model = chunk.get("model", self.model)
+        if chunk.get("system_fingerprint"):
+            self.extra["system_fingerprint"] = chunk["system_fingerprint"]
+        details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            self.cached = int(details["cached_tokens"])
+        self.kvp = chunk.get("kv_transfer_params", self.kvp)
+        for ch in chunk.get("choices") or []:
+            if ch.get("prompt_token_ids") is not None and self.prompt_ids is None:
+                self.prompt_ids = [int(t) for t in ch["prompt_token_ids"]]
+            new = ch.get("token_ids") or []
+            if new and self.ttft is None:
+                self.ttft = time.perf_counter() - self.t0
+            self.tokens.extend(int(t) for t in new)
+            lps = (ch.get("logprobs") or {}).get("top_logprobs") or []
+            if lps and self.first_lp is None:
+                self.first_lp = {tid: float(v) for k, v in lps[0].items() if (tid := _token_id(k)) is not None}
+            self.finish = ch.get("finish_reason") or self.finish
+
+    def completion(self, total_s: float) -> Completion:
+        return Completion(token_ids=self.tokens, first_lp=self.first_lp or {},
+                          ttft_s=self.ttft if self.ttft is not None else total_s, total_s=total_s,
+                          cached_tokens=self.cached, prompt_ids=self.prompt_ids, model=self.model,
+                          finish_reason=self.finish, kv_transfer_params=self.kvp, extra=self.extra)
+
+
 class ServerClient:
     """An OpenAI-compatible ``/v1/completions`` server at ``base_url`` (``http://host:port``)."""
 
@@ -128,91 +176,38 @@ class ServerClient:
             body["kv_transfer_params"] = kv_transfer_params
         if stop_token_ids:
             body["stop_token_ids"] = sorted(stop_token_ids)
-        tokens: list[int] = []
-        first_lp: dict[int, float] | None = None
-        prompt_ids: list[int] | None = None
-        cached: int | None = None
-        model = finish = None
-        kvp = None
-        extra: dict[str, Any] = {}
-        ttft = None
         t0 = time.perf_counter()
-        if not stream:
-            return self._complete_whole(body, t0)
+        acc = _Response(t0)
         try:
-            with self.http.stream("POST", "/v1/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    resp.read()
-                    raise KvauditError(f"server {self.base_url}: /v1/completions answered {resp.status_code}: "
-                                       f"{resp.text[:500]}")
-                for line in resp.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        raise KvauditError(f"server {self.base_url}: error in the stream: {chunk['error']}")
-                    model = chunk.get("model", model)
-                    if chunk.get("system_fingerprint"):
-                        extra["system_fingerprint"] = chunk["system_fingerprint"]
-                    usage = chunk.get("usage")
-                    if usage:
-                        details = usage.get("prompt_tokens_details") or {}
-                        if details.get("cached_tokens") is not None:
-                            cached = int(details["cached_tokens"])
-                    kvp = chunk.get("kv_transfer_params", kvp)
-                    for ch in chunk.get("choices") or []:
-                        if ch.get("prompt_token_ids") is not None and prompt_ids is None:
-                            prompt_ids = [int(t) for t in ch["prompt_token_ids"]]
-                        new = ch.get("token_ids") or []
-                        if new and ttft is None:
-                            ttft = time.perf_counter() - t0
-                        tokens.extend(int(t) for t in new)
-                        lps = (ch.get("logprobs") or {}).get("top_logprobs") or []
-                        if lps and first_lp is None:
-                            first_lp = {tid: float(v) for k, v in lps[0].items()
-                                        if (tid := _token_id(k)) is not None}
-                        finish = ch.get("finish_reason") or finish
+            if not stream:
+                r = self.http.post("/v1/completions", json=body)
+                if r.status_code != 200:
+                    raise KvauditError(f"server {self.base_url}: /v1/completions answered {r.status_code}: "
+                                       f"{r.text[:500]}")
+                acc.add(r.json())  # a whole response is one chunk of the same shape
+            else:
+                with self.http.stream("POST", "/v1/completions", json=body) as resp:
+                    if resp.status_code != 200:
+                        resp.read()
+                        raise KvauditError(f"server {self.base_url}: /v1/completions answered {resp.status_code}: "
+                                           f"{resp.text[:500]}")
+                    for line in resp.iter_lines():
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            break
+                        acc.add(json.loads(data))
         except httpx.HTTPError as e:
             raise KvauditError(f"server {self.base_url}: /v1/completions failed ({e})") from None
-        except (ValueError, TypeError, AttributeError) as e:
-            raise KvauditError(f"server {self.base_url}: unreadable completion stream ({e})") from None
-        total = time.perf_counter() - t0
-        if finish == "error":
-            raise KvauditError(f"server {self.base_url}: the request failed on the server (finish_reason "
-                               "'error'; with kvaudit's connector: a load plan named KV its store does not hold)")
-        return Completion(token_ids=tokens, first_lp=first_lp or {}, ttft_s=ttft if ttft is not None else total,
-                          total_s=total, cached_tokens=cached, prompt_ids=prompt_ids, model=model,
-                          finish_reason=finish, kv_transfer_params=kvp, extra=extra)
-
-    def _complete_whole(self, body: dict[str, Any], t0: float) -> Completion:
-        try:
-            r = self.http.post("/v1/completions", json=body)
-        except httpx.HTTPError as e:
-            raise KvauditError(f"server {self.base_url}: /v1/completions failed ({e})") from None
-        total = time.perf_counter() - t0
-        if r.status_code != 200:
-            raise KvauditError(f"server {self.base_url}: /v1/completions answered {r.status_code}: {r.text[:500]}")
-        try:
-            obj = r.json()
-            ch = obj["choices"][0]
-            details = (obj.get("usage") or {}).get("prompt_tokens_details") or {}
-            lps = (ch.get("logprobs") or {}).get("top_logprobs") or []
-            first_lp = {tid: float(v) for k, v in lps[0].items() if (tid := _token_id(k)) is not None} if lps else {}
-            out = Completion(
-                token_ids=[int(t) for t in ch.get("token_ids") or []], first_lp=first_lp, ttft_s=total,
-                total_s=total,
-                cached_tokens=int(details["cached_tokens"]) if details.get("cached_tokens") is not None else None,
-                prompt_ids=[int(t) for t in ch["prompt_token_ids"]] if ch.get("prompt_token_ids") is not None else None,
-                model=obj.get("model"), finish_reason=ch.get("finish_reason"),
-                kv_transfer_params=obj.get("kv_transfer_params"),
-                extra={"system_fingerprint": obj["system_fingerprint"]} if obj.get("system_fingerprint") else {})
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise KvauditError(f"server {self.base_url}: unreadable completion ({e!r})") from None
+        if acc.error is not None:
+            raise KvauditError(f"server {self.base_url}: error in the response: {acc.error}")
+        out = acc.completion(time.perf_counter() - t0)
         if out.finish_reason == "error":
-            raise KvauditError(f"server {self.base_url}: the request failed on the server (finish_reason 'error')")
+            raise KvauditError(f"server {self.base_url}: the request failed on the server (finish_reason "
+                               "'error'; with kvaudit's connector: a load plan named KV its store does not hold)")
         return out
 
     def close(self) -> None:
