@@ -4,7 +4,7 @@ and timing from the tenant-probe arms (no server: the real-server runs are tests
 from __future__ import annotations
 
 from kvaudit.core.records import ArmResult, PairRecord
-from kvaudit.reports.security import cold_flushed_warm, security_summary
+from kvaudit.reports.security import cold_flushed_warm, security_summary, timing_probes
 
 
 def arm(name: str, answer_ids: list[int], *, ttft: float = 0.1, cached: int | None = 0) -> ArmResult:
@@ -39,11 +39,11 @@ def test_flips_are_attributed_to_the_engine_or_to_the_cache():
 
 def test_isolation_and_timing_come_from_the_tenant_probe():
     good = [pair(i, [1], [1], [1]) for i in range(12)]
-    s = security_summary(good, 0.95)
+    s = security_summary(good, timing_probes(good, 0.95))
     (iso,) = s["isolation"]
     assert iso["what"] == "prefix cache" and iso["verdict"] == "pass"
     (t,) = s["timing"]
     assert t["auc"] == 1.0 and t["lower"] > 0.75 and t["requests_needed"] == 1  # hits 10x faster every time
     leaky = good[:11] + [pair(11, [1], [1], [1], other_cached=64)]
-    (iso,) = security_summary(leaky, 0.95)["isolation"]
+    (iso,) = security_summary(leaky, timing_probes(leaky, 0.95))["isolation"]
     assert iso["verdict"] == "fail" and iso["leaked"] == ["c11"]

@@ -337,12 +337,19 @@ class Analysis:
         return leak_summary(self.run.pairs, confidence=self.confidence)
 
     @cached_property
+    def timing(self) -> dict[str, Any]:
+        """``{probe: TimingAUC}`` of the tenant probes that ran (:func:`kvaudit.reports.security.timing_probes`)."""
+        from kvaudit.reports.security import timing_probes
+
+        return timing_probes(self.run.pairs, self.confidence)
+
+    @cached_property
     def security(self) -> dict[str, Any]:
         """Tenant isolation, the timing side channel and the cold/flushed/warm attribution
         (:func:`kvaudit.reports.security.security_summary`)."""
         from kvaudit.reports.security import security_summary
 
-        return security_summary(self.run.pairs, self.confidence)
+        return security_summary(self.run.pairs, self.timing)
 
     @property
     def coverage(self) -> dict[str, Any] | None:

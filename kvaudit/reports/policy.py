@@ -314,30 +314,23 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
         return CheckResult(check.name, k, status, obs, "no other tenant served from the cache",
                            "; ".join(r["reason"] for r in rows))
     if k == "timing":
-        from kvaudit.stats.timing import timing_auc, timing_decision
+        from kvaudit.stats.timing import timing_decision
 
-        rows = an.security["timing"]
         thr = f"AUC interval within [{1 - p['max']:.2f}, {p['max']:.2f}]"
-        if not rows:
+        if not an.timing:
             return _missing_result(check, "no probes", thr, "the run has no tenant-probe arm to time hits against")
         statuses, parts = [], []
-        for r in rows:
-            t = timing_auc(*_probe_ttfts(an, r["what"]), an.confidence)
+        for what, t in an.timing.items():
             dec = timing_decision(t, p["max"])
             statuses.append({"pass": "pass", "fail": "fail"}.get(dec, "error"))
             need = f", {t.requests_needed} request pair(s) to tell apart" if t.requests_needed else ""
-            parts.append(f"{r['what']}: AUC {t.auc:.3f} [{t.lower:.3f}, {t.upper:.3f}] on {t.n} cases{need}")
+            parts.append(f"{what}: AUC {t.auc:.3f} [{t.lower:.3f}, {t.upper:.3f}] on {t.n} cases{need}")
         status = "fail" if "fail" in statuses else "error" if "error" in statuses else "pass"
         return CheckResult(check.name, k, status, "; ".join(parts), thr,
                            "cannot judge: the interval straddles the threshold (more cases needed)"
                            if status == "error" else "")
     raise ValueError(f"unknown check kind {k!r}")
 
-
-def _probe_ttfts(an: Analysis, what: str) -> tuple[list[float], list[float]]:
-    from kvaudit.reports.security import probe_ttfts
-
-    return probe_ttfts(an.run.pairs, what)
 
 
 def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = None) -> CheckResult:

@@ -70,10 +70,10 @@ def cold_flushed_warm(pairs: list[PairRecord]) -> dict[str, Any] | None:
             "cases": {k: v[:10] for k, v in cases.items()}}
 
 
-def security_summary(pairs: list[PairRecord], confidence: float) -> dict[str, Any]:
-    """Everything the report's security section shows (empty lists where no probe ran)."""
+def security_summary(pairs: list[PairRecord], timing: dict[str, TimingAUC]) -> dict[str, Any]:
+    """Everything the report's security section shows (empty lists where no probe ran), from the
+    pairs and their :func:`timing_probes`."""
     iso = isolation_results(pairs)
-    timing = timing_probes(pairs, confidence)
     return {
         "isolation": [{"what": w, "verdict": r.verdict, "n": r.n, "leaked": list(r.leaked[:10]),
                        "reason": r.reason} for w, r in iso.items()],
