@@ -64,8 +64,6 @@ from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.segment_cache import CacheStats
 
 REUSE_PROTOCOLS = ("server", "kvaudit")
-# The roles whose arm is a full prefill that must find nothing cached.
-_FRESH_ROLES = ("reference", "noise_floor", "tenant_probe", "segment_tenant_probe")
 
 
 @dataclass
@@ -221,23 +219,24 @@ class OpenAIBackend:
         """Neutral warm-ups (neutral head + one document each); kvaudit protocol: each saves its
         document's KV under a connector key. Returns (keys, cached tokens each warm-up found)."""
         h = len(self.neutral_head)
+        kvaudit = self.reuse_protocol == "kvaudit"
         keys, found = [], []
         for i, uh in enumerate(prompt.segment_hashes):
             unit = prompt.unit_ids(i)
             key = f"seg:{self.fingerprint[:16]}:{self.neutral_hash}:{uh}"
             keys.append(key)
-            if self.reuse_protocol == "kvaudit" and key in self.cache.saved:
+            if kvaudit and key in self.cache.saved:
                 self.cache.stats.hits += 1
                 self.cache.stats.hit_tokens += len(unit)
                 continue
-            transfer = {"kvaudit": "run", "save": [[key, h, h + len(unit)]]} if self.reuse_protocol == "kvaudit" else None
+            transfer = {"kvaudit": "run", "save": [[key, h, h + len(unit)]]} if kvaudit else None
             # Two tokens: the connector's save report reaches the response one step after the save.
             w = self._send(self.client, self.neutral_head + unit, max_tokens=2, salt=salt, transfer=transfer,
                            stream=False)
             found.append(w.cached_tokens)
             self.cache.stats.builds += 1
             self.cache.stats.build_s += w.total_s
-            if self.reuse_protocol == "kvaudit":
+            if kvaudit:
                 self.cache.saved[key] = _saved_fingerprints(w).get(key)
         return keys, found
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kvaudit.audit.checks.base import check, from_problems, result
+from kvaudit.audit.checks.base import check, from_problems, result, server_decides_reuse
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.core.arms import arm_for, arms_where, get_arm, known_arm
 from kvaudit.core.records import PairRecord
@@ -37,10 +37,6 @@ def server_arms(p: PairRecord) -> dict:
 
 def is_server_run(run: LoadedRun) -> bool:
     return any(server_arms(p) for p in run.pairs)
-
-
-def reuse_protocol(run: LoadedRun) -> str | None:
-    return (run.manifest.backend or {}).get("reuse_protocol")
 
 
 @check("server_consumed_ids", required=True)
@@ -104,7 +100,8 @@ def check_server_cache_evidence(run: LoadedRun):
     server's own reuse path, and equal to the reuse each arm recorded."""
     if not is_server_run(run):
         return result(True, NOT_A_SERVER_RUN)
-    protocol = reuse_protocol(run)
+    # kvaudit's connector loads exactly what it is told; the server's own path decides
+    exact = not server_decides_reuse(run)
     problems: dict[str, list[str]] = defaultdict(list)
     unreported = 0
     server_reuse: dict[str, int] = defaultdict(int)
@@ -122,7 +119,7 @@ def check_server_cache_evidence(run: LoadedRun):
                     problems[p.case_id].append(f"arm '{name}' must bypass every cache but the server reported "
                                                f"{cached} cached prompt tokens")
             elif spec.source in ("neutral", "in_context", "first_user"):
-                if protocol == "kvaudit":
+                if exact:
                     if cached != _segment_end(p):
                         problems[p.case_id].append(f"arm '{name}': the server reported {cached} cached tokens; "
                                                    f"kvaudit's connector loads exactly {_segment_end(p)}")
@@ -145,7 +142,7 @@ def check_server_cache_evidence(run: LoadedRun):
                              "after warm-ups with every document: it has no segment reuse, so these arms measure "
                              "nothing (audit its prefix cache with the prefix_cache arms instead)")
     parts = ["reference and noise-floor requests found nothing cached"]
-    if protocol == "kvaudit":
+    if exact:
         parts.append("kvaudit's connector loaded exactly [head][segments] on every cached-segment arm")
     if server_reuse:
         n_prompt = sum(p.n_prompt_tokens for p in run.pairs)
