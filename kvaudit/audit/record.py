@@ -27,11 +27,9 @@ from kvaudit.core.records import (
     AUDIT_FILE,
     MANIFEST_FILE,
     PAIRS_FILE,
-    DatasetError,
-    read_json,
     write_json,
 )
-from kvaudit.core.run_records import Fields, RunFileError
+from kvaudit.core.run_records import Fields, RunFileError, read_record
 
 AUDIT_FORMAT = 2
 VERDICTS = ("passed", "failed", "cannot_judge")
@@ -109,12 +107,7 @@ def _read_check(g: Fields) -> CheckResult:
 def read_audit(run_dir: str | os.PathLike) -> AuditRecord:
     """``RUN/audit.json`` as an :class:`AuditRecord`; a :class:`RunFileError` naming the file
     (and the field) when it is missing, not JSON, of another format or malformed."""
-    path = Path(run_dir) / AUDIT_FILE
-    try:
-        obj = read_json(path)
-    except DatasetError as e:
-        raise RunFileError(str(e)) from None
-    return AuditRecord.from_dict(obj, path)
+    return read_record(Path(run_dir) / AUDIT_FILE, AuditRecord.from_dict)
 
 
 def write_audit(run_dir: str | os.PathLike, record: AuditRecord) -> None:

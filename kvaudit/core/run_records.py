@@ -26,12 +26,15 @@ The helpers that check a JSON value's type (:class:`Fields`) are shared with the
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import CASES_FILE, MANIFEST_FILE, DatasetError, read_json, write_json
+
+T = TypeVar("T")
 
 MANIFEST_FORMAT = 1  # the manifest layout this kvaudit reads and writes (no version: format 1)
 
@@ -313,12 +316,17 @@ class Manifest(Record):
 def read_manifest(run_dir: str | os.PathLike) -> Manifest:
     """``RUN/manifest.json`` as a :class:`Manifest`; a :class:`RunFileError` naming the file (and
     the field) when it is missing, not JSON, malformed or of a newer format."""
-    path = Path(run_dir) / MANIFEST_FILE
+    return read_record(Path(run_dir) / MANIFEST_FILE, Manifest.from_dict)
+
+
+def read_record(path: Path, from_dict: Callable[[Any, Path], T]) -> T:
+    """One run file's JSON through its record's ``from_dict``; a missing or unreadable file is a
+    :class:`RunFileError` naming it, as a malformed record is."""
     try:
         obj = read_json(path)
     except DatasetError as e:
         raise RunFileError(str(e)) from None
-    return Manifest.from_dict(obj, path)
+    return from_dict(obj, path)
 
 
 def write_manifest(run_dir: str | os.PathLike, manifest: Manifest) -> None:
