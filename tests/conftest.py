@@ -16,6 +16,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_benchmark(name: str):
+    """``benchmarks/NAME.py`` as a module (the tests run fast slices of its simulations)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, mod)  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
 EXAMPLE = ROOT / "kvaudit" / "data" / "example"
 ALL_ARMS = "recompute,reuse,identity,reuse_norope,recompute_again,reuse_first_user"
 

@@ -4,11 +4,8 @@ tests of :mod:`kvaudit.stats.noninferiority`."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,18 +20,15 @@ from kvaudit.stats.noninferiority import (
     paired_bound,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import load_benchmark
+
 ALPHA_CEILING = 0.05  # the issue's ceiling; the bound's one-sided level promises 0.025
 COVERAGE_FLOOR = 0.94
 REPS = 300
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("gate_calibration", ROOT / "benchmarks" / "gate_calibration.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("gate_calibration", mod)  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gate_calibration")
 
 
 def _calibrated(r) -> list[str]:

@@ -4,11 +4,8 @@ plus known-answer tests of :mod:`kvaudit.stats.timing`."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,16 +13,13 @@ from scipy.stats import binom
 
 from kvaudit.stats import timing as T
 
-ROOT = Path(__file__).resolve().parents[1]
+from .conftest import load_benchmark
+
 REPS = 400
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("timing_calibration", ROOT / "benchmarks" / "timing_calibration.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("timing_calibration", mod)  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("timing_calibration")
 
 
 # --------------------------------------------------------------------------- calibration slice
