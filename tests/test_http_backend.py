@@ -144,3 +144,18 @@ def test_arms_a_black_box_cannot_run_are_refused_before_any_case(server, dataset
     assert code == 2
     assert "needs --reuse-protocol kvaudit" in capsys.readouterr().err
     assert not (out / "pairs.jsonl").exists()
+
+
+def test_a_load_plan_naming_missing_kv_fails_that_request_not_the_server(server):
+    from kvaudit.core.errors import KvauditError
+    from kvaudit.runners.http_client import ServerClient
+
+    c = ServerClient(server)
+    ids = list(range(1000, 1200))
+    with pytest.raises(KvauditError, match="failed on the server|answered 5|error in the response"):
+        c.complete(ids, max_tokens=2, salt="a-fresh-salt", kv_transfer_params={
+            "kvaudit": "run", "n_load": 64, "plan": [["no-such-entry", 0, False]]})
+    ok = c.complete(ids, max_tokens=2, salt="another-fresh-salt")  # the engine is still serving
+    assert len(ok.token_ids) == 2 and ok.prompt_ids == ids
+    c.close()
+

@@ -340,3 +340,23 @@ def test_store_stays_within_its_budget_when_one_prompt_overflows_it(backend, dat
     finally:
         backend.store_bytes = saved_bytes
         backend.store_rpc("capacity", value=saved_bytes)
+
+
+def test_the_head_is_prefilled_once_and_then_held_by_its_ids(backend, dataset):
+    """A head seen before is loaded from the store (no head request); a new head is prefilled by
+    its own request; both give identity's answer, so the held head is exact."""
+    from dataclasses import replace
+
+    from kvaudit.core.arms import IDENTITY_ARM, get_arm
+    from kvaudit.runners.prompt import assemble
+
+    case = replace(dataset.cases[0], system=f"Answer from the documents only. Session {id(backend)}.")
+    prompt = assemble(case, dataset.segments, backend.tok, backend.max_prompt_tokens)
+    spec = get_arm(IDENTITY_ARM)
+    first = backend.run_arm(prompt, spec)
+    again = backend.run_arm(prompt, spec)
+    assert first.head_s > 0 and again.head_s == 0.0
+    key, held_s = backend.head_entry(prompt)
+    assert held_s == 0.0 and key in backend.store_rpc("info", [key])
+    assert first.result.answer_ids == again.result.answer_ids
+    assert first.result.top_k == again.result.top_k
