@@ -72,7 +72,7 @@ def bench_size(backend: Any, size: int, repeats: int) -> dict:
                  backend.max_prompt_tokens)
     b = assemble(case_with("Session B-5521, user Bo, 2026-12-01.\n", segs, size), segs, backend.tok,
                  backend.max_prompt_tokens)
-    backend.neutral_entries(b)  # one-time caching, not timed
+    backend.neutral_entries([b])  # one-time caching, not timed
     rec, pc, reuse, cached, head, load, full, full_cached, kernel = [], [], [], [], [], [], [], [], []
     for _ in range(repeats):
         rec.append(backend.run_arm(b, get_arm("recompute")).result.ttft_s)

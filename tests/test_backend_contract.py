@@ -167,9 +167,10 @@ def test_backend_options_reach_the_opener():
     p = argparse.ArgumentParser()
     add_backend_arguments(p)
     assert backend_options(p.parse_args([])) == {"device": "cpu", "threads": None}
-    assert backend_options(p.parse_args(["--backend", "vllm", "--no-enforce-eager", "--max-model-len", "8192"])) == {
+    assert backend_options(p.parse_args(["--backend", "vllm", "--no-enforce-eager", "--max-model-len", "8192",
+                                         "--concurrent-cases", "8"])) == {
         "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_model_len": 8192, "enforce_eager": False,
-        "batch_invariant": False}
+        "batch_invariant": False, "concurrent_cases": 8}
     with pytest.raises(KvauditError, match="unknown backend"):
         backend_options(argparse.Namespace(backend="http"))
 

@@ -324,13 +324,13 @@ def test_store_stays_within_its_budget_when_one_prompt_overflows_it(backend, dat
         backend.store_bytes = cap
         saves = before["saves"]
         with pytest.raises(KvauditError, match="do not fit"):
-            backend.neutral_entries(prompt)
+            backend.neutral_entries([prompt])
         assert backend.store_rpc("stats")["saves"] == saves  # refused before any warm-up
         backend.store_bytes = 1 << 40  # the frontend's check out of the way: the worker must hold
         for k in [backend._neutral_key(h) for h in prompt.segment_hashes]:
             backend.cache.entries.pop(k, None)
-        with pytest.raises(KvauditError, match="segments after warm-up"):
-            backend.neutral_entries(prompt)
+        with pytest.raises(KvauditError, match="segments needed together after warm-up"):
+            backend.neutral_entries([prompt])
         stats = backend.store_rpc("stats")
         assert stats["saves"] >= saves + len(set(prompt.segment_hashes))
         assert stats["evictions"] > before["evictions"]
@@ -356,7 +356,41 @@ def test_the_head_is_prefilled_once_and_then_held_by_its_ids(backend, dataset):
     first = backend.run_arm(prompt, spec)
     again = backend.run_arm(prompt, spec)
     assert first.head_s > 0 and again.head_s == 0.0
-    key, held_s = backend.head_entry(prompt)
+    [key], [held_s] = backend.head_entries([prompt])
     assert held_s == 0.0 and key in backend.store_rpc("info", [key])
     assert first.result.answer_ids == again.result.answer_ids
     assert first.result.top_k == again.result.top_k
+
+
+def test_concurrent_cases_run_each_arm_as_one_batch_audit_and_refuse_another_batching(
+        backend, dataset, vllm_run, tmp_path):
+    """Three cases at a time: each arm's requests for the group ran together (the engine held them
+    at once), the run audits as the one-at-a-time run does, its answers match that run's, and a
+    resumption with another batching is refused (it changes the numerics)."""
+    from kvaudit.audit.audit_cli import audit
+    from kvaudit.core.arms import parse_arms
+    from kvaudit.core.records import read_pairs
+    from kvaudit.core.run_records import read_manifest
+    from kvaudit.runners.runner import RunConfig, execute
+
+    out = tmp_path / "run"
+    cfg = RunConfig(dataset=dataset, out=out, arms=parse_arms(RUN_ARMS, "vllm"), model_name="smollm2")
+    backend.concurrent_cases, groups, backend.max_in_flight = 3, dict(backend.groups), 0
+    try:
+        execute(cfg, backend, progress=False)
+    finally:
+        backend.concurrent_cases = 1
+    m = read_manifest(out)
+    assert m.identity.concurrent_cases == 3 and m.backend["batching"]["concurrent_cases"] == 3
+    ran = {int(k): v - groups.get(int(k), 0) for k, v in m.backend["batching"]["groups"].items()}
+    assert ran.get(3) == len(cfg.arms) and ran.get(2) == len(cfg.arms)  # 5 cases: a group of 3, then of 2
+    assert m.backend["batching"]["max_requests_in_flight"] >= 3
+    result = audit(out)
+    assert result["passed"], [c["name"] for c in result["checks"] if c["required"] and not c["passed"]]
+    seq = {p.case_id: p for p in read_pairs(vllm_run)}
+    for p in read_pairs(out):
+        for name in ("recompute", "identity", "reuse"):
+            assert p.arms[name].answer_ids == seq[p.case_id].arms[name].answer_ids, (p.case_id, name)
+        assert p.arms["reuse"].tokens_reused == seq[p.case_id].arms["reuse"].tokens_reused
+    with pytest.raises(KvauditError, match="different concurrent_cases"):
+        execute(cfg, backend, progress=False)

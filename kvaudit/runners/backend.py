@@ -8,6 +8,10 @@ returns an :class:`ArmOutput` whose :class:`~kvaudit.core.records.ArmResult` is 
 here, so no backend imports another. Backends are registered by name in
 :mod:`kvaudit.runners.registry`, each with its own CLI options.
 
+An engine that batches requests may also run one arm for several cases at once: ``run_arms``
+(optional) takes a list of :class:`ArmRequest`, and ``concurrent_cases`` (optional, default 1) says
+how many cases the runner hands it together. :func:`run_arms` is how the runner calls either kind.
+
 ``info()`` is recorded as the manifest's ``backend`` entry; its ``logit_diff_kind`` key says what
 the records' ``logit_diff_vs_recompute`` measures on this backend (:data:`LOGIT_DIFF_KINDS`), so
 an audit or report compares like with like.
@@ -57,6 +61,15 @@ class ArmOutput:
     detail: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class ArmRequest:
+    """One case's inputs to one arm: what :meth:`Backend.run_arm` takes besides the spec."""
+
+    prompt: Prompt
+    capture_prompt: Prompt | None = None
+    candidates: list[str] | None = None
+
+
 class SegmentCacheView(Protocol):
     """What the runner reads of a backend's segment cache: its budget and hit statistics."""
 
@@ -86,6 +99,20 @@ class Backend(Protocol):
         """Run one arm on ``prompt``; ``capture_prompt`` is the leak-capture request (cases with a
         canary), ``candidates`` the leak-probe answers to score on the arm's own KV."""
         ...
+
+
+def run_arms(backend: Backend, spec: ArmSpec, requests: list[ArmRequest]) -> list[ArmOutput]:
+    """One arm for several cases: in one batch where the backend has ``run_arms``, else one by one."""
+    batched = getattr(backend, "run_arms", None)
+    if batched is not None:
+        return list(batched(spec, requests))
+    return [backend.run_arm(r.prompt, spec, capture_prompt=r.capture_prompt, candidates=r.candidates)
+            for r in requests]
+
+
+def concurrent_cases(backend: Backend) -> int:
+    """How many cases the runner hands the backend at once (1 unless it batches)."""
+    return int(getattr(backend, "concurrent_cases", 1) or 1) if hasattr(backend, "run_arms") else 1
 
 
 def logit_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -69,6 +69,9 @@ BACKENDS: dict[str, BackendEntry] = {
                                 "allow CUDA graphs (eager is the default)", value=False),
                          Option("--batch-invariant", "batch_invariant", False, "set VLLM_BATCH_INVARIANT=1",
                                 value=True),
+                         Option("--concurrent-cases", "concurrent_cases", 1,
+                                "run each arm for N cases at once, one engine batch (default 1; recorded in the "
+                                "manifest and the run's identity)", type=int),
                      )),
         BackendEntry("openai", "any OpenAI-compatible completions server over HTTP (see docs/engines.md)",
                      "kvaudit.runners.openai_backend:open_openai_backend", (

@@ -22,7 +22,14 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.arms import REFERENCE_ARM, UNDER_TEST_ARM, check_backend, evidence_only, get_arm
+from kvaudit.core.arms import (
+    REFERENCE_ARM,
+    UNDER_TEST_ARM,
+    ArmSpec,
+    check_backend,
+    evidence_only,
+    get_arm,
+)
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import (
     AUDIT_FILE,
@@ -45,7 +52,7 @@ from kvaudit.core.run_records import (
     read_manifest,
     write_manifest,
 )
-from kvaudit.runners.backend import Backend, logit_diff
+from kvaudit.runners.backend import ArmRequest, Backend, concurrent_cases, logit_diff, run_arms
 from kvaudit.runners.prompt import assemble
 
 # Wall time is split into the reference, the arm under test, "controls" (every other arm) and
@@ -92,6 +99,7 @@ def run_identity(cfg: RunConfig, backend: Backend) -> RunIdentity:
         threads=info["threads"],
         torch=info["torch"],
         transformers=info.get("transformers"),
+        concurrent_cases=concurrent_cases(backend),
     )
 
 
@@ -158,60 +166,89 @@ class Progress:
         return out
 
 
-def run_case(backend: Backend, case: Case, cfg: RunConfig, timing: dict[str, float],
-             details: dict[str, dict[str, Any]] | None = None) -> PairRecord:
-    """One case under every arm; a repair arm's own account goes into its ``ArmResult.repair``
-    (and into ``details``, arm -> dict, when given)."""
+@dataclass
+class _CaseInputs:
+    """One case's assembled prompts, shared by every arm."""
+
+    case: Case
+    prompt: Any
+    capture: Any = None
+    candidates: list[str] | None = None
+    evidence_prompt: Any = None
+
+
+def _case_inputs(backend: Backend, case: Case, cfg: RunConfig) -> _CaseInputs:
     segments = cfg.dataset.segments
     prompt = assemble(case, segments, backend.tok, backend.max_prompt_tokens)
-    capture = None
-    candidates = None
+    inputs = _CaseInputs(case=case, prompt=prompt)
     if case.canary:
-        capture = assemble(case, segments, backend.tok, backend.max_prompt_tokens,
-                           prefix=case.canary.get("capture_prefix", ""))
-        candidates = [case.canary["value"], *case.canary.get("decoys", [])]
+        inputs.capture = assemble(case, segments, backend.tok, backend.max_prompt_tokens,
+                                  prefix=case.canary.get("capture_prefix", ""))
+        inputs.candidates = [case.canary["value"], *case.canary.get("decoys", [])]
     # The oracle pair's prompt: only the kept evidence segments (none: the pair does not run).
     kept_evidence = evidence_only(prompt.segment_ids, case.evidence, bool(case.canary))
-    evidence_prompt = None
     if kept_evidence:
-        evidence_prompt = assemble(replace(case, segment_ids=kept_evidence), segments, backend.tok,
-                                   backend.max_prompt_tokens)
-    arms: dict[str, Any] = {}
-    first_logits: dict[str, Any] = {}
-    order = []
+        inputs.evidence_prompt = assemble(replace(case, segment_ids=kept_evidence), segments, backend.tok,
+                                          backend.max_prompt_tokens)
+    return inputs
+
+
+def _arm_request(spec: ArmSpec, inputs: _CaseInputs) -> ArmRequest | None:
+    """What one arm runs on for one case; None where the arm does not apply to the case."""
+    if spec.leak_only and not inputs.case.canary:
+        return None
+    prompt = inputs.prompt
+    if spec.prompt == "evidence":
+        if inputs.evidence_prompt is None:
+            return None
+        prompt = inputs.evidence_prompt
+    return ArmRequest(prompt=prompt, capture_prompt=inputs.capture,
+                      candidates=inputs.candidates if spec.scores_candidates else None)
+
+
+def run_cases(backend: Backend, cases: list[Case], cfg: RunConfig, timing: dict[str, float]) -> list[PairRecord]:
+    """Cases under every arm, arm by arm: each arm runs for all of ``cases`` together
+    (:func:`~kvaudit.runners.backend.run_arms`: one batch on an engine that batches), so every arm
+    of a case meets the same batch conditions. A repair arm's own account goes into its
+    ``ArmResult.repair``."""
+    inputs = [_case_inputs(backend, c, cfg) for c in cases]
+    arms: list[dict[str, Any]] = [{} for _ in cases]
+    first_logits: list[dict[str, Any]] = [{} for _ in cases]
+    details: list[dict[str, dict[str, Any]]] = [{} for _ in cases]
     for name in cfg.arms:
         spec = get_arm(name)
-        if spec.leak_only and not case.canary:
+        todo = [(i, r) for i, r in ((i, _arm_request(spec, x)) for i, x in enumerate(inputs)) if r is not None]
+        if not todo:
             continue
-        arm_prompt = prompt
-        if spec.prompt == "evidence":
-            if evidence_prompt is None:
-                continue
-            arm_prompt = evidence_prompt
         t0 = time.perf_counter()
-        out = backend.run_arm(arm_prompt, spec, capture_prompt=capture,
-                              candidates=candidates if spec.scores_candidates else None)
+        outs = run_arms(backend, spec, [r for _, r in todo])
         wall = time.perf_counter() - t0
         if spec.source == "neutral":
-            timing["caching"] += out.build_s
-            wall -= out.build_s
+            built = sum(o.build_s for o in outs)
+            timing["caching"] += built
+            wall -= built
         timing[name if name in TIMED_ARMS else "repairs" if spec.repair else "controls"] += wall
-        arms[name] = out.result
-        first_logits[name] = out.first_logits
-        order.append(name)
-        if out.detail is not None and details is not None:
-            details[name] = dict(out.detail)
+        for (i, _), out in zip(todo, outs):
+            arms[i][name] = out.result
+            first_logits[i][name] = out.first_logits
+            if out.detail is not None:
+                details[i][name] = dict(out.detail)
+    return [_pair_record(backend, x, a, fl, d) for x, a, fl, d in zip(inputs, arms, first_logits, details)]
+
+
+def _pair_record(backend: Backend, inputs: _CaseInputs, arms: dict[str, Any], first_logits: dict[str, Any],
+                 details: dict[str, dict[str, Any]]) -> PairRecord:
     # Every arm against its reference's logits (the reference arm, or the oracle's own
     # recompute), whatever order the arms ran in.
     for name, result in arms.items():
         ref = get_arm(name).compared_with
         if name != REFERENCE_ARM:
             result.logit_diff_vs_recompute = logit_diff(first_logits[name], first_logits[ref])
-    if details is not None:
-        for name, d in details.items():
-            if UNDER_TEST_ARM in first_logits:
-                d["logit_diff_vs_reuse"] = logit_diff(first_logits[name], first_logits[UNDER_TEST_ARM])
-            arms[name].repair = d
+    for name, d in details.items():
+        if UNDER_TEST_ARM in first_logits:
+            d["logit_diff_vs_reuse"] = logit_diff(first_logits[name], first_logits[UNDER_TEST_ARM])
+        arms[name].repair = d
+    case, prompt = inputs.case, inputs.prompt
     return PairRecord(
         case_id=case.id,
         task=case.task,
@@ -223,7 +260,7 @@ def run_case(backend: Backend, case: Case, cfg: RunConfig, timing: dict[str, flo
         segment_spans=[tuple(s) for s in prompt.spans],
         truncation=prompt.truncation,
         decoding=backend.decoding.as_dict(),
-        arm_order=order,
+        arm_order=list(arms),
         arms=arms,
         answers=list(case.answers),
         metric=case.metric,
@@ -282,20 +319,20 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
     write_manifest(out, manifest)
 
     timing: dict[str, float] = defaultdict(float)
+    per_batch = concurrent_cases(backend)
     prog = Progress()
     t_start = time.perf_counter()
     bar = tqdm(total=len(cases), initial=len(cases) - len(todo), unit="case", disable=not progress,
                dynamic_ncols=True)
     with contextlib.ExitStack() as files:
         f = files.enter_context(open(out / PAIRS_FILE, "a", encoding="utf-8"))
-        for case in todo:
-            details: dict[str, dict[str, Any]] = {}
-            rec = run_case(backend, case, cfg, timing, details)
-            f.write(json.dumps(asdict(rec), sort_keys=True, ensure_ascii=False) + "\n")
+        for k in range(0, len(todo), per_batch):
+            for rec in run_cases(backend, todo[k: k + per_batch], cfg, timing):
+                f.write(json.dumps(asdict(rec), sort_keys=True, ensure_ascii=False) + "\n")
+                prog.add(rec)
+                bar.update(1)
             f.flush()
             os.fsync(f.fileno())
-            prog.add(rec)
-            bar.update(1)
             bar.set_postfix(prog.postfix(), refresh=False)
     bar.close()
     stats = backend.cache.stats

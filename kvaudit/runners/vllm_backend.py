@@ -20,7 +20,7 @@ no segment source    one full prefill (fresh salt: no prefix-cache hit); the noi
 cached segments      the connector (:mod:`kvaudit.runners.vllm_connector`) loads [head][segment
                      units] and vLLM computes the tail. The head is prefilled at position 0 by its
                      own request (timed in TTFT) the first time its ids are seen, and kept in the
-                     store like a prefix-cache entry (:meth:`VllmBackend.head_entry`);
+                     store like a prefix-cache entry (:meth:`VllmBackend.head_entries`);
                      segment KV comes from the neutral store (source ``neutral``), from a capture
                      of the true prompt (``in_context``) or of the first user request
                      (``first_user``), re-rotated to its new position when ``spec.rerotate``.
@@ -37,6 +37,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import ArmResult, ids_hash
 from kvaudit.runners.backend import (
     ArmOutput,
+    ArmRequest,
     Decoding,
     build_arm_result,
     cut_at_eos,
@@ -82,7 +84,7 @@ class VllmBackend:
     def __init__(self, llm: Any, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,
                  decoding: Decoding | None = None, cache_bytes: int = 2 << 30,
                  engine_opts: dict[str, Any] | None = None, store: str = "default",
-                 store_bytes: int | None = None):
+                 store_bytes: int | None = None, concurrent_cases: int = 1):
         from transformers import AutoConfig
 
         self.llm = llm
@@ -93,6 +95,11 @@ class VllmBackend:
         self.decoding = decoding or Decoding()
         self.engine_opts = dict(engine_opts or {})
         self.store = store
+        if isinstance(concurrent_cases, bool) or not isinstance(concurrent_cases, int) or concurrent_cases < 1:
+            raise KvauditError(f"--concurrent-cases must be a positive integer, got {concurrent_cases!r}")
+        self.concurrent_cases = concurrent_cases
+        self.max_in_flight = 0  # the most requests the engine held at once (the batching, as it happened)
+        self.groups: Counter[int] = Counter()  # how many cases each arm's own requests ran for, together
         self.prefix_salt = uuid.uuid4().hex  # the engine_prefix arms' one shared cache chain
         self.config = AutoConfig.from_pretrained(model_dir)
         self.rope = RopeSpec.from_config(self.config)  # the one admission every backend uses
@@ -131,6 +138,18 @@ class VllmBackend:
             "first_logits": f"top-{LOGPROBS} first-token log-probabilities (raw_logprobs)",
             "logit_diff_kind": "top_logprobs",  # logit_diff_vs_recompute: over the top-LOGPROBS tokens
             "logit_diff_top_n": LOGPROBS,
+            "batching": {
+                "concurrent_cases": self.concurrent_cases,
+                "max_requests_in_flight": self.max_in_flight,
+                "groups": {str(k): v for k, v in sorted(self.groups.items())},
+                "how": "each arm runs for a group of concurrent_cases cases at once (one engine batch; warm-ups, "
+                       "head prefills and candidate scoring each in a batch of their own), so every arm of a "
+                       "case meets the same batch conditions; the noise-floor arm's group is submitted in "
+                       "reverse order beside a filler request",
+                "ttft": "from the group's submission to the request's first token (queueing behind the "
+                        "group's other requests included)" if self.concurrent_cases > 1 else
+                        "one request at a time: from its submission to its first token",
+            },
             **model_shape_info(cfg, self.rope, self.max_prompt_tokens, self.neutral_hash),
         }
 
@@ -192,6 +211,7 @@ class VllmBackend:
         final: dict[str, Any] = {}
         plps: dict[str, Any] = {}  # prompt log-probabilities as first returned (an output may carry them once)
         while self.engine.has_unfinished_requests():
+            self.max_in_flight = max(self.max_in_flight, int(self.engine.get_num_unfinished_requests()))
             for out in self.engine.step():
                 rid = out.request_id
                 if rid not in plps and out.prompt_logprobs:
@@ -219,38 +239,65 @@ class VllmBackend:
                                              transfer=transfer, prompt_logprobs=prompt_logprobs), salt)
         return self._drain([rid])[rid]
 
+    def _batch(self, items: list[tuple[list[int], Any, str | None]], *, reverse: bool = False,
+               filler: list[int] | None = None) -> list[_Run]:
+        """Submit every (ids, params, salt) together and drain once: one engine batch. ``reverse``
+        submits them last first, ``filler`` adds a one-token request: another batch shape."""
+        order = list(range(len(items)))[::-1] if reverse else list(range(len(items)))
+        rids: dict[int, str] = {}
+        for i in order:
+            ids, params, salt = items[i]
+            rids[i] = self._submit(ids, params, salt)
+        if filler is not None:
+            self._submit(filler, self._params(max_tokens=1))
+        runs = self._drain(list(rids.values()))
+        return [runs[rids[i]] for i in range(len(items))]
+
     # ------------------------------------------------------------------ segment stores
 
     def _neutral_key(self, unit_hash: str) -> str:
         return f"seg:{self.fingerprint[:16]}:{self.neutral_hash}:{unit_hash}"
 
-    def neutral_entries(self, prompt: Prompt) -> tuple[list[str], float, int]:
-        """Store keys of the prompt's neutral segment KV, warming up the missing ones in one batch.
+    def neutral_entries(self, prompts: list[Prompt], extra_tokens: int = 0) -> tuple[list[list[str]], float, list[int]]:
+        """Store keys of each prompt's neutral segment KV, warming up the missing ones in one batch.
 
-        Returns (keys, build seconds, tokens already cached before this call).
+        Returns (keys per prompt, build seconds, tokens already cached per prompt, counted as if the
+        prompts had come one by one: a segment warmed for an earlier prompt of the group is a hit
+        for a later one). ``extra_tokens``: other KV the group keeps in the store meanwhile.
         """
-        keys, hit, missing = [], 0, {}
-        for i, uh in enumerate(prompt.segment_hashes):
-            key = self._neutral_key(uh)
-            keys.append(key)
-            if key in missing:
-                continue
-            e = self.cache.lookup(key)
-            if e is None:
-                missing[key] = prompt.unit_ids(i)
-            else:
-                hit += e[1]
+        keys: list[list[str]] = []
+        hits = [0] * len(prompts)
+        missing: dict[str, list[int]] = {}
+        missing_for: dict[str, int] = {}
+        later: list[tuple[int, str]] = []  # (prompt, key) found missing for an earlier prompt
+        units: dict[str, int] = {}
+        for p, prompt in enumerate(prompts):
+            mine: list[str] = []
+            for i, uh in enumerate(prompt.segment_hashes):
+                key = self._neutral_key(uh)
+                mine.append(key)
+                units.setdefault(key, len(prompt.unit_ids(i)))
+                if key in missing:
+                    if missing_for[key] != p:
+                        later.append((p, key))
+                    continue
+                e = self.cache.lookup(key)
+                if e is None:
+                    missing[key] = prompt.unit_ids(i)
+                    missing_for[key] = p
+                else:
+                    hits[p] += e[1]
+            keys.append(mine)
         if not missing:
-            return keys, 0.0, hit
-        unique = list(dict.fromkeys(keys))
-        self._fits(sum(len(prompt.unit_ids(keys.index(k))) for k in unique), "this prompt's segments")
+            return keys, 0.0, hits
+        self._fits(sum(units.values()) + extra_tokens, "this group's segments" if len(prompts) > 1
+                   else "this prompt's segments")
         h = len(self.neutral_head)
         t0 = time.perf_counter()
-        rids = [self._submit(self.neutral_head + unit,
-                             self._params(max_tokens=1, transfer={"save": [[key, h, h + len(unit)]]}))
-                for key, unit in missing.items()]
-        self._drain(rids)
+        self._batch([(self.neutral_head + unit, self._params(max_tokens=1, transfer={"save": [[key, h, h + len(unit)]]}),
+                      None) for key, unit in missing.items()])
         build_s = time.perf_counter() - t0
+        unique = list(units)
         info = self.store_rpc("info", unique)
         for key in missing:
             if key in info:
@@ -259,30 +306,51 @@ class VllmBackend:
         self.sync_store()
         absent = [k for k in unique if k not in info]
         if absent:  # the budget held only part of them (the worker evicted or refused the rest)
-            raise KvauditError(f"vLLM connector store holds {len(unique) - len(absent)} of this prompt's "
-                               f"{len(unique)} segments after warm-up (budget {self.store_bytes} bytes per "
-                               "worker); raise the cache budget (--cache-budget)")
-        return keys, build_s, hit
+            raise KvauditError(f"vLLM connector store holds {len(unique) - len(absent)} of the "
+                               f"{len(unique)} segments needed together after warm-up (budget {self.store_bytes} "
+                               f"bytes per worker); raise the cache budget (--cache-budget){self._fewer_cases}")
+        for p, key in later:
+            e = self.cache.lookup(key)
+            hits[p] += e[1] if e else 0
+        return keys, build_s, hits
 
-    def head_entry(self, prompt: Prompt) -> tuple[str, float]:
-        """The store key of the prompt's head KV, and the seconds spent prefilling it here (0 when
+    @property
+    def _fewer_cases(self) -> str:
+        return " or lower --concurrent-cases" if self.concurrent_cases > 1 else ""
+
+    def head_entries(self, prompts: list[Prompt]) -> tuple[list[str], list[float]]:
+        """The store key of each prompt's head KV, and the seconds spent prefilling it here (0 when
         it was already held). The head (template start, system prompt, user-turn prefix) sits at
         position 0 in every prompt that has it, so its KV from an earlier request with the same
         ids is what a fresh prefill computes: it is kept like a prefix-cache entry, keyed by its
-        ids, and prefilled by its own request (timed in TTFT) only the first time."""
-        head_ids = prompt.ids[: prompt.head_len]
-        key = f"head:{self.fingerprint[:16]}:{ids_hash(head_ids)}"
-        if key in self.store_rpc("info", [key]):
-            return key, 0.0
-        head = self._one(head_ids, max_tokens=1, transfer={"save": [[key, 0, prompt.head_len]]})
-        return key, head.total_s
+        ids, and prefilled by its own request (timed in TTFT) only the first time; the group's
+        missing heads are prefilled in one batch, each charged to the first prompt that needs it."""
+        keys = [f"head:{self.fingerprint[:16]}:{ids_hash(p.ids[: p.head_len])}" for p in prompts]
+        held = self.store_rpc("info", list(dict.fromkeys(keys)))
+        first: dict[str, int] = {}
+        for i, key in enumerate(keys):
+            if key not in held:
+                first.setdefault(key, i)
+        secs = [0.0] * len(prompts)
+        if first:
+            todo = list(first.items())
+            runs = self._batch([(prompts[i].ids[: prompts[i].head_len],
+                                 self._params(max_tokens=1, transfer={"save": [[key, 0, prompts[i].head_len]]}), None)
+                                for key, i in todo])
+            for (_, i), run in zip(todo, runs):
+                secs[i] = run.total_s
+        return keys, secs
 
-    def captured_entries(self, src: Prompt) -> tuple[list[str], float]:
-        """Capture the KV of ``src``'s segment units in their true context (one full prefill)."""
-        tag = uuid.uuid4().hex[:12]
-        keys = [f"tmp:cap:{tag}:{i}" for i in range(len(src.spans))]
+    def captured_entries(self, srcs: list[Prompt]) -> tuple[list[list[str]], float]:
+        """Capture the KV of each ``src``'s segment units in their true context (one full prefill
+        each, all in one batch)."""
+        keys = []
+        for src in srcs:
+            tag = uuid.uuid4().hex[:12]
+            keys.append([f"tmp:cap:{tag}:{i}" for i in range(len(src.spans))])
         t0 = time.perf_counter()
-        self._one(src.ids, transfer={"save": [[k, s, e] for k, (s, e) in zip(keys, src.spans)]}, max_tokens=1)
+        self._batch([(src.ids, self._params(max_tokens=1, transfer={"save": [[k, s, e] for k, (s, e) in zip(ks, src.spans)]}),
+                      None) for src, ks in zip(srcs, keys)])
         return keys, time.perf_counter() - t0
 
     # ------------------------------------------------------------------ arms
@@ -298,24 +366,28 @@ class VllmBackend:
                                 ttft_s=ttft, decode_s=max(0.0, run.total_s - run.ttft_s), tokens_reused=reused,
                                 cache_hit_tokens=hit, fingerprints=fps, canary=canary)
 
-    def _candidates(self, prompt: Prompt, arm_key: str, candidates: list[str]) -> dict[str, float]:
-        """Teacher-forced log-probability of each candidate as the whole answer, on top of the arm's
-        own KV (the first n-1 prompt tokens loaded back; vLLM recomputes the last prompt token)."""
-        n = len(prompt.ids)
-        cand_ids = {cand: self.tok.encode(cand) for cand in dict.fromkeys(candidates)}
-        # One batch: every candidate loads the same n - 1 tokens and computes only its own.
-        rids = {cand: self._submit(prompt.ids + cids,
-                                   self._params(max_tokens=1, prompt_logprobs=0,
-                                                transfer={"n_load": n - 1, "plan": [[arm_key, 0, False]]}))
-                for cand, cids in cand_ids.items()}
-        runs = self._drain(list(rids.values()))
-        out = {}
-        for cand, cids in cand_ids.items():
-            if runs[rids[cand]].num_cached_tokens < n - 1:
-                raise KvauditError(f"vLLM loaded {runs[rids[cand]].num_cached_tokens} of the arm's {n - 1} "
-                                   f"prompt tokens when scoring candidate {cand!r}: it would be scored on "
-                                   "recomputed KV, not the arm's")
-            plps = runs[rids[cand]].prompt_logprobs or []
+    def _candidates(self, items: list[tuple[Prompt, str, list[str]]]) -> list[dict[str, float]]:
+        """For each (prompt, arm key, candidates): the teacher-forced log-probability of each
+        candidate as the whole answer, on top of the arm's own KV (the first n-1 prompt tokens
+        loaded back; vLLM recomputes the last prompt token). One batch: every candidate of a prompt
+        loads the same n - 1 tokens and computes only its own."""
+        subs, where = [], []
+        for k, (prompt, arm_key, candidates) in enumerate(items):
+            n = len(prompt.ids)
+            for cand in dict.fromkeys(candidates):
+                cids = self.tok.encode(cand)
+                subs.append((prompt.ids + cids, self._params(max_tokens=1, prompt_logprobs=0,
+                                                             transfer={"n_load": n - 1, "plan": [[arm_key, 0, False]]}),
+                             None))
+                where.append((k, cand, cids))
+        runs = self._batch(subs)
+        out: list[dict[str, float]] = [{} for _ in items]
+        for (k, cand, cids), run in zip(where, runs):
+            n = len(items[k][0].ids)
+            if run.num_cached_tokens < n - 1:
+                raise KvauditError(f"vLLM loaded {run.num_cached_tokens} of the arm's {n - 1} prompt tokens when "
+                                   f"scoring candidate {cand!r}: it would be scored on recomputed KV, not the arm's")
+            plps = run.prompt_logprobs or []
             # vLLM 0.32 returns one entry per prompt position; 0.26 only from the first computed
             # one on (seen on the H200: 8 entries for a 429-token prompt that loaded 428). Both end
             # at the last prompt token, so index from the end.
@@ -330,81 +402,107 @@ class VllmBackend:
                     raise KvauditError(
                         f"vLLM returned no prompt log-probability for candidate {cand!r} (token {t} at prompt "
                         f"position {n + j} of {len(plps)} returned; entry there: "
-                        f"{sorted(entry)[:5] if entry else entry!r}; loaded {runs[rids[cand]].num_cached_tokens} "
-                        f"of {n - 1} tokens)")
+                        f"{sorted(entry)[:5] if entry else entry!r}; loaded {run.num_cached_tokens} of {n - 1} tokens)")
                 lp += float(entry[t].logprob)
-            out[cand] = lp
-        self.store_rpc("drop", [arm_key])
+            out[k][cand] = lp
+        self.store_rpc("drop", [arm_key for _, arm_key, _ in items])
         return out
 
     def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
                 candidates: list[str] | None = None) -> ArmOutput:
-        n = len(prompt.ids)
-        arm_key = f"tmp:arm:{uuid.uuid4().hex[:12]}"
-        save_arm = {"save": [[arm_key, 0, n - 1]]} if candidates else {}
+        return self.run_arms(spec, [ArmRequest(prompt, capture_prompt, candidates)])[0]
+
+    def run_arms(self, spec: ArmSpec, reqs: list[ArmRequest]) -> list[ArmOutput]:
+        """One arm for a group of cases, phase by phase, each phase one engine batch: segment KV
+        (warm-ups or captures), heads, the arm's own requests, then candidate scoring."""
+        self.groups[len(reqs)] += 1
         if spec.source == "engine_prefix":
-            return self._prefix_cache_arm(prompt, spec)
+            return self._prefix_cache_arms(spec, reqs)
+        # KV of the first n-1 prompt tokens kept for candidate scoring, where a case has a canary
+        arm_keys = [f"tmp:arm:{uuid.uuid4().hex[:12]}" if r.candidates else None for r in reqs]
+        saves = [{"save": [[k, 0, len(r.prompt.ids) - 1]]} if k else {} for k, r in zip(arm_keys, reqs)]
+        saved_tokens = sum(len(r.prompt.ids) - 1 for k, r in zip(arm_keys, reqs) if k)
         if spec.source is None:
-            if spec.perturbs_batch:  # the noise floor: the same ids in another batch shape
-                filler = self.neutral_head + prompt.ids[prompt.head_len: prompt.tail_start][:256]
-                rid = self._submit(prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens,
-                                                            transfer=save_arm or None))
-                self._submit(filler, self._params(max_tokens=1))
-                run = self._drain([rid])[rid]
-            else:
-                run = self._one(prompt.ids, transfer=save_arm or None)
-            canary = self._candidates(prompt, arm_key, candidates) if candidates else None
-            res = self._result(spec, prompt, run, run.ttft_s, 0, 0, {}, canary)
-            return ArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0)
+            # the noise floor: the same ids in another batch shape
+            filler = None
+            if spec.perturbs_batch:
+                p0 = reqs[0].prompt
+                filler = self.neutral_head + p0.ids[p0.head_len: p0.tail_start][:256]
+            runs = self._batch([(r.prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens,
+                                                            transfer=save or None), None)
+                                for r, save in zip(reqs, saves)], reverse=spec.perturbs_batch, filler=filler)
+            canaries = self._score(reqs, arm_keys)
+            return [ArmOutput(result=self._result(spec, r.prompt, run, run.ttft_s, 0, 0, {}, c),
+                              first_logits=self._first_logits(run.first_lp), build_s=0.0)
+                    for r, run, c in zip(reqs, runs, canaries)]
 
         # cached-segment arms
-        hit = 0
+        prompts = [r.prompt for r in reqs]
         if spec.source == "neutral":
-            seg_keys, build_s, hit = self.neutral_entries(prompt)
-            src, drop = prompt, []
+            seg_keys, build_s, hits = self.neutral_entries(prompts, extra_tokens=saved_tokens)
+            drop: list[list[str]] = [[] for _ in reqs]
         elif spec.source in ("in_context", "first_user"):
-            if spec.source == "first_user":
-                if capture_prompt is None:
+            srcs = []
+            for r in reqs:
+                if spec.source == "first_user" and r.capture_prompt is None:
                     raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
-                src = capture_prompt
-            else:
-                src = prompt
-            if src.segment_hashes != prompt.segment_hashes:
-                raise KvauditError(f"arm {spec.name}: the capture request holds different segments")
-            self._fits(src.tail_start, f"arm {spec.name}")
-            seg_keys, build_s = self.captured_entries(src)
-            drop = list(seg_keys)
+                src = r.capture_prompt if spec.source == "first_user" else r.prompt
+                if src.segment_hashes != r.prompt.segment_hashes:
+                    raise KvauditError(f"arm {spec.name}: the capture request holds different segments")
+                srcs.append(src)
+            self._fits(sum(src.tail_start for src in srcs) + saved_tokens,
+                       f"arm {spec.name}" + (f" for {len(srcs)} cases at once" if len(srcs) > 1 else ""))
+            seg_keys, build_s = self.captured_entries(srcs)
+            hits = [0] * len(reqs)
+            drop = [list(k) for k in seg_keys]
         else:
             raise KvauditError(f"unknown segment source {spec.source!r}")
-        info = self.store_rpc("info", list(dict.fromkeys(seg_keys)))
-        missing = [k for k in seg_keys if k not in info]
+        info = self.store_rpc("info", list(dict.fromkeys(k for keys in seg_keys for k in keys)))
+        missing = [k for keys in seg_keys for k in keys if k not in info]
         if missing:
             raise KvauditError(f"segment KV {missing[0]} is not in the vLLM connector's store (budget "
-                               f"{self.store_bytes} bytes per worker)")
-        head_key, head_s = self.head_entry(prompt)
-        plan = [[head_key, 0, False]]
-        for (s, _), key in zip(prompt.spans, seg_keys):
-            plan.append([key, s, bool(spec.rerotate)])
-        transfer = {"n_load": prompt.tail_start, "plan": plan, "drop": drop, **save_arm}
-        run = self._one(prompt.ids, transfer=transfer)
-        if run.num_cached_tokens < prompt.tail_start:
-            raise KvauditError(f"arm {spec.name}: vLLM loaded {run.num_cached_tokens} tokens, "
-                               f"expected {prompt.tail_start}")
-        ttft = head_s + run.ttft_s
-        reused = prompt.tail_start - prompt.head_len
+                               f"{self.store_bytes} bytes per worker){self._fewer_cases}")
+        head_keys, head_s = self.head_entries(prompts)
+        items = []
+        for prompt, keys, head_key, dr, save in zip(prompts, seg_keys, head_keys, drop, saves):
+            plan = [[head_key, 0, False]] + [[key, s, bool(spec.rerotate)] for (s, _), key in zip(prompt.spans, keys)]
+            transfer = {"n_load": prompt.tail_start, "plan": plan, "drop": dr, **save}
+            items.append((prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens, transfer=transfer), None))
+        runs = self._batch(items)
+        for prompt, run in zip(prompts, runs):
+            if run.num_cached_tokens < prompt.tail_start:
+                raise KvauditError(f"arm {spec.name}: vLLM loaded {run.num_cached_tokens} tokens, "
+                                   f"expected {prompt.tail_start}")
         self.sync_store()
-        canary = self._candidates(prompt, arm_key, candidates) if candidates else None
-        fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, seg_keys)}
-        res = self._result(spec, prompt, run, ttft, reused, hit, fps, canary)
-        return ArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=build_s,
-                         head_s=head_s)
+        canaries = self._score(reqs, arm_keys)
+        outs = []
+        for r, run, keys, hit, hs, c in zip(reqs, runs, seg_keys, hits, head_s, canaries):
+            prompt = r.prompt
+            fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, keys)}
+            res = self._result(spec, prompt, run, hs + run.ttft_s, prompt.tail_start - prompt.head_len, hit, fps, c)
+            outs.append(ArmOutput(result=res, first_logits=self._first_logits(run.first_lp),
+                                  build_s=build_s / len(reqs), head_s=hs))
+        return outs
 
-    def _prefix_cache_arm(self, prompt: Prompt, spec: ArmSpec) -> ArmOutput:
-        """One request on the run's shared prefix-cache chain; vLLM decides what it finds."""
-        run = self._one(prompt.ids, salt=self.prefix_salt)
-        cached = run.num_cached_tokens
-        res = self._result(spec, prompt, run, run.ttft_s, cached, cached, {}, None)
-        return ArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0)
+    def _score(self, reqs: list[ArmRequest], arm_keys: list[str | None]) -> list[dict[str, float] | None]:
+        """Candidate scores of the requests that have candidates (None for the others)."""
+        todo = [(i, (r.prompt, k, r.candidates)) for i, (r, k) in enumerate(zip(reqs, arm_keys)) if k and r.candidates]
+        out: list[dict[str, float] | None] = [None] * len(reqs)
+        if todo:
+            for (i, _), scores in zip(todo, self._candidates([item for _, item in todo])):
+                out[i] = scores
+        return out
+
+    def _prefix_cache_arms(self, spec: ArmSpec, reqs: list[ArmRequest]) -> list[ArmOutput]:
+        """One request per case on the run's shared prefix-cache chain; vLLM decides what it finds."""
+        runs = self._batch([(r.prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens), self.prefix_salt)
+                            for r in reqs])
+        outs = []
+        for r, run in zip(reqs, runs):
+            cached = run.num_cached_tokens
+            res = self._result(spec, r.prompt, run, run.ttft_s, cached, cached, {}, None)
+            outs.append(ArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0))
+        return outs
 
     def close(self) -> None:
         """Shut the engine down (frees its KV space and threads)."""
@@ -434,7 +532,8 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
                       cache_bytes: int = 2 << 30, max_model_len: int = 4096, enforce_eager: bool = True,
                       tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                       batch_invariant: bool = False, kv_cache_bytes: int = 1 << 30, block_size: int = 32,
-                      seed: int = 0, warmup: bool = True, **engine_opts: Any) -> VllmBackend:
+                      seed: int = 0, warmup: bool = True, concurrent_cases: int = 1,
+                      **engine_opts: Any) -> VllmBackend:
     """Start one vLLM engine with kvaudit's connector; every arm runs on it.
 
     ``engine_opts`` pass through to ``vllm.LLM`` and are recorded in ``info()["engine"]``.
@@ -487,7 +586,8 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
     fp = model_fingerprint(path, dummy=opts.get("load_format") == "dummy")
     backend = VllmBackend(llm, AutoTokenizer.from_pretrained(path), path, fp,
                           decoding=Decoding(max_new_tokens=max_new_tokens), cache_bytes=cache_bytes,
-                          engine_opts=opts, store=store, store_bytes=store_bytes)
+                          engine_opts=opts, store=store, store_bytes=store_bytes,
+                          concurrent_cases=concurrent_cases)
     if warmup:  # the first requests pay one-off costs that would otherwise land in a TTFT
         backend._one(backend.neutral_head + backend.neutral_head, max_tokens=2)
     return backend
