@@ -89,7 +89,7 @@ def main() -> None:
     ap.add_argument("--dtype", default=None, help="default bfloat16 for a config folder, float32 for smollm2")
     ap.add_argument("--cases", type=int, default=500)
     ap.add_argument("--concurrent", type=int, default=16, help="cases at a time in the concurrent mode")
-    ap.add_argument("--sequential", type=int, default=16, help="cases run one at a time for the comparison")
+    ap.add_argument("--sequential", type=int, default=16, help="cases run one at a time for the comparison (at least 1)")
     ap.add_argument("--docs", type=int, default=8, help="documents per case")
     ap.add_argument("--words", default="700,800", help="document length in words, MIN,MAX (8 x 750: about 8K tokens)")
     ap.add_argument("--max-model-len", type=int, default=9216)
@@ -100,6 +100,8 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="folder for the dataset and run directories (default: a temporary one)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.sequential < 1 or args.concurrent < 1 or args.cases < args.sequential:
+        raise SystemExit("--sequential and --concurrent must be at least 1, and --cases at least --sequential")
     dummy = args.model != "smollm2"
     if args.make_shape:
         make_shape(Path(args.model), args.make_shape)
