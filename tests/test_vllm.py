@@ -239,6 +239,7 @@ def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset
     # The same fp32 weights on the same ids: greedy recompute answers agree across engines.
     assert rows["recompute"]["answers_equal"] >= rows["recompute"]["n"] - 1
     assert 'id="cross-backend-1"' in page and "Cross-backend agreement: vllm vs transformers" in page
+    assert 'id="batching-note"' not in page  # one case at a time: TTFT is a single request's
 
 
 def test_candidate_scores_of_recompute_equal_a_full_prefill(backend, dataset, vllm_run):
@@ -371,6 +372,7 @@ def test_concurrent_cases_run_each_arm_as_one_batch_audit_and_refuse_another_bat
     from kvaudit.core.arms import parse_arms
     from kvaudit.core.records import read_pairs
     from kvaudit.core.run_records import read_manifest
+    from kvaudit.reports.report_cli import write_report
     from kvaudit.runners.runner import RunConfig, execute
 
     out = tmp_path / "run"
@@ -394,3 +396,5 @@ def test_concurrent_cases_run_each_arm_as_one_batch_audit_and_refuse_another_bat
         assert p.arms["reuse"].tokens_reused == seq[p.case_id].arms["reuse"].tokens_reused
     with pytest.raises(KvauditError, match="different concurrent_cases"):
         execute(cfg, backend, progress=False)
+    page = write_report(out).read_text()
+    assert 'id="batching-note"' in page and "Cases ran 3 at a time" in page

@@ -174,9 +174,9 @@ class RunIdentity(Record):
     threads: int | None = None
     torch: str | None = None
     transformers: str | None = None
-    # Cases run together on the engine (batch conditions change the numerics); runs written before
-    # it was recorded ran one case at a time.
-    concurrent_cases: int = 1
+    # Cases run together on the engine (batch conditions change the numerics); None: one at a time
+    # (so manifests from before it was recorded read the same).
+    concurrent_cases: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def values(self) -> dict[str, Any]:
@@ -191,7 +191,7 @@ class RunIdentity(Record):
                    arms=f.str_list("arms"), decoding=f.mapping("decoding"),
                    warmup_prefix_hash=f.string("warmup_prefix_hash"), threads=f.integer("threads"),
                    torch=f.string("torch"), transformers=f.string("transformers"),
-                   concurrent_cases=f.integer("concurrent_cases") or 1, extra=f.extra())
+                   concurrent_cases=f.integer("concurrent_cases"), extra=f.extra())
 
 
 @dataclass

@@ -99,7 +99,7 @@ def run_identity(cfg: RunConfig, backend: Backend) -> RunIdentity:
         threads=info["threads"],
         torch=info["torch"],
         transformers=info.get("transformers"),
-        concurrent_cases=concurrent_cases(backend),
+        concurrent_cases=concurrent_cases(backend) if concurrent_cases(backend) > 1 else None,
     )
 
 
