@@ -59,7 +59,7 @@ from kvaudit.runners.backend import (
 )
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec
-from kvaudit.runners.vllm_setup import SegmentIndex, check_parallelism
+from kvaudit.runners.vllm_setup import SegmentIndex, check_parallelism, merge_worker_replies
 
 LOGPROBS = 20
 CONNECTOR_MODULE = "kvaudit.runners.vllm_connector"
@@ -154,10 +154,12 @@ class VllmBackend:
         }
 
     def store_rpc(self, op: str, keys: list[str] | None = None, value: Any = None) -> Any:
-        """The connector's store on the first worker (see vllm_connector.store_rpc)."""
+        """The connector's store on every worker (see vllm_connector.store_rpc), their replies merged
+        (:func:`~kvaudit.runners.vllm_setup.merge_worker_replies`: under tensor or pipeline
+        parallelism an entry is held only when every worker holds its share)."""
         from kvaudit.runners.vllm_connector import store_rpc
 
-        return self.llm.collective_rpc(store_rpc, args=(self.store, op, keys, value))[0]
+        return merge_worker_replies(op, self.llm.collective_rpc(store_rpc, args=(self.store, op, keys, value)))
 
     def bytes_per_token(self) -> int:
         """KV bytes of one token in a worker's store (all its layers, keys and values)."""

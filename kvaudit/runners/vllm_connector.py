@@ -36,7 +36,6 @@ CUDA) within a byte budget (``kv_connector_extra_config["capacity_bytes"]``, per
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import time
@@ -49,6 +48,7 @@ from kvaudit.core.errors import KvauditError
 from kvaudit.runners.gpu_paged_kv import PagedKV, Piece
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.vllm_cpu_layout import CpuLayout, slots_for
+from kvaudit.runners.vllm_setup import combined_fingerprint
 from kvaudit.runners.vllm_store import SegmentStore, StoredKV
 
 try:
@@ -176,11 +176,6 @@ class KvauditWorkerMetadata(KVConnectorWorkerMetadata):
         for k, v in other.saved.items():
             out.setdefault(k, []).extend(v)
         return KvauditWorkerMetadata(out)
-
-
-def combined_fingerprint(fps: list[str]) -> str:
-    """One fingerprint for an entry held in shares by several workers (order-free)."""
-    return fps[0] if len(fps) == 1 else hashlib.sha256("|".join(sorted(fps)).encode()).hexdigest()[:32]
 
 
 def _layer_index(name: str) -> int:

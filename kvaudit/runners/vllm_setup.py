@@ -1,5 +1,5 @@
 """What the vLLM backend's frontend keeps beside the engine: the index of the workers' segment
-stores, and the checks run before an engine starts.
+stores, the merge of the workers' store replies, and the checks run before an engine starts.
 
 :class:`SegmentIndex` is the frontend's view of the neutral segment entries (hit statistics and
 what is present); the tensors and the byte budget live in the workers' stores
@@ -9,6 +9,7 @@ the model cannot take, with a message, before vLLM is asked to start.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,55 @@ class SegmentIndex:
                 self.stats.evictions += 1
         self.stats.bytes_now = int(worker_stats["bytes"])
         self.stats.bytes_peak = max(self.stats.bytes_peak, int(worker_stats["bytes_peak"]))
+
+
+def combined_fingerprint(fps: list[str]) -> str:
+    """One fingerprint for an entry held in shares by several workers (order-free)."""
+    return fps[0] if len(fps) == 1 else hashlib.sha256("|".join(sorted(fps)).encode()).hexdigest()[:32]
+
+
+def merge_worker_replies(op: str, replies: list[Any]) -> Any:
+    """One reply from every worker's reply to the store operation ``op`` (see
+    :func:`kvaudit.runners.vllm_connector.store_rpc`), in rank order.
+
+    ``info``/``lookup``: the entries every worker holds, each (combined fingerprint, tokens, bytes
+    summed over the workers, start); an entry whose tokens or start differ between ranks is an
+    error (the ranks hold different KV for one key). ``evicted``: what any worker evicted (then
+    no worker's share is usable). ``stats``/``capacity``: each number the largest over the workers
+    (the budget is per worker, so the fullest worker is the one that evicts), with ``workers`` and
+    ``per_worker``. ``drop``: the most entries a worker still holds. ``get``: the first worker's.
+    """
+    if not replies:
+        raise KvauditError(f"store operation {op!r}: no worker replied")
+    if len(replies) == 1 and op not in ("stats", "capacity"):
+        return replies[0]
+    if op in ("info", "lookup"):
+        out = {}
+        for key in replies[0]:
+            shares = [r.get(key) for r in replies]
+            if any(sh is None for sh in shares):
+                continue
+            fp0, n0, _, start0 = shares[0]
+            for rank, (_, n, _, start) in enumerate(shares[1:], 1):
+                if (n, start) != (n0, start0):
+                    raise KvauditError(f"segment KV {key}: rank {rank} holds {n} tokens from position {start}, "
+                                       f"rank 0 {n0} from {start0}; the workers' stores disagree")
+            out[key] = (combined_fingerprint([sh[0] for sh in shares]), n0, sum(sh[2] for sh in shares), start0)
+        return out
+    if op == "evicted":
+        return list(dict.fromkeys(k for r in replies for k in r))
+    if op in ("stats", "capacity"):
+        merged: dict[str, Any] = {}
+        for k in replies[0]:
+            vals = [r.get(k) for r in replies]
+            nums = [v for v in vals if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            merged[k] = max(nums) if len(nums) == len(vals) else vals[0]
+        merged["workers"] = len(replies)
+        merged["per_worker"] = replies if len(replies) > 1 else []
+        return merged
+    if op == "drop":
+        return max(replies)
+    return replies[0]
 
 
 def check_parallelism(model_dir: Path, tensor_parallel_size: int, pipeline_parallel_size: int) -> None:
