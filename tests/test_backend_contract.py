@@ -146,6 +146,7 @@ def test_registered_backends_satisfy_the_protocol():
     ("transformers", ["--tensor-parallel-size", "2"]),
     ("transformers", ["--no-enforce-eager"]),
     ("transformers", ["--batch-invariant"]),
+    ("transformers", ["--concurrent-cases", "4"]),
     ("vllm", ["--threads", "2"]),
     ("vllm", ["--device", "cuda"]),
 ])

@@ -50,6 +50,18 @@ def test_both_vllm_lines_are_accepted():
             vc.check_vllm_version(v)
 
 
+@pytest.mark.parametrize("n", ["0", "-2"])
+def test_a_bad_concurrent_cases_is_refused_before_an_engine_starts(n, tmp_path, capsys):
+    from kvaudit.cli import main
+
+    example = Path(__file__).resolve().parents[1] / "kvaudit" / "data" / "example"
+    code = main(["run", "--backend", "vllm", "--dataset", str(example), "--out", str(tmp_path / "run"),
+                 "--concurrent-cases", n, "--no-progress"])
+    assert code == 2
+    assert f"--concurrent-cases must be a positive integer, got {n}" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_slots_follow_the_block_table():
     assert vcl.slots_for([5, 2], 4, 2, 7).tolist() == [22, 23, 8, 9, 10]
 

@@ -95,8 +95,7 @@ class VllmBackend:
         self.decoding = decoding or Decoding()
         self.engine_opts = dict(engine_opts or {})
         self.store = store
-        if isinstance(concurrent_cases, bool) or not isinstance(concurrent_cases, int) or concurrent_cases < 1:
-            raise KvauditError(f"--concurrent-cases must be a positive integer, got {concurrent_cases!r}")
+        check_concurrent_cases(concurrent_cases)
         self.concurrent_cases = concurrent_cases
         self.max_in_flight = 0  # the most requests the engine held at once (the batching, as it happened)
         self.groups: Counter[int] = Counter()  # how many cases each arm's own requests ran for, together
@@ -520,6 +519,12 @@ class VllmBackend:
         gc.collect()
 
 
+def check_concurrent_cases(n: Any) -> None:
+    """Refuse a group size that is not a positive integer (before an engine starts)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise KvauditError(f"--concurrent-cases must be a positive integer, got {n!r}")
+
+
 def _device_type() -> str:
     """Where vLLM runs: ``cuda`` or ``cpu`` (vLLM's own platform detection)."""
     try:
@@ -568,6 +573,7 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
 
     path = resolve_model_dir(model)
     check_parallelism(path, tensor_parallel_size, pipeline_parallel_size)
+    check_concurrent_cases(concurrent_cases)
     store = uuid.uuid4().hex[:8]
     # Each worker keeps its share of the segment KV (its heads under tensor parallelism, its
     # layers under pipeline parallelism) within its share of the budget.
