@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import ArmResult, ids_hash
 
 if TYPE_CHECKING:
@@ -108,6 +109,12 @@ def run_arms(backend: Backend, spec: ArmSpec, requests: list[ArmRequest]) -> lis
         return list(batched(spec, requests))
     return [backend.run_arm(r.prompt, spec, capture_prompt=r.capture_prompt, candidates=r.candidates)
             for r in requests]
+
+
+def check_concurrent_cases(n: Any) -> None:
+    """Refuse a group size that is not a positive integer (before an engine starts or a server is asked)."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise KvauditError(f"--concurrent-cases must be a positive integer, got {n!r}")
 
 
 def concurrent_cases(backend: Backend) -> int:

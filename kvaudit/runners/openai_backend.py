@@ -41,7 +41,9 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +53,10 @@ from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import ids_hash
 from kvaudit.runners.backend import (
     ArmOutput,
+    ArmRequest,
     Decoding,
     build_arm_result,
+    check_concurrent_cases,
     cut_at_eos,
     eos_token_ids,
     logits_from_top,
@@ -91,11 +95,17 @@ class OpenAIBackend:
 
     def __init__(self, client: ServerClient, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,
                  decoding: Decoding | None = None, reuse_protocol: str = "server",
-                 reference: ServerClient | None = None, dtype: str = "float32") -> None:
+                 reference: ServerClient | None = None, dtype: str = "float32",
+                 concurrent_cases: int = 1) -> None:
         from transformers import AutoConfig
 
         if reuse_protocol not in REUSE_PROTOCOLS:
             raise KvauditError(f"--reuse-protocol must be one of {', '.join(REUSE_PROTOCOLS)}, got {reuse_protocol!r}")
+        check_concurrent_cases(concurrent_cases)
+        self.concurrent_cases = concurrent_cases
+        self.groups: Counter[int] = Counter()  # how many cases each arm's requests ran for, together
+        self._lock = threading.Lock()  # the client-side cache statistics, updated from several threads
+        self._flush_lock = threading.Lock()  # a cache reset and its request, one case at a time
         self.client = client
         self.reference = reference
         self.tok = Tokenizer(hf_tokenizer)
@@ -192,6 +202,16 @@ class OpenAIBackend:
             "logit_diff_kind": "top_logprobs",
             "logit_diff_top_n": LOGPROBS,
             "candidate_scoring": self.candidate_scoring,
+            "batching": {
+                "concurrent_cases": self.concurrent_cases,
+                "groups": {str(k): v for k, v in sorted(self.groups.items())},
+                "how": "each arm runs for a group of concurrent_cases cases at once, one thread per case: each "
+                       "case prepares (warm-ups, captures), then every case's request goes to the server "
+                       "together, so every arm of a case meets the same concurrency; cache-reset arms "
+                       "(prefix_cache_flushed) run their reset and request one case at a time",
+                "ttft": "from the request's sending to its first token, with the group's other requests in "
+                        "flight" if self.concurrent_cases > 1 else "one request at a time",
+            },
             **model_shape_info(self.config, self.rope, self.max_prompt_tokens, self.neutral_hash),
         }
 
@@ -215,30 +235,35 @@ class OpenAIBackend:
         finally:
             t.join(timeout=600)
 
-    def _warm_up(self, prompt: Prompt, salt: str | None) -> tuple[list[str], list[int | None]]:
+    def _warm_up(self, prompt: Prompt, salt: str | None) -> tuple[list[str], list[int | None], int, float]:
         """Neutral warm-ups (neutral head + one document each); kvaudit protocol: each saves its
-        document's KV under a connector key. Returns (keys, cached tokens each warm-up found)."""
+        document's KV under a connector key. Returns (keys, cached tokens each warm-up found,
+        tokens already saved, seconds spent warming up), this call's own."""
         h = len(self.neutral_head)
         kvaudit = self.reuse_protocol == "kvaudit"
-        keys, found = [], []
+        keys, found, hit, build_s = [], [], 0, 0.0
         for i, uh in enumerate(prompt.segment_hashes):
             unit = prompt.unit_ids(i)
             key = f"seg:{self.fingerprint[:16]}:{self.neutral_hash}:{uh}"
             keys.append(key)
             if kvaudit and key in self.cache.saved:
-                self.cache.stats.hits += 1
-                self.cache.stats.hit_tokens += len(unit)
+                with self._lock:
+                    self.cache.stats.hits += 1
+                    self.cache.stats.hit_tokens += len(unit)
+                hit += len(unit)
                 continue
             transfer = {"kvaudit": "run", "save": [[key, h, h + len(unit)]]} if kvaudit else None
             # Two tokens: the connector's save report reaches the response one step after the save.
             w = self._send(self.client, self.neutral_head + unit, max_tokens=2, salt=salt, transfer=transfer,
                            stream=False)
             found.append(w.cached_tokens)
-            self.cache.stats.builds += 1
-            self.cache.stats.build_s += w.total_s
+            build_s += w.total_s
+            with self._lock:
+                self.cache.stats.builds += 1
+                self.cache.stats.build_s += w.total_s
             if kvaudit:
                 self.cache.saved[key] = _saved_fingerprints(w).get(key)
-        return keys, found
+        return keys, found, hit, build_s
 
     def _load(self, prompt: Prompt, seg_keys: list[str], rerotate: bool, drop: list[str],
               salt: str | None = None, save: list[list[Any]] | None = None) -> tuple[Completion, Completion]:
@@ -297,6 +322,38 @@ class OpenAIBackend:
 
     def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
                 candidates: list[str] | None = None) -> ArmOutput:
+        self.groups[1] += 1
+        return self._run_arm(prompt, spec, capture_prompt, candidates, lambda: None)
+
+    def run_arms(self, spec: ArmSpec, reqs: list[ArmRequest]) -> list[ArmOutput]:
+        """One arm for a group of cases, one thread per case: each prepares, waits until every case
+        has, then sends its request with the others in flight (a barrier), then scores its
+        candidates."""
+        if len(reqs) == 1:
+            r = reqs[0]
+            return [self.run_arm(r.prompt, spec, capture_prompt=r.capture_prompt, candidates=r.candidates)]
+        self.groups[len(reqs)] += 1
+        barrier = threading.Barrier(len(reqs), timeout=3600)  # no case waits forever on one that hangs
+
+        def one(r: ArmRequest) -> ArmOutput:
+            try:
+                return self._run_arm(r.prompt, spec, r.capture_prompt, r.candidates, barrier.wait)
+            except BaseException:
+                barrier.abort()  # the others stop waiting for a case that will not come
+                raise
+
+        with ThreadPoolExecutor(max_workers=len(reqs), thread_name_prefix="kvaudit-case") as pool:
+            futures = [pool.submit(one, r) for r in reqs]
+            errors = [f.exception() for f in futures]
+        real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+        if real or any(errors):
+            raise (real or [e for e in errors if e is not None])[0]
+        return [f.result() for f in futures]
+
+    def _run_arm(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None,
+                 candidates: list[str] | None, gate: Callable[[], Any]) -> ArmOutput:
+        """One arm on one case; ``gate()`` is called once the case is prepared, right before its
+        request (the barrier of a group, or nothing)."""
         n = len(prompt.ids)
         kvaudit = self.reuse_protocol == "kvaudit"
         # Candidates are scored on the arm's own KV: under kvaudit its prompt KV is saved here.
@@ -314,23 +371,30 @@ class OpenAIBackend:
             if spec.role == "segment_tenant_probe" and kvaudit:
                 # Another tenant sends the reuse arm's own load plan: the connector's keys are
                 # content hashes anyone can compute; only a tenant-scoped store would refuse them.
-                keys, _ = self._warm_up(prompt, None)
+                keys, _, _, _ = self._warm_up(prompt, None)
+                gate()
                 head, run = self._load(prompt, keys, True, [], salt=_salt())
                 ttft = head.total_s + run.ttft_s
             elif spec.perturbs_batch:
+                gate()
                 run = self._with_filler(client, prompt)
                 ttft = run.ttft_s
             else:
+                gate()
                 run = self._send(client, prompt.ids, transfer={"kvaudit": "run", "save": save} if save else None)
                 ttft = run.ttft_s
             reused = run.cached_tokens or 0
         elif spec.source == "engine_prefix":
             engine["salt"] = "tenant"
+            gate()
             if spec.role == "engine_prefix_flushed":
-                engine["cache_reset"] = self.client.reset_prefix_cache()
-                if not engine["cache_reset"]:
-                    raise KvauditError(f"server {self.client.base_url} refused POST /reset_prefix_cache")
-            run = self._send(self.client, prompt.ids, salt=self.prefix_salt)
+                with self._flush_lock:  # a reset while another case's request runs would not be a flush
+                    engine["cache_reset"] = self.client.reset_prefix_cache()
+                    if not engine["cache_reset"]:
+                        raise KvauditError(f"server {self.client.base_url} refused POST /reset_prefix_cache")
+                    run = self._send(self.client, prompt.ids, salt=self.prefix_salt)
+            else:
+                run = self._send(self.client, prompt.ids, salt=self.prefix_salt)
             ttft = run.ttft_s
             reused = hit = run.cached_tokens or 0
         elif not kvaudit and spec.source in ("neutral", "first_user"):
@@ -338,23 +402,19 @@ class OpenAIBackend:
             # (the unsafe capture policy) the first user's own request.
             engine["salt"] = "tenant"
             if spec.source == "neutral":
-                t0_build = self.cache.stats.build_s
-                _, engine["warmup_cached_tokens"] = self._warm_up(prompt, self.reuse_salt)
-                build_s = self.cache.stats.build_s - t0_build
+                _, engine["warmup_cached_tokens"], _, build_s = self._warm_up(prompt, self.reuse_salt)
             else:
                 if capture_prompt is None:
                     raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
                 build_s = self._send(self.client, capture_prompt.ids, salt=self.reuse_salt).total_s
+            gate()
             run = self._send(self.client, prompt.ids, salt=self.reuse_salt)
             ttft = run.ttft_s
             reused = hit = run.cached_tokens or 0
             score_salt = self.reuse_salt
         else:  # kvaudit protocol: cached segments through the connector
             if spec.source == "neutral":
-                before = (self.cache.stats.hit_tokens, self.cache.stats.build_s)
-                seg_keys, _ = self._warm_up(prompt, None)
-                hit = self.cache.stats.hit_tokens - before[0]
-                build_s = self.cache.stats.build_s - before[1]
+                seg_keys, _, hit, build_s = self._warm_up(prompt, None)
                 fp_of: dict[str, str | None] = dict(self.cache.saved)
                 drop: list[str] = []
             elif spec.source in ("in_context", "first_user"):
@@ -372,6 +432,7 @@ class OpenAIBackend:
                 drop = list(seg_keys)
             else:
                 raise KvauditError(f"unknown segment source {spec.source!r}")
+            gate()
             head, run = self._load(prompt, seg_keys, bool(spec.rerotate), drop, save=save)
             head_s = head.total_s
             ttft = head.total_s + run.ttft_s
@@ -408,7 +469,7 @@ class OpenAIBackend:
 def open_openai_backend(model: str = "smollm2", *, dtype: str = "float32", max_new_tokens: int = 24,
                         cache_bytes: int = 0, base_url: str | None = None, reference_url: str | None = None,
                         served_model: str | None = None, reuse_protocol: str = "server",
-                        timeout_s: float = 300.0) -> OpenAIBackend:
+                        timeout_s: float = 300.0, concurrent_cases: int = 1) -> OpenAIBackend:
     """Connect to the server at ``base_url``; ``model`` is the local checkpoint or tokenizer
     folder of the model it serves (ids are assembled here)."""
     import os
@@ -419,6 +480,7 @@ def open_openai_backend(model: str = "smollm2", *, dtype: str = "float32", max_n
 
     if not base_url:
         raise KvauditError("--backend openai needs --base-url (the server, e.g. http://127.0.0.1:8000)")
+    check_concurrent_cases(concurrent_cases)
     path = resolve_model_dir(model)
     api_key = os.environ.get("KVAUDIT_API_KEY") or os.environ.get("OPENAI_API_KEY")
     client = ServerClient(base_url, model=served_model, timeout_s=timeout_s, api_key=api_key)
@@ -426,4 +488,4 @@ def open_openai_backend(model: str = "smollm2", *, dtype: str = "float32", max_n
         if reference_url else None
     return OpenAIBackend(client, AutoTokenizer.from_pretrained(path), path, model_fingerprint(path),
                          decoding=Decoding(max_new_tokens=max_new_tokens), reuse_protocol=reuse_protocol,
-                         reference=reference, dtype=dtype)
+                         reference=reference, dtype=dtype, concurrent_cases=concurrent_cases)

@@ -86,6 +86,9 @@ BACKENDS: dict[str, BackendEntry] = {
                                 "(a server running kvaudit's connector, driven by kv_transfer_params)", type=str),
                          Option("--request-timeout", "timeout_s", 300.0, "seconds per request (default 300)",
                                 type=float),
+                         Option("--concurrent-cases", "concurrent_cases", 1,
+                                "run each arm for N cases at once, their requests in flight together (default 1; "
+                                "recorded in the manifest and the run's identity)", type=int),
                      )),
     )
 }

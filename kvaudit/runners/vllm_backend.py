@@ -52,6 +52,7 @@ from kvaudit.runners.backend import (
     ArmRequest,
     Decoding,
     build_arm_result,
+    check_concurrent_cases,
     cut_at_eos,
     eos_token_ids,
     logits_from_top,
@@ -517,12 +518,6 @@ class VllmBackend:
                 pass
         self.llm = self.engine = None
         gc.collect()
-
-
-def check_concurrent_cases(n: Any) -> None:
-    """Refuse a group size that is not a positive integer (before an engine starts)."""
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise KvauditError(f"--concurrent-cases must be a positive integer, got {n!r}")
 
 
 def _device_type() -> str:
