@@ -50,3 +50,15 @@ def test_report_explains_every_arm_even_without_manifest_reasons():
     for name in ARMS:
         assert arm_reason(name), name
     assert arm_reason("prefix_cache") == ARMS["prefix_cache"].why
+
+
+def test_in_a_group_the_arm_that_resets_the_engine_cache_runs_after_the_others():
+    from kvaudit.runners.runner import _arm_order
+
+    arms = parse_arms("recompute,prefix_cache_cold,prefix_cache_flushed,prefix_cache,prefix_cache_other_tenant,"
+                      "recompute_again", "openai")
+    assert _arm_order(arms, 1) == arms  # one case at a time: as given
+    grouped = _arm_order(arms, 3)
+    assert grouped[-1] == "prefix_cache_flushed" and sorted(grouped) == sorted(arms)
+    assert grouped.index("prefix_cache_cold") < grouped.index("prefix_cache")  # warm still right after cold
+    assert [a for a in ARMS if ARMS[a].resets_engine_cache] == ["prefix_cache_flushed"]

@@ -172,6 +172,9 @@ def test_backend_options_reach_the_opener():
                                          "--concurrent-cases", "8"])) == {
         "tensor_parallel_size": 1, "pipeline_parallel_size": 1, "max_model_len": 8192, "enforce_eager": False,
         "batch_invariant": False, "concurrent_cases": 8}
+    # one option two backends take: listed once, reaching whichever backend is chosen
+    got = backend_options(p.parse_args(["--backend", "openai", "--base-url", "http://x", "--concurrent-cases", "4"]))
+    assert got["concurrent_cases"] == 4 and got["base_url"] == "http://x"
     with pytest.raises(KvauditError, match="unknown backend"):
         backend_options(argparse.Namespace(backend="http"))
 

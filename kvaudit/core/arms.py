@@ -64,6 +64,9 @@ class ArmSpec:
     repair: str | None = None  # "blend" | "epic": a parameterised repair of reuse (get_arm)
     param: float | None = None  # blend: share of segment tokens recomputed; epic: tokens per segment
     prompt: str = "case"  # "case" | "evidence" (the oracle pair: evidence segments only)
+    # Resets the engine's whole cache: in a group of cases run together it goes after the group's
+    # other arms, or its reset for one case would wipe what a later arm of another case relies on.
+    resets_engine_cache: bool = False
     reference: str = ""  # the arm this one is compared with ("": the reference arm)
 
     @property
@@ -89,7 +92,7 @@ ARMS: dict[str, ArmSpec] = {
                 why="vLLM's automatic prefix caching on one cache shared by the whole run, the first time "
                     "this prompt arrives: its cached tokens are what exact prefix reuse finds on this workload"),
         ArmSpec("prefix_cache_flushed", "engine_prefix", role="engine_prefix_flushed", backends=("openai",),
-                requires=("prefix_cache_cold",),
+                requires=("prefix_cache_cold",), resets_engine_cache=True,
                 why="the same prompt after the server's prefix-cache reset (cold again): an answer that differs "
                     "from prefix_cache_cold is the engine's own nondeterminism, not the cache"),
         ArmSpec("prefix_cache", "engine_prefix", role="engine_prefix_warm", backends=("vllm", "openai"),

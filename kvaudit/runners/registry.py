@@ -18,6 +18,9 @@ from typing import Any
 from kvaudit.core.errors import KvauditError
 from kvaudit.runners.backend import Backend
 
+CONCURRENT_HELP = ("run each arm for N cases at once, their requests in flight together (default 1; recorded "
+                   "in the manifest and the run's identity)")
+
 # Keyword arguments every opener takes (from `kvaudit run`'s common options).
 COMMON = ("dtype", "max_new_tokens", "cache_bytes")
 
@@ -69,9 +72,7 @@ BACKENDS: dict[str, BackendEntry] = {
                                 "allow CUDA graphs (eager is the default)", value=False),
                          Option("--batch-invariant", "batch_invariant", False, "set VLLM_BATCH_INVARIANT=1",
                                 value=True),
-                         Option("--concurrent-cases", "concurrent_cases", 1,
-                                "run each arm for N cases at once, one engine batch (default 1; recorded in the "
-                                "manifest and the run's identity)", type=int),
+                         Option("--concurrent-cases", "concurrent_cases", 1, CONCURRENT_HELP, type=int),
                      )),
         BackendEntry("openai", "any OpenAI-compatible completions server over HTTP (see docs/engines.md)",
                      "kvaudit.runners.openai_backend:open_openai_backend", (
@@ -86,9 +87,7 @@ BACKENDS: dict[str, BackendEntry] = {
                                 "(a server running kvaudit's connector, driven by kv_transfer_params)", type=str),
                          Option("--request-timeout", "timeout_s", 300.0, "seconds per request (default 300)",
                                 type=float),
-                         Option("--concurrent-cases", "concurrent_cases", 1,
-                                "run each arm for N cases at once, their requests in flight together (default 1; "
-                                "recorded in the manifest and the run's identity)", type=int),
+                         Option("--concurrent-cases", "concurrent_cases", 1, CONCURRENT_HELP, type=int),
                      )),
     )
 }
@@ -105,11 +104,21 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
     """``--backend`` and one argument group of options per registered backend."""
     p.add_argument("--backend", default=DEFAULT_BACKEND, choices=list(BACKENDS),
                    help="; ".join(f"{b.name}: {b.help}" for b in BACKENDS.values()))
+    seen: dict[str, list[str]] = {}
+    for b in BACKENDS.values():
+        for o in b.options:
+            seen.setdefault(o.flag, []).append(b.name)
+    added: set[str] = set()
     for b in BACKENDS.values():
         if not b.options:
             continue
         g = p.add_argument_group(f"{b.name} options (with --backend {b.name}; recorded in the manifest)")
         for o in b.options:
+            if o.flag in added:  # an option several backends take is listed once, under the first
+                continue
+            added.add(o.flag)
+            if len(seen[o.flag]) > 1:
+                o = Option(o.flag, o.param, o.default, f"{o.help} (--backend {', '.join(seen[o.flag])})", o.type, o.value)
             # default None: an option given on the command line is told apart from one left out
             if o.value is not None:
                 g.add_argument(o.flag, dest=o.dest, action="store_const", const=o.value, default=None, help=o.help)

@@ -215,7 +215,7 @@ def run_cases(backend: Backend, cases: list[Case], cfg: RunConfig, timing: dict[
     arms: list[dict[str, Any]] = [{} for _ in cases]
     first_logits: list[dict[str, Any]] = [{} for _ in cases]
     details: list[dict[str, dict[str, Any]]] = [{} for _ in cases]
-    for name in cfg.arms:
+    for name in _arm_order(cfg.arms, len(cases)):
         spec = get_arm(name)
         todo = [(i, r) for i, r in ((i, _arm_request(spec, x)) for i, x in enumerate(inputs)) if r is not None]
         if not todo:
@@ -234,6 +234,15 @@ def run_cases(backend: Backend, cases: list[Case], cfg: RunConfig, timing: dict[
             if out.detail is not None:
                 details[i][name] = dict(out.detail)
     return [_pair_record(backend, x, a, fl, d) for x, a, fl, d in zip(inputs, arms, first_logits, details)]
+
+
+def _arm_order(arms: list[str], n_cases: int) -> list[str]:
+    """The order the arms run in: as given, except that in a group of several cases an arm that
+    resets the engine's cache goes last (its reset would otherwise wipe, for the group's other
+    cases, what a later arm such as the warm prefix cache relies on)."""
+    if n_cases == 1:
+        return list(arms)
+    return [a for a in arms if not get_arm(a).resets_engine_cache] + [a for a in arms if get_arm(a).resets_engine_cache]
 
 
 def _pair_record(backend: Backend, inputs: _CaseInputs, arms: dict[str, Any], first_logits: dict[str, Any],
