@@ -399,6 +399,7 @@ def test_concurrent_cases_run_each_arm_as_one_batch_audit_and_refuse_another_bat
     ran = {int(k): v - groups.get(int(k), 0) for k, v in m.backend["batching"]["groups"].items()}
     assert ran.get(3) == len(cfg.arms) and ran.get(2) == len(cfg.arms)  # 5 cases: a group of 3, then of 2
     assert m.backend["batching"]["max_requests_in_flight"] >= 3
+    assert all(v >= 0 for v in m.timing_s.values()), m.timing_s
     result = audit(out)
     assert result["passed"], [c["name"] for c in result["checks"] if c["required"] and not c["passed"]]
     seq = {p.case_id: p for p in read_pairs(vllm_run)}
