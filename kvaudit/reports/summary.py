@@ -157,7 +157,7 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
             "n_quality_cases": int(len(an.select("overall"))),
             "arms": [{"name": a, "reason": reasons.get(a) or arm_reason(a)} for a in an.arms],
             "backend": _scalar((m.backend or {}).get("backend")),
-            # cases run N at a time (the vLLM backend's --concurrent-cases): what TTFT means there
+            # cases run N at a time (--concurrent-cases): what TTFT means there
             "batching": jsonable((m.backend or {}).get("batching")),
             # a top-level dtype is what synthetic runs recorded before the manifest had a format
             "dtype": _scalar(m.extra.get("dtype")) or (m.model.dtype if m.model else None),

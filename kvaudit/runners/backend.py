@@ -111,6 +111,12 @@ def run_arms(backend: Backend, spec: ArmSpec, requests: list[ArmRequest]) -> lis
             for r in requests]
 
 
+def noise_filler_ids(neutral_head: list[int], prompt: Prompt) -> list[int]:
+    """The filler request the noise-floor arm runs beside (another batch shape): the neutral head
+    and the first 256 segment tokens of the case."""
+    return neutral_head + prompt.ids[prompt.head_len: prompt.tail_start][:256]
+
+
 def check_concurrent_cases(n: Any) -> None:
     """Refuse a group size that is not a positive integer (before an engine starts or a server is asked)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:

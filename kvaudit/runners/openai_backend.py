@@ -62,6 +62,7 @@ from kvaudit.runners.backend import (
     eos_token_ids,
     logits_from_top,
     model_shape_info,
+    noise_filler_ids,
 )
 from kvaudit.runners.http_client import LOGPROBS, Completion, ServerClient
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
@@ -228,7 +229,7 @@ class OpenAIBackend:
 
     def _with_filler(self, client: ServerClient, prompt: Prompt) -> Completion:
         """The prompt beside a concurrent filler request, so the server batches it differently."""
-        filler = self.neutral_head + prompt.ids[prompt.head_len: prompt.tail_start][:256]
+        filler = noise_filler_ids(self.neutral_head, prompt)
         t = threading.Thread(target=lambda: self._send(client, filler, max_tokens=4), daemon=True)
         t.start()
         try:
@@ -348,9 +349,9 @@ class OpenAIBackend:
         with ThreadPoolExecutor(max_workers=len(reqs), thread_name_prefix="kvaudit-case") as pool:
             futures = [pool.submit(one, r) for r in reqs]
             errors = [f.exception() for f in futures]
-        real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
-        if real or any(errors):
-            raise (real or [e for e in errors if e is not None])[0]
+        failed = [e for e in errors if e is not None]
+        if failed:  # the case that failed, not the ones it left waiting at the barrier
+            raise next((e for e in failed if not isinstance(e, threading.BrokenBarrierError)), failed[0])
         outs = [f.result() for f in futures]
         # The cases prepared side by side: what the group spent building segment KV is the wall
         # time until all were ready, not the sum of each case's own (overlapping) warm-ups.
@@ -490,7 +491,6 @@ def open_openai_backend(model: str = "smollm2", *, dtype: str = "float32", max_n
 
     if not base_url:
         raise KvauditError("--backend openai needs --base-url (the server, e.g. http://127.0.0.1:8000)")
-    check_concurrent_cases(concurrent_cases)
     path = resolve_model_dir(model)
     api_key = os.environ.get("KVAUDIT_API_KEY") or os.environ.get("OPENAI_API_KEY")
     client = ServerClient(base_url, model=served_model, timeout_s=timeout_s, api_key=api_key)

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvaudit.core.errors import KvauditError
 from kvaudit.runners.backend import Backend
-
-CONCURRENT_HELP = ("run each arm for N cases at once, their requests in flight together (default 1; recorded "
-                   "in the manifest and the run's identity)")
 
 # Keyword arguments every opener takes (from `kvaudit run`'s common options).
 COMMON = ("dtype", "max_new_tokens", "cache_bytes")
@@ -54,6 +51,11 @@ class BackendEntry:
         return getattr(importlib.import_module(module), func)(model, **kwargs)
 
 
+# One option two backends take (listed once in --help, under the first).
+CONCURRENT_CASES = Option("--concurrent-cases", "concurrent_cases", 1,
+                          "run each arm for N cases at once, their requests in flight together (default 1; recorded "
+                          "in the manifest and the run's identity)", type=int)
+
 BACKENDS: dict[str, BackendEntry] = {
     b.name: b
     for b in (
@@ -72,7 +74,7 @@ BACKENDS: dict[str, BackendEntry] = {
                                 "allow CUDA graphs (eager is the default)", value=False),
                          Option("--batch-invariant", "batch_invariant", False, "set VLLM_BATCH_INVARIANT=1",
                                 value=True),
-                         Option("--concurrent-cases", "concurrent_cases", 1, CONCURRENT_HELP, type=int),
+                         CONCURRENT_CASES,
                      )),
         BackendEntry("openai", "any OpenAI-compatible completions server over HTTP (see docs/engines.md)",
                      "kvaudit.runners.openai_backend:open_openai_backend", (
@@ -87,7 +89,7 @@ BACKENDS: dict[str, BackendEntry] = {
                                 "(a server running kvaudit's connector, driven by kv_transfer_params)", type=str),
                          Option("--request-timeout", "timeout_s", 300.0, "seconds per request (default 300)",
                                 type=float),
-                         Option("--concurrent-cases", "concurrent_cases", 1, CONCURRENT_HELP, type=int),
+                         CONCURRENT_CASES,
                      )),
     )
 }
@@ -118,7 +120,7 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
                 continue
             added.add(o.flag)
             if len(seen[o.flag]) > 1:
-                o = Option(o.flag, o.param, o.default, f"{o.help} (--backend {', '.join(seen[o.flag])})", o.type, o.value)
+                o = replace(o, help=f"{o.help} (--backend {', '.join(seen[o.flag])})")
             # default None: an option given on the command line is told apart from one left out
             if o.value is not None:
                 g.add_argument(o.flag, dest=o.dest, action="store_const", const=o.value, default=None, help=o.help)

@@ -57,6 +57,7 @@ from kvaudit.runners.backend import (
     eos_token_ids,
     logits_from_top,
     model_shape_info,
+    noise_filler_ids,
 )
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec
@@ -96,8 +97,7 @@ class VllmBackend:
         self.decoding = decoding or Decoding()
         self.engine_opts = dict(engine_opts or {})
         self.store = store
-        check_concurrent_cases(concurrent_cases)
-        self.concurrent_cases = concurrent_cases
+        self.concurrent_cases = concurrent_cases  # checked by open_vllm_backend before the engine starts
         self.max_in_flight = 0  # the most requests the engine held at once (the batching, as it happened)
         self.groups: Counter[int] = Counter()  # how many cases each arm's own requests ran for, together
         self.prefix_salt = uuid.uuid4().hex  # the engine_prefix arms' one shared cache chain
@@ -237,9 +237,8 @@ class VllmBackend:
 
     def _one(self, ids: list[int], *, transfer: dict[str, Any] | None = None, max_tokens: int | None = None,
              salt: str | None = None, prompt_logprobs: int | None = None) -> _Run:
-        rid = self._submit(ids, self._params(max_tokens=max_tokens or self.decoding.max_new_tokens,
-                                             transfer=transfer, prompt_logprobs=prompt_logprobs), salt)
-        return self._drain([rid])[rid]
+        return self._batch([(ids, self._params(max_tokens=max_tokens or self.decoding.max_new_tokens,
+                                               transfer=transfer, prompt_logprobs=prompt_logprobs), salt)])[0]
 
     def _batch(self, items: list[tuple[list[int], Any, str | None]], *, reverse: bool = False,
                filler: list[int] | None = None) -> list[_Run]:
@@ -428,8 +427,7 @@ class VllmBackend:
             # the noise floor: the same ids in another batch shape
             filler = None
             if spec.perturbs_batch:
-                p0 = reqs[0].prompt
-                filler = self.neutral_head + p0.ids[p0.head_len: p0.tail_start][:256]
+                filler = noise_filler_ids(self.neutral_head, reqs[0].prompt)
             runs = self._batch([(r.prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens,
                                                             transfer=save or None), None)
                                 for r, save in zip(reqs, saves)], reverse=spec.perturbs_batch, filler=filler)
