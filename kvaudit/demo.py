@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.arms import ARMS, REPAIR_SWEEP
 from kvaudit.runners.registry import BACKENDS, DEFAULT_BACKEND
 
@@ -31,8 +32,8 @@ DEMO_FAMILIES = ("single_doc=3,multi_hop_bridge=2,multi_hop_compare=2,aggregate=
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="demo directory (default runs/demo)")
-    p.add_argument("--cases", type=int, default=50, help="Boxoffice cases to generate and run (default 50)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cases", type=positive_int, default=50, help="Boxoffice cases to generate and run (default 50)")
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--backend", default=DEFAULT_BACKEND, choices=list(BACKENDS),
                    help=f"{' or '.join(BACKENDS)} (default {DEFAULT_BACKEND}; vllm in .venv-vllm: `make demo-vllm`)")

@@ -353,6 +353,7 @@ def test_missing_run_dir_and_wrong_dataset_are_clear_errors(synth, tmp_path, cap
     assert "run directory not found" in capsys.readouterr().err
     other = tmp_path / "other"
     shutil.copytree(EXAMPLE, other)
+    (other / "dataset.json").unlink()  # no card: the run's own hash check is what refuses it
     with open(other / "cases.jsonl", "a") as f:
         f.write("\n")
     assert main(["audit", str(synth), "--dataset", str(other)]) == 2

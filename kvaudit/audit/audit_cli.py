@@ -21,6 +21,7 @@ from kvaudit.audit.record import write_audit
 from kvaudit.audit.trust import build_audit
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import AUDIT_FILE
+from kvaudit.core.run_lock import run_lock
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +39,9 @@ def audit(run_dir: str | Path, *, identity_tol: float | None = None,
     """Audit ``run_dir``, write ``audit.json`` there and return its content."""
     if identity_tol is not None and not (math.isfinite(identity_tol) and identity_tol >= 0):
         raise KvauditError(f"--identity-tol must be a non-negative number, got {identity_tol}")
-    record = build_audit(run_dir, identity_tol=identity_tol, dataset_dir=dataset_dir)
-    write_audit(run_dir, record)
+    with run_lock(run_dir, "audit"):
+        record = build_audit(run_dir, identity_tol=identity_tol, dataset_dir=dataset_dir)
+        write_audit(run_dir, record)
     return record.to_dict()
 
 

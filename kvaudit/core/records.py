@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -256,6 +257,22 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
         raise
 
 
+def check_writable_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
+    """Fail early, before any expensive work, when ``path`` cannot become a directory we write:
+    it is a file, or its nearest existing ancestor is not writable."""
+    d = Path(path)
+    if d.exists() and not d.is_dir():
+        raise DatasetError(f"{flag} {d}: exists and is not a directory")
+    probe = d
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise DatasetError(f"{flag} {d}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise DatasetError(f"{flag} {d}: {probe} is not writable")
+    return d
+
+
 def dump_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
@@ -272,14 +289,28 @@ def write_jsonl(path: str | os.PathLike, rows: Iterable[Any]) -> None:
     write_atomic(path, dump_jsonl(rows))
 
 
+def parse_json(text: str | bytes, where: str) -> Any:
+    """``json.loads`` that fails only with a :class:`DatasetError` naming ``where``.
+
+    Beyond malformed JSON this covers what the standard parser raises on hostile input: an
+    integer of more digits than Python converts (ValueError) and nesting deeper than the
+    interpreter's recursion limit (RecursionError).
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{where}: not UTF-8 text ({e.reason})") from None
+    except RecursionError:
+        raise DatasetError(f"{where}: JSON nested too deeply to read") from None
+    except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+        raise DatasetError(f"{where}: unreadable JSON value ({str(e)[:120]})") from None
+
+
 def read_json(path: str | os.PathLike) -> Any:
     path = Path(path)
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: file not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DatasetError(f"{path}: not valid JSON ({e})") from None
+    return parse_json(read_bytes(path), str(path))
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
@@ -288,26 +319,38 @@ def read_bytes(path: str | os.PathLike) -> bytes:
         return Path(path).read_bytes()
     except FileNotFoundError:
         raise DatasetError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{path}: is a directory, not a file") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot be read ({e.strerror or e})") from None
 
 
 def iter_jsonl(path: str | os.PathLike, *, tolerate_torn_tail: bool = False,
                data: bytes | None = None) -> Iterator[tuple[int, dict]]:
-    """Yield ``(line_number, object)``; a torn last line (killed writer) is skipped if allowed.
-    ``data``: the file's bytes, when the caller has read them already (``path`` names them)."""
+    """Yield ``(line_number, object)``.
+
+    A last line without its newline is a record like any other when it parses; when it does not
+    (a writer killed mid-line) it is skipped if ``tolerate_torn_tail``, else an error.
+    ``data``: the file's bytes, when the caller has read them already (``path`` names them).
+    """
     path = Path(path)
     try:
-        lines = (read_bytes(path) if data is None else data).decode("utf-8").splitlines(keepends=True)
+        text = (read_bytes(path) if data is None else data).decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: not UTF-8 text ({e})") from None
+        raise DatasetError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    # Split on "\n" only: str.splitlines also breaks at U+2028, U+0085 and other separators that
+    # JSON strings may hold raw (json.dumps(ensure_ascii=False) writes them so).
+    parts = text.split("\n")
+    lines = [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
+            obj = parse_json(line, f"{path}, line {n}")
+        except DatasetError:
             if tolerate_torn_tail and n == len(lines) and not line.endswith("\n"):
                 return
-            raise DatasetError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
+            raise
         if not isinstance(obj, dict):
             raise DatasetError(f"{path}, line {n}: expected a JSON object, got {type(obj).__name__}")
         yield n, obj
@@ -317,7 +360,7 @@ def _check_fields(obj: dict, cls: type, where: str, types: dict[str, type | tupl
     known = {f.name for f in fields(cls)}
     unknown = set(obj) - known
     if unknown:
-        raise DatasetError(f"{where}: unknown field '{sorted(unknown)[0]}'")
+        raise DatasetError(f"{where}: unknown field '{_cut(sorted(unknown)[0], 40)}'")
     for name, typ in types.items():
         if name not in obj:
             raise DatasetError(f"{where}: missing field '{name}'")
@@ -335,13 +378,48 @@ def _str_list(obj: dict, name: str, where: str) -> None:
         raise DatasetError(f"{where}: field '{name}' must be a list of strings")
 
 
+def _check_strata(strata: Any, where: str) -> None:
+    """Strata are a flat object: each key a stratum, each value a string, number or boolean (the
+    report groups cases by ``str(value)``; a list or object there has no group)."""
+    if not isinstance(strata, dict):
+        raise DatasetError(f"{where}: field 'strata' must be an object of stratum values, "
+                           f"got {type(strata).__name__}")
+    for k, v in strata.items():
+        if v is None or not isinstance(v, (str, int, float)):
+            raise DatasetError(f"{where}: field 'strata.{_cut(k, 40)}' must be a string, number or "
+                               f"boolean, got {type(v).__name__}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise DatasetError(f"{where}: field 'strata.{_cut(k, 40)}' must be a finite number")
+
+
+_CANARY_FIELDS = {"value", "decoys", "capture_prefix"}
+
+
+def _check_canary(c: Any, where: str) -> None:
+    """A leak probe's canary: ``{"value": str, "decoys": [str, ...], "capture_prefix": str}``."""
+    if not isinstance(c, dict) or not isinstance(c.get("value"), str) or not c["value"]:
+        raise DatasetError(f"{where}: field 'canary' must be an object with a non-empty string 'value'")
+    unknown = sorted(set(c) - _CANARY_FIELDS)
+    if unknown:
+        raise DatasetError(f"{where}: unknown field 'canary.{_cut(unknown[0], 40)}'")
+    decoys = c.get("decoys", [])
+    if not isinstance(decoys, list) or not all(isinstance(d, str) and d for d in decoys):
+        raise DatasetError(f"{where}: field 'canary.decoys' must be a list of non-empty strings")
+    if not isinstance(c.get("capture_prefix", ""), str):
+        raise DatasetError(f"{where}: field 'canary.capture_prefix' must be str")
+
+
 def read_segments(path: Path, data: bytes | None = None) -> dict[str, Segment]:
     out: dict[str, Segment] = {}
     for n, obj in iter_jsonl(path, data=data):
         where = f"{path}, line {n}"
         _check_fields(obj, Segment, where, {"id": str, "text": str})
+        if not isinstance(obj.get("source", ""), str):
+            raise DatasetError(f"{where}: field 'source' must be str")
+        if not isinstance(obj.get("tags", {}), dict):
+            raise DatasetError(f"{where}: field 'tags' must be an object")
         if obj["id"] in out:
-            raise DatasetError(f"{where}: field 'id': duplicate segment id {obj['id']!r}")
+            raise DatasetError(f"{where}: field 'id': duplicate segment id {_cut(obj['id'])!r}")
         if not obj["text"]:
             raise DatasetError(f"{where}: field 'text' is empty")
         out[obj["id"]] = Segment(**obj)
@@ -359,20 +437,23 @@ def read_cases(path: Path, segments: dict[str, Segment], data: bytes | None = No
         for name in ("segment_ids", "answers", "evidence"):
             _str_list(obj, name, where)
         if obj["id"] in seen:
-            raise DatasetError(f"{where}: field 'id': duplicate case id {obj['id']!r}")
+            raise DatasetError(f"{where}: field 'id': duplicate case id {_cut(obj['id'])!r}")
         seen.add(obj["id"])
         if not obj["segment_ids"]:
             raise DatasetError(f"{where}: field 'segment_ids' is empty")
         for sid in obj["segment_ids"] + obj.get("evidence", []):
             if sid not in segments:
-                raise DatasetError(f"{where}: field 'segment_ids' names unknown segment {sid!r}")
+                raise DatasetError(f"{where}: field 'segment_ids' names unknown segment {_cut(sid)!r}")
+        outside = [e for e in obj.get("evidence", []) if e not in obj["segment_ids"]]
+        if outside:
+            raise DatasetError(f"{where}: field 'evidence' names {_cut(outside[0])!r}, which is not one of "
+                               "the case's segment_ids")
         if obj.get("metric", "em") not in METRICS:
             raise DatasetError(f"{where}: field 'metric' must be one of {', '.join(METRICS)}")
+        _check_strata(obj.get("strata", {}), where)
         if obj.get("canary") is not None:
-            c = obj["canary"]
-            if not isinstance(c, dict) or not isinstance(c.get("value"), str):
-                raise DatasetError(f"{where}: field 'canary' must be an object with a string 'value'")
-        for name in ("system", "prefix"):
+            _check_canary(obj["canary"], where)
+        for name in ("system", "prefix", "metric"):
             if name in obj and not isinstance(obj[name], str):
                 raise DatasetError(f"{where}: field '{name}' must be str")
         out.append(Case(**obj))
@@ -399,16 +480,44 @@ def read_dataset(dir_: str | os.PathLike) -> Dataset:
     segments = read_segments(d / SEGMENTS_FILE, seg_bytes)
     cases = read_cases(d / CASES_FILE, segments, case_bytes)
     card_path = d / CARD_FILE
-    if card_path.exists():
-        raw = read_json(card_path)
-        if not isinstance(raw, dict):
-            raise DatasetError(f"{card_path}: expected a JSON object")
-        known = {f.name for f in fields(DatasetCard)}
-        card = DatasetCard(**{k: v for k, v in raw.items() if k in known})
-    else:
-        card = DatasetCard(generator="unknown")
-    card.content_hash = hashlib.sha256(seg_bytes + case_bytes).hexdigest()[:32]
+    actual_hash = hashlib.sha256(seg_bytes + case_bytes).hexdigest()[:32]
+    card = read_card(card_path, actual_hash) if card_path.exists() else DatasetCard(generator="unknown")
+    card.content_hash = actual_hash
     return Dataset(segments=segments, cases=cases, card=card, path=d)
+
+
+_CARD_TYPES: dict[str, type | tuple] = {
+    "generator": str, "seed": int, "params": dict, "coverage": dict, "content_hash": str, "counts": dict,
+}
+
+
+def read_card(path: Path, actual_hash: str | None = None) -> DatasetCard:
+    """Read and validate ``dataset.json``. Fields kvaudit does not define are ignored (a newer
+    generator may add some); ``generator`` is required. A ``content_hash`` that does not match
+    ``actual_hash`` (the two JSONL files' hash) means they were edited after the card was
+    written: refused, since the coverage and counts the card states no longer describe them."""
+    raw = read_json(path)
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    if "generator" not in raw:
+        raise DatasetError(f"{path}: missing field 'generator'")
+    for name, typ in _CARD_TYPES.items():
+        v = raw.get(name)
+        if v is None and name != "generator":
+            continue
+        if isinstance(v, bool) or not isinstance(v, typ):
+            raise DatasetError(f"{path}: field '{name}' must be {_type_name(typ)}, got {type(v).__name__}")
+    if not raw["generator"].strip():
+        raise DatasetError(f"{path}: field 'generator' is empty")
+    stated = raw.get("content_hash") or ""
+    if stated and actual_hash is not None and stated != actual_hash:
+        raise DatasetError(
+            f"{path}: field 'content_hash' is {_cut(stated, 40)} but {SEGMENTS_FILE} and {CASES_FILE} hash "
+            f"to {actual_hash}: the files were changed after the card was written; regenerate the "
+            "dataset, or remove the field to accept the files as they are"
+        )
+    known = {f.name for f in fields(DatasetCard)}
+    return DatasetCard(**{k: v for k, v in raw.items() if k in known and v is not None})
 
 
 def _shallow(obj: Any) -> dict[str, Any]:
@@ -516,3 +625,29 @@ def read_pairs(run_dir: str | os.PathLike) -> list[PairRecord]:
         except TypeError as e:
             raise DatasetError(f"{where}: malformed pair record ({e})") from None
     return out
+
+
+def mend_pairs_tail(run_dir: str | os.PathLike) -> None:
+    """Make ``pairs.jsonl`` end at a record boundary before records are appended to it.
+
+    A last line without its newline is either a complete record (killed between the write and the
+    newline, or saved by an editor): it gets its newline and is kept; or a torn one (killed
+    mid-line): it is cut, and its case runs again.
+    """
+    path = Path(run_dir) / PAIRS_FILE
+    if not path.exists():
+        return
+    raw = read_bytes(path)
+    if not raw or raw.endswith(b"\n"):
+        return
+    cut = raw.rfind(b"\n") + 1
+    try:
+        complete = isinstance(parse_json(raw[cut:], str(path)), dict)
+    except DatasetError:
+        complete = False
+    write_atomic(path, (raw + b"\n" if complete else raw[:cut]).decode("utf-8", errors="strict"))
+
+
+def _cut(text: str, n: int = 80) -> str:
+    """User input echoed in a message, cut to ``n`` characters."""
+    return text if len(text) <= n else text[:n] + f"... ({len(text)} chars)"

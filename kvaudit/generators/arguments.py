@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import add_progress_argument
 from kvaudit.generators.knobs import ReuseKnobs, split_csv
@@ -17,18 +18,20 @@ from kvaudit.generators.prefixes import PREFIX_VARIANTS, SYSTEM_PROMPTS
 
 def add_output_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="dataset directory to write")
-    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="random seed (same seed, same bytes)")
     p.add_argument("--tokenizer", choices=("none", "smollm2"), default="none",
                    help="token counts for coverage and length checks: none = whitespace words")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a different dataset already in --out (an identical one is left as is)")
     add_progress_argument(p)
 
 
 def add_reuse_arguments(p: argparse.ArgumentParser, *, cases: int = 48) -> None:
     d = ReuseKnobs()
     g = p.add_argument_group("reuse dynamics")
-    g.add_argument("--cases", type=int, default=cases, help=f"number of cases (default {cases})")
-    g.add_argument("--min-docs", type=int, default=d.min_docs, help="fewest documents per case")
-    g.add_argument("--max-docs", type=int, default=d.max_docs, help="most documents per case")
+    g.add_argument("--cases", type=positive_int, default=cases, help=f"number of cases (default {cases})")
+    g.add_argument("--min-docs", type=positive_int, default=d.min_docs, help="fewest documents per case")
+    g.add_argument("--max-docs", type=positive_int, default=d.max_docs, help="most documents per case")
     g.add_argument("--positions", default=",".join(d.positions),
                    help="evidence positions to cycle through (first,middle,last)")
     g.add_argument("--zipf", type=float, default=d.zipf,
@@ -37,7 +40,7 @@ def add_reuse_arguments(p: argparse.ArgumentParser, *, cases: int = 48) -> None:
                    help="share of cases that re-ask an earlier case over the same documents in a new order")
     g.add_argument("--prefixes", default=",".join(d.prefixes),
                    help=f"user-turn prefix variants to draw from ({','.join(PREFIX_VARIANTS)})")
-    g.add_argument("--systems", type=int, default=d.systems,
+    g.add_argument("--systems", type=positive_int, default=d.systems,
                    help=f"how many of the {len(SYSTEM_PROMPTS)} system prompts to vary over")
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import Any
 
+from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import bar_iter, progress_bar, show_progress
 from kvaudit.core.records import Case, DatasetCard, Segment, segment_id
@@ -508,10 +509,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_output_arguments(p)
     add_reuse_arguments(p)
     g = p.add_argument_group("boxoffice world")
-    g.add_argument("--films", type=int, default=0,
+    g.add_argument("--films", type=non_negative_int, default=0,
                    help="films in the world (default: max(20, cases/8)); fewer films = more reuse")
-    g.add_argument("--min-words", type=int, default=60, help="shortest document, in words")
-    g.add_argument("--max-words", type=int, default=150, help="longest document, in words")
+    g.add_argument("--min-words", type=positive_int, default=60, help="shortest document, in words")
+    g.add_argument("--max-words", type=positive_int, default=150, help="longest document, in words")
     g.add_argument("--families", default=DEFAULT_FAMILIES,
                    help="task families and weights, e.g. single_doc=3,leak_probe=1")
     g.add_argument("--number-metric", choices=("em", "contains"), default="em",
@@ -528,7 +529,7 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
     params["tokenizer"] = args.tokenizer
     return finish(args.out, generator="boxoffice", seed=args.seed, params=params,
                   segments=segments, cases=cases, count_tokens=count_tokens, quiet=quiet,
-                  progress=show_progress(args, quiet))
+                  progress=show_progress(args, quiet), overwrite=args.overwrite)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import bar_iter, progress_bar, show_progress
 from kvaudit.core.records import Case, DatasetCard, Segment, segment_id
@@ -299,20 +300,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--split", default=None, help="split of a saved DatasetDict")
     g.add_argument("--chunk", choices=CHUNK_RULES, default=d.chunk,
                    help="chunking rule: paragraphs merged up to --chunk-words, or word windows")
-    g.add_argument("--chunk-words", type=int, default=d.chunk_words, help="most words per chunk")
-    g.add_argument("--min-chunk-words", type=int, default=d.min_chunk_words,
+    g.add_argument("--chunk-words", type=positive_int, default=d.chunk_words, help="most words per chunk")
+    g.add_argument("--min-chunk-words", type=positive_int, default=d.min_chunk_words,
                    help="shorter chunks are skipped (and counted)")
-    g.add_argument("--max-doc-tokens", type=int, default=d.max_doc_tokens,
+    g.add_argument("--max-doc-tokens", type=positive_int, default=d.max_doc_tokens,
                    help="longest document accepted, in --tokenizer units (the model context)")
     g.add_argument("--on-long", choices=("error", "skip"), default=d.on_long,
                    help="what to do with a document over --max-doc-tokens")
-    g.add_argument("--needles", type=int, default=d.needles,
+    g.add_argument("--needles", type=non_negative_int, default=d.needles,
                    help="planted facts (0 = about one per two needle/bridge cases)")
     g.add_argument("--families", default=DEFAULT_FAMILIES,
                    help="task families and weights, e.g. needle=3,multi_hop_bridge=1,agreement=1")
     g.add_argument("--number-metric", choices=("em", "contains"), default=d.number_metric,
                    help="metric for year and number answers")
-    g.add_argument("--max-file-bytes", type=int, default=d.max_file_bytes,
+    g.add_argument("--max-file-bytes", type=non_negative_int, default=d.max_file_bytes,
                    help="larger files are skipped and named (default 64 MiB; 0 = no limit)")
     g.add_argument("--strict", action="store_true",
                    help="refuse the corpus on an unreadable, empty or too large file "
@@ -333,7 +334,7 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
     params["tokenizer"] = args.tokenizer
     card = finish(args.out, generator="corpus", seed=args.seed, params=params, segments=segments,
                   cases=cases, counts=counts, count_tokens=count_tokens, quiet=quiet,
-                  progress=show_progress(args, quiet))
+                  progress=show_progress(args, quiet), overwrite=args.overwrite)
     if not quiet and counts["skipped_files"]:
         print(format_skipped(counts["skipped_files"]))
     return card

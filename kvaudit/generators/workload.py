@@ -32,8 +32,10 @@ from pathlib import Path
 
 import numpy as np
 
+from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import add_progress_argument, progress_bar
+from kvaudit.core.records import check_writable_dir
 from kvaudit.core.trace import DOCUMENT, PREFIX, QUESTION, Trace
 
 
@@ -230,22 +232,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = WorkloadParams()
     a = parser.add_argument
     a("--out", required=True, help="workload JSONL file to write")
-    a("--requests", type=int, default=d.requests, help=f"number of requests (default {d.requests})")
-    a("--documents", type=int, default=d.documents, help=f"corpus size (default {d.documents})")
+    a("--requests", type=positive_int, default=d.requests, help=f"number of requests (default {d.requests})")
+    a("--documents", type=positive_int, default=d.documents, help=f"corpus size (default {d.documents})")
     a("--zipf", type=float, default=d.zipf, help=f"Zipf exponent of query and document popularity (default {d.zipf})")
-    a("--queries", type=int, default=d.queries,
+    a("--queries", type=non_negative_int, default=d.queries,
       help=f"distinct queries in the pool; 0 = every request a new query (default {d.queries})")
-    a("--docs-per-request", type=int, default=d.docs_per_request, help=f"default {d.docs_per_request}")
+    a("--docs-per-request", type=positive_int, default=d.docs_per_request, help=f"default {d.docs_per_request}")
     a("--shared-prefix-share", type=float, default=d.shared_prefix_share,
       help=f"share of requests carrying the fixed date prefix (default {d.shared_prefix_share})")
-    a("--prefix-tokens", type=int, default=d.prefix_tokens, help=f"default {d.prefix_tokens}")
+    a("--prefix-tokens", type=non_negative_int, default=d.prefix_tokens, help=f"default {d.prefix_tokens}")
     a("--doc-tokens", default=d.doc_tokens, metavar="DIST",
       help=f"fixed:N, uniform:LO:HI or lognormal:MEDIAN:SIGMA (default {d.doc_tokens})")
     a("--question-tokens", default=d.question_tokens, metavar="DIST", help=f"default {d.question_tokens}")
-    a("--shift-every", type=int, default=d.shift_every,
+    a("--shift-every", type=non_negative_int, default=d.shift_every,
       help="reshuffle popularity every N requests (bursts that decay); 0 = never")
     a("--rate", type=float, default=d.rate, help=f"arrivals per second for timestamps (default {d.rate})")
-    a("--seed", type=int, default=d.seed)
+    a("--seed", type=non_negative_int, default=d.seed)
     add_progress_argument(parser)
 
 
@@ -254,6 +256,10 @@ def params_from_args(args: argparse.Namespace) -> WorkloadParams:
 
 
 def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.is_dir():
+        raise KvauditError(f"--out {out}: is a directory; the workload is one JSONL file (e.g. {out / 'workload.jsonl'})")
+    check_writable_dir(out.parent, "--out")
     params = params_from_args(args)
     trace = generate(params)
     write_workload(args.out, trace, params, progress=not args.no_progress)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,7 +21,16 @@ from typing import Any
 from kvaudit.core.coverage import compute_coverage, format_summary, refs_bucket
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import progress_bar
-from kvaudit.core.records import Case, DatasetCard, Segment, write_dataset
+from kvaudit.core.records import (
+    CARD_FILE,
+    CASES_FILE,
+    SEGMENTS_FILE,
+    Case,
+    DatasetCard,
+    Segment,
+    check_writable_dir,
+    write_dataset,
+)
 from kvaudit.generators.tokens import TokenCounter, make_token_counter
 
 
@@ -69,9 +79,11 @@ def check_structure(segments: dict[str, Segment], cases: list[Case]) -> None:
 def finish(out: str | Path, *, generator: str, seed: int | None, params: dict[str, Any],
            segments: dict[str, Segment], cases: list[Case], counts: dict[str, Any] | None = None,
            count_tokens: TokenCounter | None = None, quiet: bool = False,
-           progress: bool = False) -> DatasetCard:
+           progress: bool = False, overwrite: bool = False) -> DatasetCard:
     """Fill the refs strata, compute coverage, write the dataset and print its summary
-    (``progress``: a bar while the cases are written, shown when that takes over 2 s)."""
+    (``progress``: a bar while the cases are written, shown when that takes over 2 s).
+    A directory that already holds a dataset is left alone when the new one is byte-identical,
+    refused when it differs, unless ``overwrite``."""
     used: dict[str, None] = {}
     for c in cases:
         used.update(dict.fromkeys(c.segment_ids))
@@ -82,18 +94,32 @@ def finish(out: str | Path, *, generator: str, seed: int | None, params: dict[st
     card = DatasetCard(generator=generator, seed=seed, params=params, coverage=coverage,
                        counts=dict(counts or {}))
     card.counts.update({"cases": len(cases), "segments": len(segs)})
-    out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise KvauditError(f"{out_dir}: exists and is not a directory")
-    write_dataset(out_dir, segs.values(),
-                  progress_bar(cases, desc="writing cases", enabled=progress and not quiet), card)
+    out_dir = check_writable_dir(out)
+    rows = progress_bar(cases, desc="writing cases", enabled=progress and not quiet)
+    existing = [n for n in DATASET_FILES if (out_dir / n).exists()]
+    if existing and not overwrite:
+        # Same seed and parameters give the same bytes: rerunning a generator is harmless, while a
+        # different dataset over an existing one would silently change what runs of it measured.
+        with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}.", dir=out_dir.parent) as tmp:
+            write_dataset(tmp, segs.values(), rows, card)
+            same = all((out_dir / n).is_file() and (out_dir / n).read_bytes() == (Path(tmp) / n).read_bytes()
+                       for n in DATASET_FILES)
+        if not same:
+            raise KvauditError(f"{out_dir}: already holds a different dataset ({existing[0]}); pass "
+                               "--overwrite to replace it, or choose another --out")
+        verb = "unchanged:"
+    else:
+        write_dataset(out_dir, segs.values(), rows, card)
+        verb = "wrote"
     if not quiet:
-        print(f"wrote {len(cases)} cases over {len(segs)} segments to {out_dir}")
+        print(f"{verb} {len(cases)} cases over {len(segs)} segments in {out_dir}")
         print(format_summary(coverage))
         for w in coverage.get("warnings", []):
             print(f"warning: {w}", file=sys.stderr)
     return card
 
+
+DATASET_FILES = (SEGMENTS_FILE, CASES_FILE, CARD_FILE)
 
 BuildStep = Callable[[argparse.Namespace, TokenCounter | None, bool], DatasetCard]
 
@@ -101,6 +127,7 @@ BuildStep = Callable[[argparse.Namespace, TokenCounter | None, bool], DatasetCar
 def run_build(build: BuildStep, args: argparse.Namespace) -> int:
     """The ``run`` of a dataset generator: its ``build`` step with the chosen token counter,
     the garbage collector paused."""
+    check_writable_dir(args.out)  # before the generation, not after it
     count_tokens = make_token_counter(args.tokenizer)
     with paused_gc():
         build(args, count_tokens, False)

@@ -23,6 +23,8 @@ import time
 from dataclasses import asdict, replace
 from typing import Any
 
+from kvaudit.core.arg_types import non_negative_int, positive_int
+
 DEFAULT_REPS = 300
 POWER_TARGET = 0.80
 MAX_CASES = 20000
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", metavar="FILE", help="gate policy TOML (default: the shipped policy)")
     parser.add_argument("--from", dest="from_run", metavar="RUN",
                         help="take the design of each threshold's group from a pilot run directory")
-    parser.add_argument("--cases", type=int, metavar="N", help="cases in the planned run")
+    parser.add_argument("--cases", type=positive_int, metavar="N", help="cases in the planned run")
     parser.add_argument("--cluster-size", type=float, metavar="K",
                         help="mean cases per document (default 1: every case on its own document)")
     parser.add_argument("--multi-doc-share", type=float, metavar="S",
@@ -46,10 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heterogeneity", type=float, metavar="H",
                         help="documents' fragility spread in [0, 1): loss rates are x(1-H) or x(1+H) "
                              "per document (default 0.8)")
-    parser.add_argument("--reps", type=int, default=DEFAULT_REPS, metavar="N",
+    parser.add_argument("--reps", type=positive_int, default=DEFAULT_REPS, metavar="N",
                         help=f"simulated runs per estimate (default {DEFAULT_REPS}; MC SE of a 5%% rate "
                              "is about 1.3%% at 300)")
-    parser.add_argument("--seed", type=int, default=0, help="simulation seed (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0, help="simulation seed (default 0)")
     parser.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
 
 

@@ -40,7 +40,10 @@ def _figure(width: float, height: float):
 def _rc():
     import matplotlib
 
-    return matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "kvaudit", "font.size": 9})
+    # text.parse_math off: labels come from user data (stratum values), and a "$" there must not
+    # be read as mathtext (an unbalanced one made matplotlib raise).
+    return matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "kvaudit", "font.size": 9,
+                                  "text.parse_math": False})
 
 
 def _svg(fig: Any) -> str:

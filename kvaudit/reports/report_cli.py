@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvaudit.core.arg_types import non_negative_int
+
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.html"
 
@@ -17,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", metavar="FILE", help="gate policy TOML (default: the shipped policy)")
     parser.add_argument("--near-tie", type=float, default=1.0, metavar="LOGITS",
                         help="recompute first-token margins below this count as near ties (default 1.0)")
-    parser.add_argument("--max-cases", type=int, default=2000, metavar="N",
+    parser.add_argument("--max-cases", type=non_negative_int, default=2000, metavar="N",
                         help="cases shown in the drill-down, flips first (default 2000)")
     parser.add_argument("--compare", action="append", default=[], metavar="OTHER_RUN",
                         help="a run of the same dataset on another backend: adds a cross-backend "
@@ -31,6 +33,7 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
     ``compare``: runs of the same dataset on other backends, for the cross-backend table.
     """
     from kvaudit.core.records import write_atomic, write_json
+    from kvaudit.core.run_lock import run_lock
     from kvaudit.reports import html
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.cross_backend import compare_runs
@@ -39,14 +42,15 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
     from kvaudit.reports.summary import build_summary
 
     policy = load_policy(policy_path)
-    run = load_run(run_dir)
-    an = Analysis(run, near_tie=near_tie, confidence=policy.confidence, min_icc=policy.min_icc)
-    summary = build_summary(an, policy)
-    summary["cross_backend"] = [compare_runs(run, load_run(other)) for other in compare]
-    write_json(run.path / SUMMARY_FILE, summary)
-    write_samples(an, run.path / SAMPLES_FILE)
-    out = run.path / REPORT_FILE
-    write_atomic(out, html.render(summary, an, policy, max_cases=max_cases))
+    with run_lock(run_dir, "report"):
+        run = load_run(run_dir)
+        an = Analysis(run, near_tie=near_tie, confidence=policy.confidence, min_icc=policy.min_icc)
+        summary = build_summary(an, policy)
+        summary["cross_backend"] = [compare_runs(run, load_run(other)) for other in compare]
+        write_json(run.path / SUMMARY_FILE, summary)
+        write_samples(an, run.path / SAMPLES_FILE)
+        out = run.path / REPORT_FILE
+        write_atomic(out, html.render(summary, an, policy, max_cases=max_cases))
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvaudit.core.arg_types import positive_int
 from kvaudit.core.arms import ARMS, DEFAULT_ARMS
 from kvaudit.runners.registry import add_backend_arguments
 
@@ -33,15 +34,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2", help="'smollm2' (default) or a local checkpoint directory")
     add_backend_arguments(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--limit", type=int, default=None, help="run only the first N cases")
-    p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument("--limit", type=positive_int, default=None, help="run only the first N cases")
+    p.add_argument("--max-new-tokens", type=positive_int, default=24)
     p.add_argument("--cache-budget", type=parse_bytes, default="2GiB", help="segment cache capacity (default 2GiB)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
     from kvaudit.core.arms import parse_arms
-    from kvaudit.core.records import read_dataset
+    from kvaudit.core.attestation import attestation_key
+    from kvaudit.core.records import check_writable_dir, read_dataset
+    from kvaudit.core.run_lock import run_lock
     from kvaudit.runners.registry import backend_options, open_from_args
     from kvaudit.runners.runner import RunConfig, check_resumable, execute
     from kvaudit.runners.session import print_run_summary
@@ -49,11 +52,14 @@ def run(args: argparse.Namespace) -> int:
     backend_options(args)  # refuse another backend's options before any work
     arms = parse_arms(args.arms, args.backend)
     dataset = read_dataset(args.dataset)
-    # Refuse a mismatched run directory before spending time on loading the model.
-    check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
-    backend = open_from_args(args, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
-                             cache_bytes=args.cache_budget)
-    cfg = RunConfig(dataset=dataset, out=args.out, arms=arms, model_name=args.model, limit=args.limit)
-    manifest = execute(cfg, backend, progress=not args.no_progress)
-    print_run_summary(args.out, manifest)
+    check_writable_dir(args.out)
+    attestation_key()  # a key too short to sign with is refused now, not after the run
+    # The run directory is locked and checked before time is spent on loading the model.
+    with run_lock(args.out, "run", create=True):
+        check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
+        backend = open_from_args(args, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
+                                 cache_bytes=args.cache_budget)
+        cfg = RunConfig(dataset=dataset, out=args.out, arms=arms, model_name=args.model, limit=args.limit)
+        manifest = execute(cfg, backend, progress=not args.no_progress)
+        print_run_summary(args.out, manifest)
     return 0

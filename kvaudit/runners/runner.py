@@ -30,6 +30,7 @@ from kvaudit.core.arms import (
     evidence_only,
     get_arm,
 )
+from kvaudit.core.attestation import ATTESTATION_FILE, attest, attestation_key
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.records import (
     AUDIT_FILE,
@@ -39,9 +40,10 @@ from kvaudit.core.records import (
     Dataset,
     PairRecord,
     flipped,
-    iter_jsonl,
-    write_atomic,
+    mend_pairs_tail,
+    read_pairs,
 )
+from kvaudit.core.run_lock import run_lock
 from kvaudit.core.run_records import (
     DatasetRef,
     Manifest,
@@ -103,17 +105,13 @@ def run_identity(cfg: RunConfig, backend: Backend) -> RunIdentity:
     )
 
 
-def load_done(out: Path) -> dict[str, dict]:
-    """Finished case records; rewrites the file without a torn last line left by a kill."""
-    path = out / PAIRS_FILE
-    if not path.exists():
+def load_done(out: Path) -> dict[str, PairRecord]:
+    """Finished case records, by case id, after mending the file's tail
+    (:func:`~kvaudit.core.records.mend_pairs_tail`: a complete last record is kept, a torn one cut)."""
+    mend_pairs_tail(out)
+    if not (out / PAIRS_FILE).exists():
         return {}
-    done = {obj["case_id"]: obj for _, obj in iter_jsonl(path, tolerate_torn_tail=True)}
-    raw = path.read_bytes()
-    if raw and not raw.endswith(b"\n"):
-        good = raw[: raw.rfind(b"\n") + 1]
-        write_atomic(path, good.decode("utf-8"))
-    return done
+    return {rec.case_id: rec for rec in read_pairs(out)}
 
 
 def check_resumable(out: Path, identity: dict[str, Any]) -> Manifest | None:
@@ -279,10 +277,8 @@ def _pair_record(backend: Backend, inputs: _CaseInputs, arms: dict[str, Any], fi
 
 
 def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manifest:
-    """Run (or resume) ``cfg`` on ``backend``; returns the final manifest."""
-    import torch
-    from tqdm import tqdm
-
+    """Run (or resume) ``cfg`` on ``backend``, holding the run directory's writer lock; returns the
+    final manifest."""
     out = cfg.out
     check_backend(cfg.arms, backend.name)
     check_arms = getattr(backend, "check_arms", None)
@@ -291,7 +287,15 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
     if REFERENCE_ARM not in cfg.arms:
         raise KvauditError(f"the arms must include the reference arm {REFERENCE_ARM!r}: every other arm "
                            "is compared with it")
-    out.mkdir(parents=True, exist_ok=True)
+    with run_lock(out, "run", create=True):
+        return _execute_locked(cfg, backend, progress=progress)
+
+
+def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Manifest:
+    import torch
+    from tqdm import tqdm
+
+    out = cfg.out
     identity = run_identity(cfg, backend)
     old = check_resumable(out, identity.values())
     done = load_done(out)
@@ -299,6 +303,9 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
     todo = [c for c in cases if c.id not in done]
     if todo:  # new pairs make any earlier audit stale: remove it rather than leave it lying
         (out / AUDIT_FILE).unlink(missing_ok=True)
+    # This session rewrites the manifest: an earlier attestation no longer holds (a new one is
+    # written when the session ends, if the key is set).
+    (out / ATTESTATION_FILE).unlink(missing_ok=True)
     info = backend.info()
     manifest = Manifest(
         kvaudit_version=__import__("kvaudit").__version__,
@@ -355,6 +362,10 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
     manifest.timing_s = _sum_timings(manifest.sessions)
     manifest.status = "complete" if len(load_done(out)) >= len(cases) else "partial"
     write_manifest(out, manifest)
+    key = attestation_key()
+    if key is not None:
+        attest(out, key, {"tool": "kvaudit run", "kvaudit_version": manifest.kvaudit_version,
+                          "git_revision": manifest.git_revision})
     return manifest
 
 

@@ -20,6 +20,7 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     plt.rcParams["svg.hashsalt"] = "kvaudit"
+    plt.rcParams["text.parse_math"] = False  # labels are plain text, never mathtext
     return plt
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
+from kvaudit.core.arg_types import positive_int
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import add_progress_argument, progress_bar, progress_print
 from kvaudit.core.trace import KINDS
@@ -30,14 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--capacity", default=DEFAULT_CAPACITIES, help=f"comma-separated budgets (default {DEFAULT_CAPACITIES})")
     a("--out", required=True, help="output directory")
     a("--policies", default="segment,prefix", help="comma-separated: segment, prefix")
-    a("--block-size", type=int, default=16, help="prefix-cache block size in tokens (default 16)")
+    a("--block-size", type=positive_int, default=16, help="prefix-cache block size in tokens (default 16)")
     a("--capture", choices=CAPTURE_MODES, default="neutral",
       help="how a missed segment is cached: neutral warm-up forward, or captured from the first user")
     a("--segment-kinds", default="document",
       help="piece kinds the segment cache stores, comma-separated (default document)")
     a("--cold-fraction", type=float, default=0.2,
       help="share of requests counted as the cold phase (default 0.2)")
-    a("--windows", type=int, default=20, help="windows for hit rate over time (default 20)")
+    a("--windows", type=positive_int, default=20, help="windows for hit rate over time (default 20)")
     add_progress_argument(parser)
 
 
@@ -102,12 +102,13 @@ def report_markdown(sim: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.core.records import write_atomic, write_json
+    from kvaudit.core.records import check_writable_dir, write_atomic, write_json
     from kvaudit.core.trace import read_trace
     from kvaudit.simulator.engine import markdown_table, simulate
     from kvaudit.simulator.plots import plot_over_time, plot_vs_capacity
 
     config = _config(args)
+    out = check_writable_dir(args.out)  # before the simulation, not after it
     t0 = time.perf_counter()
     trace = read_trace(args.workload)
     print(f"read {trace.n_requests:,} requests in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
@@ -122,7 +123,6 @@ def run(args: argparse.Namespace) -> int:
     sim = simulate(trace, config, progress)
     bar.close()
     sim["workload"]["path"] = str(args.workload)
-    out = Path(args.out)
     write_json(out / "simulation.json", sim)
     write_atomic(out / "simulation.md", report_markdown(sim))
     plot_vs_capacity(sim, out / "hit_rate_vs_capacity.svg")
