@@ -67,10 +67,11 @@ def test_summary_has_the_planted_effects(run_dir):
     assert set(s["ttft"]["recompute"]) == {"n", "mean", "p50", "p90", "p99"}
     assert s["audit"] == {"ran": True, "state": "verified", "reason": "", "verdict": "passed",
                           "passed": True, "checks": s["audit"]["checks"]}
-    # the planted multi-hop loss fails its threshold; 40 cases per family and 10 leak probes
-    # are too few for the noise-floor control and the leak checks, so the run cannot be judged
+    # the planted multi-hop loss fails its threshold (its whole interval lies below the margin);
+    # 10 leak probes are too few for the leak checks, which cannot be judged; a failed threshold
+    # is a decision, so the verdict is fail with those rows still listed
     checks = {c["name"]: c["status"] for c in s["gate"]["checks"]}
-    assert checks["multi-hop quality"] == "fail" and s["gate"]["verdict"] == "error"
+    assert checks["multi-hop quality"] == "fail" and s["gate"]["verdict"] == "fail"
     assert checks["neutral-policy text leak rate"] == "error"
     excess = s["flip_excess"]["reuse"]
     assert excess["delta"] == pytest.approx(100 * s["flips"]["reuse"]["rate"], abs=1e-9) and excess["n"] > 0

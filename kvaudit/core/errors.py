@@ -1,6 +1,10 @@
 """User-facing errors: the CLI prints their message as one clear sentence, never a traceback."""
 
+import os
+
 from kvaudit.core.records import DatasetError
+
+MAX_MESSAGE = 500  # characters of an error message (they may echo user input)
 
 
 class KvauditError(Exception):
@@ -12,3 +16,17 @@ class UnsupportedModelError(KvauditError):
 
 
 USER_ERRORS = (KvauditError, DatasetError)
+
+
+def cut(text: object, limit: int = MAX_MESSAGE) -> str:
+    """``text`` on one line, at most ``limit`` characters (an ellipsis marks a cut)."""
+    one = " ".join(str(text).splitlines())
+    return one if len(one) <= limit else one[: limit - 3] + "..."
+
+
+def os_error_message(e: OSError) -> str:
+    """``<path>: <reason>`` for an OSError; the path is the destination of a rename (what the
+    user named: write_atomic renames a temp file onto it) or the file the call was given."""
+    path = e.filename2 if e.filename2 is not None else e.filename
+    reason = e.strerror or str(e) or type(e).__name__
+    return cut(f"{os.fsdecode(path)}: {reason}" if path is not None else reason)

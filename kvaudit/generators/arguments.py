@@ -30,7 +30,7 @@ def add_reuse_arguments(p: argparse.ArgumentParser, *, cases: int = 48) -> None:
     d = ReuseKnobs()
     g = p.add_argument_group("reuse dynamics")
     g.add_argument("--cases", type=positive_int, default=cases, help=f"number of cases (default {cases})")
-    g.add_argument("--min-docs", type=positive_int, default=d.min_docs, help="fewest documents per case")
+    g.add_argument("--min-docs", type=int, default=d.min_docs, help="fewest documents per case")
     g.add_argument("--max-docs", type=positive_int, default=d.max_docs, help="most documents per case")
     g.add_argument("--positions", default=",".join(d.positions),
                    help="evidence positions to cycle through (first,middle,last)")

@@ -18,6 +18,7 @@ from typing import Any
 
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import progress_bar
+from kvaudit.core.records import DatasetError, parse_json
 
 SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
 DEFAULT_MAX_FILE_BYTES = 64 * 2**20  # 64 MiB; 0 = no limit
@@ -35,16 +36,36 @@ def _is_saved_dataset(p: Path) -> bool:
     return any((p / n).exists() for n in ("dataset_info.json", "dataset_dict.json", "state.json"))
 
 
+def _cut(name: str, n: int = 80) -> str:
+    """A user's field name quoted for a message (``repr``: control characters escaped), cut to
+    ``n`` characters."""
+    r = repr(name)
+    return r if len(r) <= n else r[:n] + "..."
+
+
 def _field(obj: Any, field: str, where: str, keys: list[str]) -> str | None:
     """The text of one record, or None when it is missing or blank (counted as skipped)."""
     if field not in keys:
-        raise KvauditError(f"{where}: no field {field!r} (fields: {', '.join(map(str, keys))}); "
+        named = ", ".join(_cut(str(k), 40) for k in keys[:10]) + (f", ... ({len(keys)} fields)"
+                                                                   if len(keys) > 10 else "")
+        raise KvauditError(f"{where}: no field {_cut(field)} (fields: {named or 'none'}); "
                            "choose one with --text-field")
     if obj is None:
         return None
     if not isinstance(obj, str):
-        raise KvauditError(f"{where}: field {field!r} must be a string, got {type(obj).__name__}")
+        raise KvauditError(f"{where}: field {_cut(field)} must be a string, got {type(obj).__name__}")
     return obj if obj.strip() else None
+
+
+def _unicode(text: str) -> str:
+    """``text`` when it is writable as UTF-8; a JSON ``\\ud800`` escape gives a lone surrogate,
+    which no dataset file can hold (:class:`SkippedFile` then)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise SkippedFile("unreadable", f"not Unicode text (a lone surrogate {text[e.start]!r} "
+                                        f"at character {e.start})") from None
+    return text
 
 
 class SkippedFile(Exception):
@@ -53,6 +74,22 @@ class SkippedFile(Exception):
     def __init__(self, kind: str, reason: str):
         super().__init__(reason)
         self.kind, self.reason = kind, reason
+
+
+def _json_line(line: str, n: int) -> Any:
+    """One JSONL line's value; a line that cannot be read makes the file unreadable, named by its
+    line: malformed JSON (the parser's short message), and what :func:`parse_json` also refuses
+    (an integer of more digits than Python converts, nesting too deep to read)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise SkippedFile("unreadable", f"line {n}: not valid JSON ({e.msg})") from None
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return parse_json(line, f"line {n}")
+    except DatasetError as e:
+        raise SkippedFile("unreadable", str(e)) from None
 
 
 def _read_text(path: Path) -> str:
@@ -88,23 +125,26 @@ def _load_file(path: Path, text_field: str, skipped: Counter,
         return [SourceDoc(str(path), text)]
     out = []
     if suffix == ".jsonl":
-        lines = _read_text(path).splitlines()
+        # Lines end at "\n" only: str.splitlines would also break inside a JSON string holding a
+        # raw U+2028, U+0085 or U+001C (iter_jsonl's rule).
+        lines = _read_text(path).split("\n")
         if not any(line.strip() for line in lines):
             raise SkippedFile("empty", "empty file (whitespace only)")
         for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SkippedFile("unreadable", f"line {n}: not valid JSON ({e.msg})") from None
+            obj = _json_line(line, n)
             if not isinstance(obj, dict):
-                raise SkippedFile("unreadable", f"line {n}: expected a JSON object")
+                raise SkippedFile("unreadable", f"line {n}: expected a JSON object, got "
+                                                f"{type(obj).__name__}")
             text = _field(obj.get(text_field), text_field, f"{path}, line {n}", list(obj))
             if text is None:
                 skipped["empty_documents"] += 1
             else:
-                out.append(SourceDoc(f"{path}:{n}", text))
+                try:
+                    out.append(SourceDoc(f"{path}:{n}", _unicode(text)))
+                except SkippedFile as e:
+                    raise SkippedFile(e.kind, f"line {n}: field {_cut(text_field)}: {e.reason}") from None
         return out
     if suffix == ".parquet":
         import pandas as pd

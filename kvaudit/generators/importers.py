@@ -17,16 +17,25 @@ in other orders, so every passage recurs at other positions.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import progress_bar, show_progress
-from kvaudit.core.records import METRICS, TASK_FAMILIES, Case, DatasetCard, Segment, segment_id
+from kvaudit.core.records import (
+    METRICS,
+    TASK_FAMILIES,
+    Case,
+    DatasetCard,
+    DatasetError,
+    Segment,
+    parse_json,
+    segment_id,
+)
 from kvaudit.generators.arguments import add_output_arguments
 from kvaudit.generators.chunking import chunk_text
 from kvaudit.generators.placement import len_bucket, position_label
@@ -48,25 +57,38 @@ def _records(path: Path) -> list[tuple[str, Any]]:
     except UnicodeDecodeError as e:
         raise KvauditError(f"{path}: not UTF-8 text (undecodable byte at offset {e.start})") from None
     if raw.lstrip().startswith("["):
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise KvauditError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+        data = _parse(raw, str(path))
         out = [(f"{path}, record {i}", r) for i, r in enumerate(data)]
     else:
-        out = []
-        for n, line in enumerate(raw.splitlines(), 1):
-            if line.strip():
-                try:
-                    out.append((f"{path}, line {n}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise KvauditError(f"{path}, line {n}: not valid JSON ({e.msg})") from None
+        # Lines end at "\n" only (iter_jsonl's rule): str.splitlines would also break inside a
+        # JSON string holding a raw U+2028, U+0085 or U+001C.
+        out = [(f"{path}, line {n}", _parse(line, f"{path}, line {n}"))
+               for n, line in enumerate(raw.split("\n"), 1) if line.strip()]
     if not out:
         raise KvauditError(f"{path}: no records")
     for where, r in out:
         if not isinstance(r, dict):
             raise KvauditError(f"{where}: expected a JSON object, got {type(r).__name__}")
     return out
+
+
+def _parse(text: str, where: str) -> Any:
+    """:func:`parse_json`, its error a :class:`KvauditError` as every other import error is."""
+    try:
+        return parse_json(text, where)
+    except DatasetError as e:
+        raise KvauditError(str(e)) from None
+
+
+def _unicode(v: str, where: str, key: str) -> str:
+    """``v`` when it is writable as UTF-8 (a JSON ``\\ud800`` escape gives a lone surrogate,
+    which no dataset file can hold)."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise KvauditError(f"{where}: field {key!r} is not Unicode text (a lone surrogate "
+                           f"{v[e.start]!r} at character {e.start})") from None
+    return v
 
 
 def _str(r: dict, key: str, where: str) -> str:
@@ -77,7 +99,7 @@ def _str(r: dict, key: str, where: str) -> str:
         raise KvauditError(f"{where}: field {key!r} must be a string, got {type(v).__name__}")
     if not v.strip():
         raise KvauditError(f"{where}: field {key!r} is empty")
-    return v
+    return _unicode(v, where, key)
 
 
 def _answers(r: dict, where: str) -> list[str]:
@@ -86,7 +108,7 @@ def _answers(r: dict, where: str) -> list[str]:
         v = [v]
     if not isinstance(v, list) or not v or not all(isinstance(a, str) for a in v):
         raise KvauditError(f"{where}: field 'answers' must be a non-empty list of strings")
-    return v
+    return [_unicode(a, where, "answers") for a in v]
 
 
 def _ctxs_passages(r: dict, where: str) -> list[tuple[str, bool | None]]:
@@ -101,6 +123,7 @@ def _ctxs_passages(r: dict, where: str) -> list[tuple[str, bool | None]]:
         text, title = c.get("text"), c.get("title", "")
         if not isinstance(text, str) or not isinstance(title, str | None):
             raise KvauditError(f"{w}: fields 'text' and 'title' must be strings")
+        text, title = _unicode(text, w, "text"), title and _unicode(title, w, "title")
         flag = next((bool(c[f]) for f in EVIDENCE_FLAGS if f in c), None)
         body = text.strip()
         out.append((f"{title.strip()}\n{body}" if title and title.strip() and body else body, flag))
@@ -216,18 +239,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="ctxs-style JSON (list or JSONL) or LongBench JSONL file")
     p.add_argument("--format", required=True, choices=FORMATS, help="input format")
     add_output_arguments(p)
-    p.add_argument("--reorders", type=int, default=2,
+    p.add_argument("--reorders", type=non_negative_int, default=2,
                    help="extra cases per record over the same passages in other orders")
     p.add_argument("--task", default="imported", choices=TASK_FAMILIES,
                    help="task family to tag the cases with")
     p.add_argument("--metric", default="f1", choices=METRICS,
                    help="answer metric (f1 for short QA, rouge_l for summaries)")
-    p.add_argument("--chunk-words", type=int, default=200,
+    p.add_argument("--chunk-words", type=positive_int, default=200,
                    help="longbench contexts without passage markers: most words per passage")
-    p.add_argument("--limit", type=int, default=0, help="import only the first N records")
+    p.add_argument("--limit", type=non_negative_int, default=0, help="import only the first N records")
     p.add_argument("--prefixes", default="none",
                    help=f"user-turn prefix variants to draw from ({','.join(PREFIX_VARIANTS)})")
-    p.add_argument("--systems", type=int, default=1,
+    p.add_argument("--systems", type=positive_int, default=1,
                    help=f"how many of the {len(SYSTEM_PROMPTS)} system prompts to vary over")
 
 
@@ -241,7 +264,7 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
     params["tokenizer"] = args.tokenizer
     return finish(args.out, generator=f"import-{args.format}", seed=args.seed, params=params,
                   segments=segments, cases=cases, counts=counts, count_tokens=count_tokens,
-                  quiet=quiet, progress=show_progress(args, quiet))
+                  quiet=quiet, progress=show_progress(args, quiet), overwrite=args.overwrite)
 
 
 def run(args: argparse.Namespace) -> int:

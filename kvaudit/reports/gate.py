@@ -1,16 +1,22 @@
 """CI gate: check a run against a policy (`kvaudit gate RUN [--policy FILE] [--junit FILE]`).
 
-Exit status: 0 every threshold holds, 1 some threshold fails, 2 the run cannot be judged
-(missing or corrupt files; the audit not run, stale, foreign or hand-written; a threshold
+Exit status, a contract CI acts on: 0 every threshold holds; 1 some threshold fails (a decision:
+also when other rows could not be judged, which stay listed); 2 anything else: the run cannot be
+judged (missing or corrupt files; the audit not run, stale, foreign or hand-written; a threshold
 without data or with too few documents to decide; the noise floor failing a threshold; a run
-with missing cases unless ``--allow-partial``; a policy without thresholds or otherwise bad). Prints a
+with missing cases unless ``--allow-partial``; every threshold skipped, so nothing was checked),
+the policy is bad (no thresholds, a wrong type, a non-finite or out-of-range number, the
+reference as the arm under test), or ``--junit``/``--markdown`` cannot be written. Prints a
 Markdown summary (fit for a CI job summary) and can write JUnit XML with one test case per
-threshold, so CI systems list each threshold as a test.
+threshold, so CI systems list each threshold as a test. The files are written before anything is
+printed, so a reader that closes stdout early (``| head -1``) still gets them and the verdict's
+exit code.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -94,8 +100,9 @@ def completeness(run, *, allow_partial: bool):
 
 
 def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_partial: bool = False):
-    """``(verdict, results, policy_source, arm, error)``; never raises for bad user input."""
-    from kvaudit.core.errors import USER_ERRORS
+    """``(verdict, results, policy_source, arm, error)``; never raises for bad user input (a
+    bad policy, an unreadable or malformed run: ``error`` says why)."""
+    from kvaudit.core.errors import USER_ERRORS, cut, os_error_message
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.policy import DEFAULT_POLICY, evaluate, load_policy, verdict
 
@@ -107,18 +114,37 @@ def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_p
         row = completeness(run, allow_partial=allow_partial)
         results = ([row] if row else []) + results
     except USER_ERRORS as e:
-        return "error", [], source, None, str(e)
+        return "error", [], source, None, cut(e)
+    except OSError as e:  # a run file that is a directory, unreadable, ...
+        return "error", [], source, None, os_error_message(e)
     return verdict(results), results, policy.source, policy.arm, None
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.core.errors import os_error_message
     from kvaudit.core.records import write_atomic
 
     result, results, source, arm, error = judge(args.run_dir, args.policy, allow_partial=args.allow_partial)
     md = markdown(result, results, run_dir=str(args.run_dir), policy=source, arm=arm, error=error)
-    print(md)
-    if args.markdown:
-        write_atomic(args.markdown, md)
-    if args.junit:
-        write_atomic(args.junit, junit_xml(results, run_dir=str(args.run_dir), policy=source, error=error))
+    # The files first: a verdict on stdout followed by a crash writing them would leave CI with a
+    # printed PASS and no report; and a reader that stops early must not cost them.
+    outputs = [(args.markdown, "--markdown", lambda: md),
+               (args.junit, "--junit", lambda: junit_xml(results, run_dir=str(args.run_dir), policy=source,
+                                                         error=error))]
+    for path, option, text in outputs:
+        if not path:
+            continue
+        try:
+            write_atomic(path, text())
+        except OSError as e:
+            print(f"kvaudit: error: {os_error_message(e)} (writing {option}; the verdict was not reported)",
+                  file=sys.stderr)
+            return EXIT["error"]
+    try:
+        print(md)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `kvaudit gate RUN | head -1`: the reader left, the files are written, the verdict stands.
+        # `kvaudit.cli.main` sends the rest of stdout to os.devnull when it flushes.
+        pass
     return EXIT[result]

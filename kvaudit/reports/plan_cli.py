@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", metavar="FILE", help="gate policy TOML (default: the shipped policy)")
     parser.add_argument("--from", dest="from_run", metavar="RUN",
                         help="take the design of each threshold's group from a pilot run directory")
-    parser.add_argument("--cases", type=positive_int, metavar="N", help="cases in the planned run")
+    parser.add_argument("--cases", type=int, metavar="N", help="cases in the planned run")
     parser.add_argument("--cluster-size", type=float, metavar="K",
                         help="mean cases per document (default 1: every case on its own document)")
     parser.add_argument("--multi-doc-share", type=float, metavar="S",

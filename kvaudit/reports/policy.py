@@ -32,8 +32,17 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
     max_timing_auc = 0.75               # hit vs miss TTFT: the AUC's interval must lie in [1 - max, max]
 
 Every section may set its own ``missing``. A check's status is pass, fail, error (could not be
-judged) or skip; the gate's verdict is error if any check errored, else fail if any failed.
-A policy without a single threshold is an error: a gate that checks nothing must not pass.
+judged) or skip. The gate's verdict (:func:`verdict`) is fail if any check failed (a threshold
+that failed is a decision, whatever else could not be judged; those rows stay listed), else error
+(cannot judge) if any check could not be judged, else error if no threshold reached pass or fail
+at all (every one skipped: a gate that checked nothing must not pass; :func:`evaluate` adds a
+"thresholds checked" row saying so), else pass. A policy without a single threshold is an error
+for the same reason.
+
+Every field is validated: numbers must be finite and within their range (``hit_rate.min`` and
+``leak.max_neutral_text_leak_rate`` in [0, 1], ``min_lower_bound`` in [-100, 100] points),
+switches (``require_passed``, ``forbid_neutral_exposure``, ``require_tenant_isolation``) must be
+true or false, and ``arm`` must be an arm other than the reference it is compared with.
 
 Where the run has ``recompute_again`` (the noise floor), every delta threshold is also applied to
 it as a negative control: recompute against itself must clear the margin, or the run cannot be
@@ -64,6 +73,8 @@ _SECTIONS = {
     "leak": {"max_neutral_text_leak_rate", "forbid_neutral_exposure", "missing"},
     "security": {"require_tenant_isolation", "max_timing_auc", "missing"},
 }
+# Rows that are not thresholds of the policy: they never make a gate that checked nothing pass.
+NOT_THRESHOLDS = ("completeness", "noise_control", "coverage")
 
 
 @dataclass
@@ -122,14 +133,40 @@ def _load_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise KvauditError(f"{path}: policy file not found") from None
+    except OSError as e:  # a directory, unreadable, ...
+        raise KvauditError(f"{path}: cannot read the policy file ({e.strerror or e})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise KvauditError(f"{path}: not valid TOML ({e})") from None
 
 
-def _num(where: str, v: Any) -> float:
+def _num(where: str, v: Any, lo: float | None = None, hi: float | None = None) -> float:
+    """A finite number (within [lo, hi] when given); NaN and infinities are refused: a NaN bound
+    compares false both ways and an infinite one can never (or always) be met."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise KvauditError(f"{where} must be a number")
-    return float(v)
+    try:
+        x = float(v)
+    except OverflowError:  # an integer too large for a float
+        x = math.inf
+    if not math.isfinite(x):
+        raise KvauditError(f"{where} must be a finite number, not {v}")
+    if (lo is not None and x < lo) or (hi is not None and x > hi):
+        span = f"[{lo:g}, {hi:g}]" if lo is not None and hi is not None else (
+            f"at least {lo:g}" if lo is not None else f"at most {hi:g}")
+        raise KvauditError(f"{where} must be {'in ' if span[0] == '[' else ''}{span}, not {x:g}")
+    return x
+
+
+def _bool(where: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise KvauditError(f"{where} must be true or false")
+    return v
+
+
+def _short(v: Any, n: int = 60) -> str:
+    """``v`` as text for an error message, cut to ``n`` characters."""
+    text = str(v)
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _missing(source: str, label: str, section: dict[str, Any], default: str) -> str:
@@ -143,7 +180,7 @@ def _missing(source: str, label: str, section: dict[str, Any], default: str) -> 
 def _unknown(where: str, obj: dict[str, Any], allowed: set[str]) -> None:
     extra = sorted(set(obj) - allowed)
     if extra:
-        raise KvauditError(f"{where}: unknown field '{extra[0]}'")
+        raise KvauditError(f"{where}: unknown field '{_short(extra[0])}'")
 
 
 def parse_policy(raw: dict[str, Any], source: str) -> Policy:
@@ -153,9 +190,12 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
     if not isinstance(arm, str) or not arm:
         raise KvauditError(f"{source}: field 'arm' must be a non-empty string")
     try:
-        get_arm(arm)  # a registry arm or a parameterised repair (blend@0.15, epic@16)
+        spec = get_arm(arm)  # a registry arm or a parameterised repair (blend@0.15, epic@16)
     except KvauditError as e:
         raise KvauditError(f"{source}: field 'arm': {e}") from None
+    if spec.compared_with == spec.name:
+        raise KvauditError(f"{source}: field 'arm': '{arm}' is the reference every arm is compared with; "
+                           f"the arm under test cannot be its own reference (e.g. arm = \"{UNDER_TEST_ARM}\")")
     conf = _num(f"{source}: field 'confidence'", raw.get("confidence", DEFAULT_CONFIDENCE))
     try:
         check_confidence(conf)
@@ -178,7 +218,7 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
         group = d.get("group")
         if not isinstance(group, str) or not (group == "overall" or ":" in group):
             raise KvauditError(f"{where}.group' must be 'overall', 'task:<glob>' or '<stratum>:<glob>'")
-        bound = _num(f"{where}.min_lower_bound'", d.get("min_lower_bound"))
+        bound = _num(f"{where}.min_lower_bound' (points)", d.get("min_lower_bound"), -100.0, 100.0)
         name = d.get("name", group)
         if not isinstance(name, str):
             raise KvauditError(f"{where}.name' must be a string")
@@ -193,28 +233,28 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
             raise KvauditError(f"{source}: field '{key}' must be a table ([{key}])")
         _unknown(f"{source}: [{key}]", sec, _SECTIONS[key])
         missing = _missing(source, key, sec, default_missing)
-        if key == "audit" and sec.get("require_passed", True) is not False:
-            pol.checks.append(Check("audit passed", "audit", {}, missing))
+        if key == "audit":
+            if _bool(f"{source}: field 'audit.require_passed'", sec.get("require_passed", True)):
+                pol.checks.append(Check("audit passed", "audit", {}, missing))
         elif key == "hit_rate":
-            lo = _num(f"{source}: field 'hit_rate.min'", sec.get("min"))
+            lo = _num(f"{source}: field 'hit_rate.min'", sec.get("min"), 0.0, 1.0)
             src = sec.get("source", "measured")
             if src not in ("measured", "segment", "simulated"):
                 raise KvauditError(f"{source}: field 'hit_rate.source' must be 'measured', 'segment' or 'simulated'")
-            if src == "simulated" and not isinstance(sec.get("key"), str):
+            if (src == "simulated" or "key" in sec) and not isinstance(sec.get("key"), str):
                 raise KvauditError(f"{source}: field 'hit_rate.key' must name a simulation.json entry")
             pol.checks.append(Check(f"{arm} token hit rate ({src})", "hit_rate",
                                     {"min": lo, "source": src, "key": sec.get("key")}, missing))
         elif key == "leak":
             if "max_neutral_text_leak_rate" in sec:
-                mx = _num(f"{source}: field 'leak.max_neutral_text_leak_rate'", sec["max_neutral_text_leak_rate"])
+                mx = _num(f"{source}: field 'leak.max_neutral_text_leak_rate'", sec["max_neutral_text_leak_rate"],
+                          0.0, 1.0)
                 pol.checks.append(Check("neutral-policy text leak rate", "leak_text", {"max": mx}, missing))
-            if sec.get("forbid_neutral_exposure", False):
+            if _bool(f"{source}: field 'leak.forbid_neutral_exposure'", sec.get("forbid_neutral_exposure", False)):
                 pol.checks.append(Check("neutral-policy canary exposure", "leak_exposure", {}, missing))
         elif key == "security":
-            req = sec.get("require_tenant_isolation", False)
-            if not isinstance(req, bool):
-                raise KvauditError(f"{source}: field 'security.require_tenant_isolation' must be true or false")
-            if req:
+            if _bool(f"{source}: field 'security.require_tenant_isolation'",
+                     sec.get("require_tenant_isolation", False)):
                 pol.checks.append(Check("tenant isolation", "tenant_isolation", {}, missing))
             if "max_timing_auc" in sec:
                 mx = _num(f"{source}: field 'security.max_timing_auc'", sec["max_timing_auc"])
@@ -346,16 +386,21 @@ def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = N
         return CheckResult(name, "delta", "error", f"delta {d['delta']:+.1f} pts, no bound", thr,
                            f"cannot judge: {d['reason']}" + (f"; about {need} cases needed "
                                                              "(`kvaudit plan` simulates it)" if need else ""))
-    ok = d["lower_bound"] >= p["min_lower_bound"]
+    # Three outcomes: pass when the whole interval clears the margin; fail when the whole interval
+    # lies below it (a loss beyond the margin, confirmed); cannot judge when it straddles the
+    # margin (the run is too small to tell), so that a fail is a decision the gate can rank first.
+    margin = p["min_lower_bound"]
+    status = ("pass" if d["lower_bound"] >= margin else
+              "fail" if d["upper_bound"] < margin else "error")
     detail = (f"delta {d['delta']:+.1f} pts, {an.confidence:.0%} interval [{d['lower_bound']:+.1f}, "
               f"{d['upper_bound']:+.1f}], n={d['n']} on {d['n_clusters']} documents "
               f"(design effect {d['deff']:.2f}), MDD {d['mdd']:.1f} pts")
-    if not ok:
-        need = cases_needed(d, p["min_lower_bound"], confidence=an.confidence)
-        if need and need > d["n"] and d["upper_bound"] >= p["min_lower_bound"]:
-            detail += f"; about {need} cases would be needed to pass a true delta of 0"
-    return CheckResult(name, "delta", "pass" if ok else "fail", f"lower bound {d['lower_bound']:+.1f} pts",
-                       thr, detail)
+    if status == "error":
+        need = cases_needed(d, margin, confidence=an.confidence)
+        detail = ("cannot judge: the interval straddles the margin; " + detail
+                  + (f"; about {need} cases would be needed to pass a true delta of 0" if need and need > d["n"]
+                     else ""))
+    return CheckResult(name, "delta", status, f"lower bound {d['lower_bound']:+.1f} pts", thr, detail)
 
 
 def cases_needed(delta: dict[str, Any], margin_points: float, *,
@@ -383,7 +428,7 @@ def noise_control(policy: Policy, an: Analysis) -> list[CheckResult]:
         if c.kind != "delta":
             continue
         r = _delta_result(c, an, NOISE_ARM, label=f"{c.name}: noise floor ({NOISE_ARM})")
-        if r.status == "fail":
+        if r.status in ("fail", "error"):
             r = CheckResult(r.name, "noise_control", "error", r.observed, r.threshold,
                             f"cannot judge: recompute against itself does not clear the margin ({r.detail})")
         else:
@@ -392,11 +437,42 @@ def noise_control(policy: Policy, an: Analysis) -> list[CheckResult]:
     return out
 
 
+def _judged(results: list[CheckResult]) -> bool:
+    """Whether any threshold of the policy (not a completeness or noise-floor row) reached a
+    decision, pass or fail."""
+    return any(r.status in ("pass", "fail") for r in results if r.kind not in NOT_THRESHOLDS)
+
+
+def nothing_checked(results: list[CheckResult]) -> CheckResult | None:
+    """A "cannot judge" row when every threshold was skipped (``missing = "skip"`` on data the run
+    lacks): a gate that checked nothing must not pass. None when a threshold was decided, or when
+    one could not be judged (that row already says why)."""
+    thresholds = [r for r in results if r.kind not in NOT_THRESHOLDS]
+    if _judged(results) or any(r.status == "error" for r in thresholds):
+        return None
+    skipped = sum(r.status == "skip" for r in thresholds)
+    return CheckResult("thresholds checked", "coverage", "error",
+                       f"0 of {len(thresholds)} decided ({skipped} skipped)",
+                       "at least one threshold passes or fails",
+                       "cannot judge: every threshold of the policy was skipped (missing = \"skip\" on data "
+                       "this run lacks), so the gate checked nothing; a gate that checked nothing cannot pass")
+
+
 def evaluate(policy: Policy, an: Analysis) -> list[CheckResult]:
-    return [evaluate_check(c, an, policy.arm) for c in policy.checks] + noise_control(policy, an)
+    """One row per check of the policy, then the noise-floor controls, then a "thresholds
+    checked" row when every threshold was skipped (:func:`nothing_checked`)."""
+    results = [evaluate_check(c, an, policy.arm) for c in policy.checks] + noise_control(policy, an)
+    row = nothing_checked(results)
+    return results + ([row] if row else [])
 
 
 def verdict(results: list[CheckResult]) -> str:
-    """``error`` if any check could not be judged, else ``fail`` if any failed, else ``pass``."""
+    """``fail`` if any check failed (a failed threshold is a decision even where other rows could
+    not be judged), else ``error`` (cannot judge) if any check could not be judged or no threshold
+    reached pass or fail (all skipped, or no rows), else ``pass``."""
     statuses = {r.status for r in results}
-    return "error" if "error" in statuses else "fail" if "fail" in statuses else "pass"
+    if "fail" in statuses:
+        return "fail"
+    if "error" in statuses or not _judged(results):
+        return "error"
+    return "pass"

@@ -10,13 +10,13 @@ Every layer is counted as full attention, also where a model alternates sliding-
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from kvaudit.core.errors import KvauditError
+from kvaudit.core.records import DatasetError, parse_json, read_bytes
 
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,
@@ -62,12 +62,29 @@ PRESETS: dict[str, KVShape] = {
 }
 
 
-def _int_field(cfg: dict, names: tuple[str, ...], where: str, default: int | None = None) -> int:
+# The largest layer count, head count or dimension a config may give: far above any model's, and
+# small enough that bytes per token (a product of three of them) stays within int64.
+MAX_DIM = 10**6
+
+
+def _show(v: Any, n: int = 60) -> str:
+    """A config value for a message: its repr cut to ``n`` characters (a JSON integer may have
+    thousands of digits, a string any length)."""
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10**n:
+        return f"an integer of {len(str(abs(v)))} digits"
+    r = repr(v)
+    return r if len(r) <= n else r[:n] + "..."
+
+
+def _int_field(cfg: dict, names: tuple[str, ...], where: str, default: int | None = None,
+               *, minimum: int = 1) -> int:
     for n in names:
         v = cfg.get(n)
         if v is not None:
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise KvauditError(f"{where}: field '{n}' must be a positive integer, got {v!r}")
+            if not isinstance(v, int) or isinstance(v, bool) or not minimum <= v <= MAX_DIM:
+                want = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
+                raise KvauditError(f"{where}: field '{n}' must be {want} (at most {MAX_DIM}), "
+                                   f"got {_show(v)}")
             return v
     if default is not None:
         return default
@@ -81,15 +98,24 @@ def shape_from_config(cfg: dict[str, Any], name: str, dtype: str | None = None) 
     layers = _int_field(cfg, ("num_hidden_layers", "n_layer", "num_layers"), name)
     heads = _int_field(cfg, ("num_attention_heads", "n_head"), name)
     kv_heads = _int_field(cfg, ("num_key_value_heads", "num_kv_heads"), name, default=heads)
-    hidden = cfg.get("hidden_size", cfg.get("n_embd"))
-    default_dim = hidden // heads if isinstance(hidden, int) and hidden > 0 else None
+    default_dim = None  # head_dim, when the config does not give it: hidden size / heads
+    if cfg.get("head_dim") is None and any(cfg.get(k) is not None for k in ("hidden_size", "n_embd")):
+        hidden = _int_field(cfg, ("hidden_size", "n_embd"), name)
+        if hidden < heads:
+            raise KvauditError(f"{name}: field 'hidden_size' ({hidden}) is smaller than the {heads} "
+                               "attention heads; give 'head_dim'")
+        default_dim = hidden // heads
     head_dim = _int_field(cfg, ("head_dim",), name, default=default_dim)
     latent = 0
     if cfg.get("kv_lora_rank"):
-        latent = _int_field(cfg, ("kv_lora_rank",), name) + int(cfg.get("qk_rope_head_dim") or 0)
-    dt = dtype or cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
-    if dt not in DTYPE_BYTES:
-        raise KvauditError(f"{name}: field 'torch_dtype': unknown dtype {dt!r} "
+        latent = (_int_field(cfg, ("kv_lora_rank",), name)
+                  + _int_field(cfg, ("qk_rope_head_dim",), name, default=0, minimum=0))
+    if dtype and dtype not in DTYPE_BYTES:
+        raise KvauditError(f"unknown KV dtype {_show(dtype)} (known: {', '.join(sorted(DTYPE_BYTES))})")
+    field = next((f for f in ("torch_dtype", "dtype") if cfg.get(f)), "torch_dtype")
+    dt = dtype or cfg.get(field) or "bfloat16"
+    if not isinstance(dt, str) or dt not in DTYPE_BYTES:
+        raise KvauditError(f"{name}: field '{field}': unknown dtype {_show(dt)} "
                            f"(known: {', '.join(sorted(DTYPE_BYTES))})")
     return KVShape(name, layers=layers, kv_heads=kv_heads, head_dim=head_dim, dtype=dt,
                    latent_dim=latent)
@@ -113,9 +139,9 @@ def resolve_model(spec: str, dtype: str | None = None) -> KVShape:
         raise KvauditError(f"--model-config {spec!r}: neither a preset ({', '.join(PRESETS)}) "
                            f"nor an existing config.json")
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise KvauditError(f"{path}: not valid JSON ({e})") from None
+        cfg = parse_json(read_bytes(path), str(path))
+    except DatasetError as e:
+        raise KvauditError(str(e)) from None
     if not isinstance(cfg, dict):
         raise KvauditError(f"{path}: expected a JSON object")
     return shape_from_config(cfg, str(path), dtype)
