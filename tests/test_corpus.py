@@ -233,7 +233,7 @@ def test_no_limit_and_nothing_usable(tmp_path, capsys, monkeypatch):
     assert _gen(src, tmp_path / "o", "--max-file-bytes", "0", "--cases", "10") == 0
     assert read_dataset(tmp_path / "o").card.counts["skipped_files"] == []
     assert _gen(src, tmp_path / "o", "--max-file-bytes", "-1") == 2
-    assert "--max-file-bytes must be >= 0" in _err(capsys)
+    assert "--max-file-bytes: must be 0 or more" in _err(capsys)
     # every file skipped: a clear error that names them, not an empty dataset
     assert _gen(src, tmp_path / "o", "--max-file-bytes", "10") == 2
     err = _err(capsys)

@@ -882,7 +882,7 @@ def test_the_fast_workload_reader_reads_only_what_the_careful_one_reads(tmp_path
 @pytest.mark.parametrize("line, reason", [
     ('{"text": ' + HUGE_INT + "}", "line 2: unreadable JSON value"),
     ('{"text": ' + DEEP_ARRAY + "}", "line 2: JSON nested too deeply to read"),
-    ('{"text": "a\\ud800"}', "line 2: field 'text': not Unicode text"),
+    ('{"text": "a\\ud800"}', "line 2: field 'text' is not Unicode text"),
 ])
 def test_the_corpus_generator_skips_and_names_a_bad_jsonl_line(tmp_path, line, reason):
     """The corpus generator's promise: a file with a line it cannot read is skipped and named with

@@ -26,6 +26,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
@@ -297,15 +298,72 @@ def parse_json(text: str | bytes, where: str) -> Any:
     interpreter's recursion limit (RecursionError).
     """
     try:
-        return json.loads(text)
+        obj = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DatasetError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        at = "" if e.lineno == 1 else f": line {e.lineno} column {e.colno}"
+        raise DatasetError(f"{where}: not valid JSON ({e.msg}{at})") from None
     except UnicodeDecodeError as e:
         raise DatasetError(f"{where}: not UTF-8 text ({e.reason})") from None
     except RecursionError:
         raise DatasetError(f"{where}: JSON nested too deeply to read") from None
     except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
         raise DatasetError(f"{where}: unreadable JSON value ({str(e)[:120]})") from None
+    # A "\ud800" escape decodes to a lone surrogate, which reads fine and then cannot be written
+    # back as UTF-8 (a resumed run would die writing it). Checked only when such an escape occurs.
+    if _SURROGATE_ESCAPE.search(text if isinstance(text, str) else text.decode("utf-8", "replace")):
+        bad = unwritable(obj, max_nesting=None)
+        if bad is not None:
+            raise DatasetError(f"{where}: {bad}")
+    return obj
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\[uU][dD][89a-fA-F]")
+
+
+# How deep a run file's values may nest. The parser reads up to the interpreter's recursion
+# limit, but writing such a value back (json.dumps, dataclasses.asdict) from a deeper call fails
+# far below it; no record kvaudit writes nests beyond a few levels.
+MAX_NESTING = 64
+
+
+def _utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _name(key: str) -> str:
+    """A key for a field path in a message: as is when short and printable, else quoted and cut."""
+    return key if len(key) <= 40 and key.isprintable() and _utf8(key) else ascii(key)[:40]
+
+
+def unwritable(obj: Any, max_nesting: int | None = MAX_NESTING) -> str | None:
+    """Why a parsed JSON value cannot be written back as UTF-8 JSON, naming the field, else
+    ``None``: a string (key or value) holding a lone surrogate (JSON's ``\\ud800`` escape
+    decodes to one; no UTF-8 file can hold it), or nesting deeper than ``max_nesting`` (None: no
+    limit). Iterative, so a value nested as deeply as the parser allows is walked without recursion."""
+    stack: list[tuple[str, int, Any]] = [("", 0, obj)]
+    while stack:
+        where, depth, v = stack.pop()
+        field_ = f"field '{where if len(where) <= 80 else where[:80] + '...'}'" if where else "the document"
+        if isinstance(v, str):
+            if not _utf8(v):
+                return (f"{field_} is not Unicode text (it holds a lone surrogate, a \\ud800-\\udfff "
+                        "escape without its pair)")
+        elif isinstance(v, (dict, list)):
+            if max_nesting is not None and depth >= max_nesting:
+                return f"{field_} nests deeper than {max_nesting} levels"
+            if isinstance(v, dict):
+                for k, x in reversed(v.items()):
+                    sub = f"{where}.{_name(k)}" if where else _name(k)
+                    if not _utf8(k):
+                        return f"field '{sub[:80]}' is not Unicode text (a key with a lone surrogate)"
+                    stack.append((sub, depth + 1, x))
+            else:
+                stack.extend((f"{where}[{i}]", depth + 1, x) for i, x in reversed(list(enumerate(v))))
+    return None
 
 
 def read_json(path: str | os.PathLike) -> Any:
@@ -553,7 +611,7 @@ _ARM_TYPES: dict[str, type | tuple] = {
 }
 _ARM_OPTIONAL: dict[str, type | tuple] = {
     "logit_diff_vs_recompute": (int, float), "segment_kv_fingerprints": dict, "canary_logprobs": dict,
-    "engine": dict, "repair": dict,
+    "engine": dict, "repair": dict, "cache_hit_tokens": int, "decode_s": (int, float), "answer_ids": list,
 }
 
 
@@ -591,7 +649,7 @@ def validate_pair(obj: dict, where: str) -> None:
     for name in ("evidence", "answers"):
         if not isinstance(obj.get(name, []), list):
             raise DatasetError(f"{where}: field '{name}' must be a list of strings")
-    _str_lists(obj, ("segment_ids", "segment_hashes", "arm_order", "evidence"), where)
+    _str_lists(obj, ("segment_ids", "segment_hashes", "arm_order", "evidence", "answers"), where)
     if not isinstance(obj.get("metric", "em"), str):
         raise DatasetError(f"{where}: field 'metric' must be str")
     if obj.get("canary") is not None and not isinstance(obj["canary"], dict):
@@ -602,6 +660,15 @@ def validate_pair(obj: dict, where: str) -> None:
         arm_where = f"{where}, arm '{name}'"
         _validate(arm, arm_where, _ARM_TYPES, _ARM_OPTIONAL)
         _str_lists(arm, ("segment_hashes",), arm_where)
+        if "segment_kv_fingerprints" in arm and arm["segment_kv_fingerprints"] is None:
+            raise DatasetError(f"{arm_where}: field 'segment_kv_fingerprints' must be an object, got null")
+        if "answer_ids" not in arm:
+            raise DatasetError(f"{arm_where}: missing field 'answer_ids'")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in arm["answer_ids"] or []):
+            raise DatasetError(f"{arm_where}: field 'answer_ids' must be a list of integers")
+        if not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) and not isinstance(e[0], bool)
+                   and isinstance(e[1], (int, float)) and not isinstance(e[1], bool) for e in arm["top_k"]):
+            raise DatasetError(f"{arm_where}: field 'top_k' must hold [token id, logit] pairs")
         for key, kind in (("segment_kv_fingerprints", str), ("canary_logprobs", (int, float))):
             values = (arm.get(key) or {}).values()
             if any(isinstance(v, bool) or not isinstance(v, kind) for v in values):
@@ -623,7 +690,7 @@ def read_pairs(run_dir: str | os.PathLike) -> list[PairRecord]:
         try:
             out.append(pair_from_dict(obj))
         except TypeError as e:
-            raise DatasetError(f"{where}: malformed pair record ({e})") from None
+            raise DatasetError(f"{where}: malformed pair record ({_cut(str(e), 160)})") from None
     return out
 
 
@@ -649,5 +716,6 @@ def mend_pairs_tail(run_dir: str | os.PathLike) -> None:
 
 
 def _cut(text: str, n: int = 80) -> str:
-    """User input echoed in a message, cut to ``n`` characters."""
-    return text if len(text) <= n else text[:n] + f"... ({len(text)} chars)"
+    """User input echoed in a message: control characters escaped, cut to ``n`` characters."""
+    shown = text[:n] if text[:n].isprintable() else ascii(text[:n])[1:-1]
+    return shown if len(text) <= n else shown + f"... ({len(text)} chars)"

@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import CASES_FILE, MANIFEST_FILE, DatasetError, read_json, write_json
+from kvaudit.core.records import (
+    CASES_FILE,
+    MANIFEST_FILE,
+    DatasetError,
+    read_json,
+    unwritable,
+    write_json,
+)
 
 T = TypeVar("T")
 
@@ -335,52 +342,6 @@ def read_record(path: Path, from_dict: Callable[[Any, Path], T]) -> T:
     if bad is not None:
         raise RunFileError(f"{path}: {bad}")
     return from_dict(obj, path)
-
-
-# How deep a run file's values may nest. The parser reads up to the interpreter's recursion
-# limit, but writing such a value back (json.dumps, dataclasses.asdict) from a deeper call fails
-# far below it; no record kvaudit writes nests beyond a few levels.
-MAX_NESTING = 64
-
-
-def _utf8(s: str) -> bool:
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _name(key: str) -> str:
-    """A key for a field path in a message: as is when short and printable, else quoted and cut."""
-    return key if len(key) <= 40 and key.isprintable() and _utf8(key) else ascii(key)[:40]
-
-
-def unwritable(obj: Any) -> str | None:
-    """Why a parsed JSON value cannot be written back as UTF-8 JSON, naming the field, else
-    ``None``: a string (key or value) holding a lone surrogate (JSON's ``\\ud800`` escape
-    decodes to one; no UTF-8 file can hold it), or nesting deeper than :data:`MAX_NESTING`.
-    Iterative, so a value nested as deeply as the parser allows is walked without recursion."""
-    stack: list[tuple[str, int, Any]] = [("", 0, obj)]
-    while stack:
-        where, depth, v = stack.pop()
-        field_ = f"field '{where if len(where) <= 80 else where[:80] + '...'}'" if where else "the document"
-        if isinstance(v, str):
-            if not _utf8(v):
-                return (f"{field_} is not Unicode text (it holds a lone surrogate, a \\ud800-\\udfff "
-                        "escape without its pair)")
-        elif isinstance(v, (dict, list)):
-            if depth >= MAX_NESTING:
-                return f"{field_} nests deeper than {MAX_NESTING} levels"
-            if isinstance(v, dict):
-                for k, x in reversed(v.items()):
-                    sub = f"{where}.{_name(k)}" if where else _name(k)
-                    if not _utf8(k):
-                        return f"field '{sub[:80]}' is not Unicode text (a key with a lone surrogate)"
-                    stack.append((sub, depth + 1, x))
-            else:
-                stack.extend((f"{where}[{i}]", depth + 1, x) for i, x in reversed(list(enumerate(v))))
-    return None
 
 
 def write_manifest(run_dir: str | os.PathLike, manifest: Manifest) -> None:

@@ -9,7 +9,6 @@ hidden and unsupported files and empty documents are counted. A whole file is us
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -57,17 +56,6 @@ def _field(obj: Any, field: str, where: str, keys: list[str]) -> str | None:
     return obj if obj.strip() else None
 
 
-def _unicode(text: str) -> str:
-    """``text`` when it is writable as UTF-8; a JSON ``\\ud800`` escape gives a lone surrogate,
-    which no dataset file can hold (:class:`SkippedFile` then)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise SkippedFile("unreadable", f"not Unicode text (a lone surrogate {text[e.start]!r} "
-                                        f"at character {e.start})") from None
-    return text
-
-
 class SkippedFile(Exception):
     """A corpus file that cannot be used: ``kind`` is one of :data:`SKIP_KINDS`."""
 
@@ -77,15 +65,9 @@ class SkippedFile(Exception):
 
 
 def _json_line(line: str, n: int) -> Any:
-    """One JSONL line's value; a line that cannot be read makes the file unreadable, named by its
-    line: malformed JSON (the parser's short message), and what :func:`parse_json` also refuses
-    (an integer of more digits than Python converts, nesting too deep to read)."""
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as e:
-        raise SkippedFile("unreadable", f"line {n}: not valid JSON ({e.msg})") from None
-    except (ValueError, RecursionError):
-        pass
+    """One JSONL line's value; a line :func:`parse_json` refuses (malformed, an integer of more
+    digits than Python converts, nesting too deep, a lone surrogate) makes the file unreadable,
+    named by its line."""
     try:
         return parse_json(line, f"line {n}")
     except DatasetError as e:
@@ -142,7 +124,7 @@ def _load_file(path: Path, text_field: str, skipped: Counter,
                 skipped["empty_documents"] += 1
             else:
                 try:
-                    out.append(SourceDoc(f"{path}:{n}", _unicode(text)))
+                    out.append(SourceDoc(f"{path}:{n}", text))
                 except SkippedFile as e:
                     raise SkippedFile(e.kind, f"line {n}: field {_cut(text_field)}: {e.reason}") from None
         return out

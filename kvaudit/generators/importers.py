@@ -80,17 +80,6 @@ def _parse(text: str, where: str) -> Any:
         raise KvauditError(str(e)) from None
 
 
-def _unicode(v: str, where: str, key: str) -> str:
-    """``v`` when it is writable as UTF-8 (a JSON ``\\ud800`` escape gives a lone surrogate,
-    which no dataset file can hold)."""
-    try:
-        v.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise KvauditError(f"{where}: field {key!r} is not Unicode text (a lone surrogate "
-                           f"{v[e.start]!r} at character {e.start})") from None
-    return v
-
-
 def _str(r: dict, key: str, where: str) -> str:
     if key not in r:
         raise KvauditError(f"{where}: missing field {key!r}")
@@ -99,7 +88,7 @@ def _str(r: dict, key: str, where: str) -> str:
         raise KvauditError(f"{where}: field {key!r} must be a string, got {type(v).__name__}")
     if not v.strip():
         raise KvauditError(f"{where}: field {key!r} is empty")
-    return _unicode(v, where, key)
+    return v
 
 
 def _answers(r: dict, where: str) -> list[str]:
@@ -108,7 +97,7 @@ def _answers(r: dict, where: str) -> list[str]:
         v = [v]
     if not isinstance(v, list) or not v or not all(isinstance(a, str) for a in v):
         raise KvauditError(f"{where}: field 'answers' must be a non-empty list of strings")
-    return [_unicode(a, where, "answers") for a in v]
+    return list(v)
 
 
 def _ctxs_passages(r: dict, where: str) -> list[tuple[str, bool | None]]:
@@ -123,7 +112,6 @@ def _ctxs_passages(r: dict, where: str) -> list[tuple[str, bool | None]]:
         text, title = c.get("text"), c.get("title", "")
         if not isinstance(text, str) or not isinstance(title, str | None):
             raise KvauditError(f"{w}: fields 'text' and 'title' must be strings")
-        text, title = _unicode(text, w, "text"), title and _unicode(title, w, "title")
         flag = next((bool(c[f]) for f in EVIDENCE_FLAGS if f in c), None)
         body = text.strip()
         out.append((f"{title.strip()}\n{body}" if title and title.strip() and body else body, flag))

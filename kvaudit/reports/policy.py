@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, UNDER_TEST_ARM, get_arm
-from kvaudit.core.errors import KvauditError
+from kvaudit.core.errors import KvauditError, cut
 from kvaudit.reports.analysis import Analysis
 from kvaudit.stats.leak_tests import text_leak_decision
 from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, check_confidence
@@ -136,7 +136,11 @@ def _load_toml(path: Path) -> dict[str, Any]:
     except OSError as e:  # a directory, unreadable, ...
         raise KvauditError(f"{path}: cannot read the policy file ({e.strerror or e})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise KvauditError(f"{path}: not valid TOML ({e})") from None
+        raise KvauditError(f"{path}: not valid TOML ({cut(e, 200)})") from None
+    except RecursionError:
+        raise KvauditError(f"{path}: not valid TOML (nested too deeply)") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise KvauditError(f"{path}: not valid TOML ({cut(e, 120)})") from None
 
 
 def _num(where: str, v: Any, lo: float | None = None, hi: float | None = None) -> float:
@@ -164,9 +168,8 @@ def _bool(where: str, v: Any) -> bool:
 
 
 def _short(v: Any, n: int = 60) -> str:
-    """``v`` as text for an error message, cut to ``n`` characters."""
-    text = str(v)
-    return text if len(text) <= n else text[: n - 3] + "..."
+    """``v`` as text for an error message: control characters escaped, cut to ``n`` characters."""
+    return cut(str(v).encode("unicode_escape").decode("ascii"), n)
 
 
 def _missing(source: str, label: str, section: dict[str, Any], default: str) -> str:
@@ -192,9 +195,9 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
     try:
         spec = get_arm(arm)  # a registry arm or a parameterised repair (blend@0.15, epic@16)
     except KvauditError as e:
-        raise KvauditError(f"{source}: field 'arm': {e}") from None
+        raise KvauditError(f"{source}: field 'arm': {cut(e, 200)}") from None
     if spec.compared_with == spec.name:
-        raise KvauditError(f"{source}: field 'arm': '{arm}' is the reference every arm is compared with; "
+        raise KvauditError(f"{source}: field 'arm': '{_short(arm)}' is the reference every arm is compared with; "
                            f"the arm under test cannot be its own reference (e.g. arm = \"{UNDER_TEST_ARM}\")")
     conf = _num(f"{source}: field 'confidence'", raw.get("confidence", DEFAULT_CONFIDENCE))
     try:
