@@ -302,3 +302,77 @@ def test_ctrl_c_is_still_130(passing, monkeypatch, capsys):
     monkeypatch.setattr(gate, "run", interrupted)
     assert kvaudit_cli.main(["gate", str(passing)]) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- finding 11: provenance
+
+KEY = "a-ci-secret-of-32-characters-xyz"
+PROVENANCE = '[audit]\nrequire_passed = true\n\n[provenance]\nrequire_attestation = true\n'
+
+
+@pytest.fixture
+def attested(tmp_path, monkeypatch):
+    """A passing synthetic run signed as `kvaudit run` signs, and the CI's key in the environment."""
+    from kvaudit.core.attestation import KEY_ENV, attest
+
+    run = make_run(tmp_path / "run", n_per_task=20, loss=NO_LOSS, n_docs=12, leak_probes=0)
+    monkeypatch.setenv(KEY_ENV, KEY)
+    attest(run, KEY.encode(), {"tool": "kvaudit run", "kvaudit_version": "test", "git_revision": None})
+    return run
+
+
+def test_an_attested_run_passes_the_provenance_row(attested, tmp_path, capsys):
+    assert cli([str(attested), "--policy", str(policy(tmp_path, PROVENANCE))]) == 0
+    assert "signed by `kvaudit run`" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("edit", ["dtype", "answer"])
+def test_an_edit_before_the_audit_cannot_pass(attested, tmp_path, capsys, edit):
+    """Before: edit, re-audit, and the gate passed (the dtype edit loosens the identity tolerance)."""
+    import json
+
+    if edit == "dtype":
+        m = attested / "manifest.json"
+        m.write_text(m.read_text().replace('"float32"', '"bfloat16"'))
+    else:
+        p = attested / "pairs.jsonl"
+        lines = p.read_text().splitlines()
+        rec = json.loads(lines[0])
+        rec["arms"]["reuse"]["answer"] = rec["arms"]["recompute"]["answer"] + " (edited)"
+        lines[0] = json.dumps(rec, sort_keys=True)
+        p.write_text("\n".join(lines) + "\n")
+    assert kvaudit_cli.main(["audit", str(attested)]) in (0, 1)  # the audit judges the edited files
+    capsys.readouterr()
+    assert cli([str(attested), "--policy", str(policy(tmp_path, PROVENANCE))]) == 2
+    assert "changed after `kvaudit run` attested it" in capsys.readouterr().out
+
+
+def test_missing_attestation_missing_key_and_another_key_cannot_pass(attested, tmp_path, monkeypatch, capsys):
+    from kvaudit.core.attestation import ATTESTATION_FILE, KEY_ENV
+
+    p = str(policy(tmp_path, PROVENANCE))
+    monkeypatch.setenv(KEY_ENV, "another-secret-of-enough-length!")
+    assert cli([str(attested), "--policy", p]) == 2
+    assert "signed with another key" in capsys.readouterr().out
+    monkeypatch.delenv(KEY_ENV)
+    assert cli([str(attested), "--policy", p]) == 2
+    assert f"{KEY_ENV} is not set" in capsys.readouterr().out
+    monkeypatch.setenv(KEY_ENV, KEY)
+    sig = attested / ATTESTATION_FILE
+    forged = sig.read_text().replace('"kvaudit_version": "test"', '"kvaudit_version": "forged"')
+    sig.write_text(forged)
+    assert cli([str(attested), "--policy", p]) == 2
+    assert "signature does not match" in capsys.readouterr().out
+    sig.unlink()
+    assert cli([str(attested), "--policy", p]) == 2
+    assert "the run was not attested" in capsys.readouterr().out
+    monkeypatch.setenv(KEY_ENV, "short")
+    assert kvaudit_cli.main(["gate", str(attested), "--policy", p]) == 2
+    assert "at least 16 bytes" in capsys.readouterr().out
+
+
+def test_without_the_policy_field_no_attestation_is_asked_for(attested, tmp_path):
+    from kvaudit.core.attestation import ATTESTATION_FILE
+
+    (attested / ATTESTATION_FILE).unlink()
+    assert cli([str(attested), "--policy", str(policy(tmp_path, "[audit]\nrequire_passed = true\n"))]) == 0

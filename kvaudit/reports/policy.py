@@ -31,6 +31,10 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
     require_tenant_isolation = true     # another tenant's identical request is never served from the cache
     max_timing_auc = 0.75               # hit vs miss TTFT: the AUC's interval must lie in [1 - max, max]
 
+    [provenance]
+    require_attestation = true          # the run's attestation.json verifies under KVAUDIT_ATTESTATION_KEY
+                                        # (docs/audit.md, "Provenance"); missing or broken: cannot judge
+
 Every section may set its own ``missing``. A check's status is pass, fail, error (could not be
 judged) or skip. The gate's verdict (:func:`verdict`) is fail if any check failed (a threshold
 that failed is a decision, whatever else could not be judged; those rows stay listed), else error
@@ -58,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, UNDER_TEST_ARM, get_arm
+from kvaudit.core.attestation import attestation_key, verify_attestation
 from kvaudit.core.errors import KvauditError, cut
 from kvaudit.reports.analysis import Analysis
 from kvaudit.stats.leak_tests import text_leak_decision
@@ -65,13 +70,15 @@ from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, check_confidence
 
 DEFAULT_POLICY = Path(__file__).with_name("policy_default.toml")
 MISSING = ("error", "fail", "skip")
-_TOP = {"arm", "confidence", "min_icc", "missing", "delta", "audit", "hit_rate", "leak", "security"}
+_TOP = {"arm", "confidence", "min_icc", "missing", "delta", "audit", "hit_rate", "leak", "security",
+        "provenance"}
 _SECTIONS = {
     "delta": {"name", "group", "min_lower_bound", "missing"},
     "audit": {"require_passed", "missing"},
     "hit_rate": {"min", "source", "key", "missing"},
     "leak": {"max_neutral_text_leak_rate", "forbid_neutral_exposure", "missing"},
     "security": {"require_tenant_isolation", "max_timing_auc", "missing"},
+    "provenance": {"require_attestation"},
 }
 # Rows that are not thresholds of the policy: they never make a gate that checked nothing pass.
 NOT_THRESHOLDS = ("completeness", "noise_control", "coverage")
@@ -228,7 +235,7 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
         pol.checks.append(Check(name, "delta", {"group": group, "min_lower_bound": bound},
                                 _missing(source, f"delta[{i}]", d, default_missing)))
 
-    for key in ("audit", "hit_rate", "leak", "security"):
+    for key in ("audit", "hit_rate", "leak", "security", "provenance"):
         sec = raw.get(key)
         if sec is None:
             continue
@@ -264,6 +271,9 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
                 if not 0.5 <= mx < 1:
                     raise KvauditError(f"{source}: field 'security.max_timing_auc' must be in [0.5, 1)")
                 pol.checks.append(Check("timing side channel", "timing", {"max": mx}, missing))
+        elif key == "provenance":
+            if _bool(f"{source}: field 'provenance.require_attestation'", sec.get("require_attestation", False)):
+                pol.checks.append(Check("run attested by kvaudit run", "provenance", {}, "error"))
     if not pol.checks:
         raise KvauditError(f"{source}: the policy sets no threshold (no [[delta]], [audit], [hit_rate], "
                            "[leak] or [security] check): a gate that checks nothing cannot pass a run")
@@ -372,6 +382,11 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
         return CheckResult(check.name, k, status, "; ".join(parts), thr,
                            "cannot judge: the interval straddles the threshold (more cases needed)"
                            if status == "error" else "")
+    if k == "provenance":
+        found = verify_attestation(an.run.path, attestation_key())
+        status = "pass" if found.state == "verified" else "error"
+        return CheckResult(check.name, k, status, found.state.replace("_", " "), "verified",
+                           found.reason if status == "pass" else f"cannot judge: {found.reason}")
     raise ValueError(f"unknown check kind {k!r}")
 
 
