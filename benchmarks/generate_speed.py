@@ -37,7 +37,7 @@ def time_cli(cases: int, out: Path) -> tuple[float, float]:
 def time_phases(cases: int) -> dict[str, tuple[float, float]]:
     """Wall and CPU seconds of each phase, in-process."""
     from kvaudit.core.coverage import compute_coverage
-    from kvaudit.core.records import dump_jsonl
+    from kvaudit.core.jsonio import dump_jsonl
     from kvaudit.generators import boxoffice
     from kvaudit.generators.knobs import ReuseKnobs
     from kvaudit.generators.writing import fill_refs_buckets, paused_gc

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from kvaudit.core.arms import get_arm
-from kvaudit.core.records import ids_hash, write_json
+from kvaudit.core.jsonio import ids_hash, write_json
 from kvaudit.runners.prompt import Prompt
 from kvaudit.runners.transformers_backend import TransformersBackend
 

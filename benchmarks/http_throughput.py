@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from kvaudit.cli import main as kvaudit_main
-from kvaudit.core.run_records import read_manifest
+from kvaudit.core.manifest import read_manifest
 
 ARMS = "recompute,reuse,identity,prefix_cache_cold,prefix_cache_flushed,prefix_cache,recompute_again"
 

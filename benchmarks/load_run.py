@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from kvaudit.cli import main as cli
-from kvaudit.core.records import Case, DatasetCard, Segment, read_json, write_dataset, write_json
+from kvaudit.core.dataset_format import Case, DatasetCard, Segment, write_dataset
+from kvaudit.core.jsonio import read_json, write_json
 from kvaudit.reports.analysis import load_run
 from kvaudit.reports.synthetic import DEFAULT_LOSS, make_pairs, make_run
 

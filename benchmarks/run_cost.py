@@ -17,7 +17,14 @@ from pathlib import Path
 from ttft import make_doc
 
 from kvaudit.core.arms import parse_arms
-from kvaudit.core.records import Case, DatasetCard, Segment, read_dataset, segment_id, write_dataset
+from kvaudit.core.dataset_format import (
+    Case,
+    DatasetCard,
+    Segment,
+    read_dataset,
+    segment_id,
+    write_dataset,
+)
 from kvaudit.runners.runner import RunConfig, execute
 from kvaudit.runners.session import open_backend
 

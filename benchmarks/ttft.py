@@ -23,7 +23,7 @@ import time
 import torch
 
 from kvaudit.core.arms import get_arm
-from kvaudit.core.records import Case, Segment, segment_id
+from kvaudit.core.dataset_format import Case, Segment, segment_id
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.session import open_backend
 

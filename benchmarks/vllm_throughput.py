@@ -31,7 +31,8 @@ from typing import Any
 from kvaudit.audit.audit_cli import audit
 from kvaudit.cli import main as kvaudit_main
 from kvaudit.core.arms import parse_arms
-from kvaudit.core.records import read_dataset, read_pairs
+from kvaudit.core.dataset_format import read_dataset
+from kvaudit.core.run_format import read_pairs
 from kvaudit.runners.runner import RunConfig, execute
 from kvaudit.runners.vllm_backend import open_vllm_backend
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.arms import get_arm
-from kvaudit.core.records import Case, Segment, segment_id
+from kvaudit.core.dataset_format import Case, Segment, segment_id
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.transformers_backend import Decoding
 from kvaudit.runners.vllm_backend import open_vllm_backend
@@ -108,7 +108,7 @@ def agreement(backend) -> None:
 
     import torch
 
-    from kvaudit.core.records import read_dataset
+    from kvaudit.core.dataset_format import read_dataset
     from kvaudit.runners.session import open_backend
 
     ds = read_dataset(Path(__file__).resolve().parents[1] / "kvaudit" / "data" / "example")
@@ -135,7 +135,7 @@ def controls(backend, n_cases: int) -> None:
     import tempfile
 
     from kvaudit.cli import main as kvaudit_main
-    from kvaudit.core.records import read_dataset
+    from kvaudit.core.dataset_format import read_dataset
 
     backend.decoding = Decoding(max_new_tokens=16)  # whole short answers, so flips can show
     with tempfile.TemporaryDirectory() as tmp:

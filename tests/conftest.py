@@ -62,7 +62,7 @@ def smollm2_backend():
 def smollm2_run(smollm2_backend, tmp_path_factory) -> Path:
     """A real run of the example dataset under every arm; copy it before tampering."""
     from kvaudit.core.arms import parse_arms
-    from kvaudit.core.records import read_dataset
+    from kvaudit.core.dataset_format import read_dataset
     from kvaudit.runners.runner import RunConfig, execute
 
     out = tmp_path_factory.mktemp("smollm2_run") / "run"

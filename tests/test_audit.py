@@ -15,7 +15,8 @@ import kvaudit
 from kvaudit.audit import checks
 from kvaudit.cli import main
 from kvaudit.core.arms import NOISE_ARM
-from kvaudit.core.records import read_pairs, write_json, write_jsonl
+from kvaudit.core.jsonio import write_json, write_jsonl
+from kvaudit.core.run_format import read_pairs
 from kvaudit.reports.synthetic import make_pairs, make_run
 
 EXAMPLE = Path(kvaudit.__file__).parent / "data" / "example"

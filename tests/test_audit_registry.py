@@ -11,7 +11,8 @@ import pytest
 
 from kvaudit.audit import checks
 from kvaudit.audit.checks.base import REGISTRY, check, result
-from kvaudit.core.records import DatasetError, read_pairs
+from kvaudit.core.errors import DatasetError
+from kvaudit.core.run_format import read_pairs
 from kvaudit.reports.analysis import load_run as report_load_run
 from kvaudit.reports.synthetic import make_run
 

@@ -264,7 +264,8 @@ class _FakeBackend:
 
 
 def test_the_runner_needs_only_the_protocol_and_takes_the_reference_whatever_the_order(tmp_path):
-    from kvaudit.core.records import read_dataset, read_pairs
+    from kvaudit.core.dataset_format import read_dataset
+    from kvaudit.core.run_format import read_pairs
     from kvaudit.runners.runner import RunConfig, execute
 
     be = _FakeBackend()

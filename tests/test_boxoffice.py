@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvaudit import cli
+from kvaudit.core.dataset_format import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 from kvaudit.generators import boxoffice
 from kvaudit.generators.boxoffice_world import GENRES, World
 from kvaudit.generators.knobs import ReuseKnobs

@@ -12,7 +12,7 @@ import pytest
 from kvaudit import cli
 from kvaudit.audit.record import write_audit
 from kvaudit.audit.trust import build_audit
-from kvaudit.core.records import read_json, write_json
+from kvaudit.core.jsonio import read_json, write_json
 from kvaudit.reports.analysis import Analysis, load_run
 from kvaudit.reports.compare import build_comparison, write_comparison
 from kvaudit.reports.gate import judge

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from kvaudit import cli
+from kvaudit.core.dataset_format import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 from kvaudit.generators import chunking, corpus_files
 
 WORDS = ("river stone market harvest council library bridge winter trade road mountain village "

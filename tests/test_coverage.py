@@ -11,7 +11,7 @@ from kvaudit.core.coverage import (
     format_summary,
     refs_bucket,
 )
-from kvaudit.core.records import Case, Segment
+from kvaudit.core.dataset_format import Case, Segment
 
 S = "Answer using only the documents."
 

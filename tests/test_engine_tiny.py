@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kvaudit.core.arms import get_arm
+from kvaudit.core.dataset_format import Case, Segment, segment_id
 from kvaudit.core.errors import UnsupportedModelError
-from kvaudit.core.records import Case, Segment, segment_id
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.transformers_backend import Decoding, TransformersBackend

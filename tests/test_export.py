@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvaudit import cli
-from kvaudit.core.records import read_json, write_json
+from kvaudit.core.jsonio import read_json, write_json
 from kvaudit.reports.analysis import Analysis, load_run
 from kvaudit.reports.synthetic import make_run
 

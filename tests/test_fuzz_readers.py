@@ -16,7 +16,7 @@ dropped.
 
 This file is the fast slice (a few dozen examples per reader, derandomized);
 ``benchmarks/fuzz_readers.py`` runs the same readers and inputs for as many examples as asked.
-The readers over ``kvaudit.core.records`` (``dataset_*``, ``pairs``) and the policy reader are
+The readers over ``kvaudit.core.dataset_format`` and ``kvaudit.core.run_format`` (``dataset_*``, ``pairs``) and the policy reader are
 fuzzed here like the others; where they fail, the failure is in a file this harness does not
 own, and it is left failing on purpose (not skipped, not xfail) for that file's owner.
 """
@@ -470,7 +470,7 @@ _KV_CONFIG = {
 def _simulation_run_files() -> dict[str, bytes]:
     """A synthetic run beside the simulation.json ``kvaudit simulate`` writes for a small
     workload (the report and the gate read it from the run directory)."""
-    from kvaudit.core.records import dump_json
+    from kvaudit.core.jsonio import dump_json
     from kvaudit.core.trace import read_trace
     from kvaudit.simulator.engine import SimConfig, simulate
     from kvaudit.simulator.kv_bytes import PRESETS
@@ -516,13 +516,13 @@ def _check_generated(result: Any, d: Path) -> None:
 
 
 def _read_dataset(d: Path) -> Any:
-    from kvaudit.core.records import read_dataset
+    from kvaudit.core.dataset_format import read_dataset
 
     return read_dataset(d)
 
 
 def _check_dataset(ds: Any, d: Path) -> None:
-    from kvaudit.core.records import CARD_FILE, read_dataset, write_dataset
+    from kvaudit.core.dataset_format import CARD_FILE, read_dataset, write_dataset
 
     assert_typed(ds, "dataset")
     for c in ds.cases:
@@ -538,13 +538,14 @@ def _check_dataset(ds: Any, d: Path) -> None:
 
 
 def _read_pairs(d: Path) -> Any:
-    from kvaudit.core.records import read_pairs
+    from kvaudit.core.run_format import read_pairs
 
     return read_pairs(d)
 
 
 def _check_pairs(pairs: list, d: Path) -> None:
-    from kvaudit.core.records import dump_jsonl, pair_to_dict
+    from kvaudit.core.jsonio import dump_jsonl
+    from kvaudit.core.run_format import pair_to_dict
 
     for i, p in enumerate(pairs):
         assert_typed(p, f"pairs[{i}]")
@@ -552,14 +553,14 @@ def _check_pairs(pairs: list, d: Path) -> None:
 
 
 def _read_manifest(d: Path) -> Any:
-    from kvaudit.core.run_records import read_manifest
+    from kvaudit.core.manifest import read_manifest
 
     return read_manifest(d)
 
 
 def _check_manifest(m: Any, d: Path) -> None:
-    from kvaudit.core.records import dump_json
-    from kvaudit.core.run_records import Manifest
+    from kvaudit.core.jsonio import dump_json
+    from kvaudit.core.manifest import Manifest
 
     assert_typed(m, "manifest")
     text = dump_json(m.to_dict())  # a resumed run writes the manifest back ...
@@ -576,7 +577,7 @@ def _read_audit(d: Path) -> Any:
 
 def _check_audit(a: Any, d: Path) -> None:
     from kvaudit.audit.record import AuditRecord
-    from kvaudit.core.records import dump_json
+    from kvaudit.core.jsonio import dump_json
 
     assert_typed(a, "audit")
     text = dump_json(a.to_dict())
@@ -665,7 +666,7 @@ def _import_reader(fmt: str, name: str) -> Callable[[Path], Any]:
 
 
 def _check_import(result: Any, d: Path) -> None:
-    from kvaudit.core.records import DatasetCard, read_dataset, write_dataset
+    from kvaudit.core.dataset_format import DatasetCard, read_dataset, write_dataset
 
     segments, cases, params, counts = result
     for sid, s in segments.items():
@@ -694,14 +695,14 @@ def _check_kv_config(shape: Any, d: Path) -> None:
 
 READERS: dict[str, Reader] = {r.name: r for r in (
     Reader("dataset_segments", "jsonl", "segments.jsonl", _dataset_files_unhashed, _read_dataset, _check_dataset,
-           "kvaudit.core.records"),
+           "kvaudit.core.dataset_format"),
     Reader("dataset_cases", "jsonl", "cases.jsonl", _dataset_files_unhashed, _read_dataset, _check_dataset,
-           "kvaudit.core.records"),
+           "kvaudit.core.dataset_format"),
     Reader("dataset_card", "json", "dataset.json", _dataset_files, _read_dataset, _check_dataset,
-           "kvaudit.core.records"),
-    Reader("pairs", "jsonl", "pairs.jsonl", _run_files, _read_pairs, _check_pairs, "kvaudit.core.records"),
+           "kvaudit.core.dataset_format"),
+    Reader("pairs", "jsonl", "pairs.jsonl", _run_files, _read_pairs, _check_pairs, "kvaudit.core.run_format"),
     Reader("manifest", "json", "manifest.json", _run_files, _read_manifest, _check_manifest,
-           "kvaudit.core.run_records"),
+           "kvaudit.core.manifest"),
     Reader("audit", "json", "audit.json", _run_files, _read_audit, _check_audit, "kvaudit.audit.record"),
     Reader("policy", "toml", "policy.toml",
            lambda: {"policy.toml": (REPO / "kvaudit" / "reports" / "policy_default.toml").read_bytes()},
@@ -888,7 +889,7 @@ def test_the_corpus_generator_skips_and_names_a_bad_jsonl_line(tmp_path, line, r
     """The corpus generator's promise: a file with a line it cannot read is skipped and named with
     the line, the rest of the corpus used (before: ValueError, RecursionError, and a
     UnicodeEncodeError writing the dataset)."""
-    from kvaudit.core.records import read_dataset, write_dataset
+    from kvaudit.core.dataset_format import read_dataset, write_dataset
     from kvaudit.generators import corpus
     from kvaudit.generators.knobs import ReuseKnobs
 
@@ -902,7 +903,7 @@ def test_the_corpus_generator_skips_and_names_a_bad_jsonl_line(tmp_path, line, r
     (skip,) = counts["skipped_files"]
     assert skip["file"] == str(src / "rows.jsonl") and skip["kind"] == "unreadable"
     assert skip["reason"].startswith(reason), skip["reason"][:200]
-    from kvaudit.core.records import DatasetCard
+    from kvaudit.core.dataset_format import DatasetCard
 
     write_dataset(tmp_path / "out", segments.values(), cases, DatasetCard("corpus", counts=counts))
     assert len(read_dataset(tmp_path / "out").cases) == 6

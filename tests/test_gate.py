@@ -9,7 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from kvaudit.core.errors import USER_ERRORS, KvauditError
-from kvaudit.core.records import write_json
+from kvaudit.core.jsonio import write_json
 from kvaudit.reports import gate
 from kvaudit.reports.policy import load_policy
 from kvaudit.reports.synthetic import make_run

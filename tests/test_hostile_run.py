@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from kvaudit.cli import main
-from kvaudit.core.records import DatasetError, read_dataset, read_pairs
+from kvaudit.core.dataset_format import read_dataset
+from kvaudit.core.errors import DatasetError
+from kvaudit.core.run_format import read_pairs
 from kvaudit.core.run_lock import LOCK_FILE, run_lock
 from kvaudit.reports.synthetic import make_run
 from kvaudit.runners.runner import load_done
@@ -74,7 +76,7 @@ def test_torn_last_record_is_cut_and_rerun(tmp_path: Path):
 def test_resume_on_the_real_model_keeps_the_unterminated_case(smollm2_backend, tmp_path: Path, monkeypatch):
     from kvaudit.core.arms import parse_arms
     from kvaudit.core.attestation import KEY_ENV, attestation_key, verify_attestation
-    from kvaudit.core.run_records import read_manifest
+    from kvaudit.core.manifest import read_manifest
     from kvaudit.runners.runner import RunConfig, execute
 
     monkeypatch.setenv(KEY_ENV, "k" * 32)
@@ -157,7 +159,7 @@ def test_two_real_runs_on_one_directory_record_each_case_once(smollm2_run: Path,
     assert second.returncode == 2, second.stderr[-2000:]
     assert "another kvaudit process" in second.stderr and "Traceback" not in second.stderr
     assert first.wait(timeout=600) == 0, first.stderr.read()[-2000:]
-    from kvaudit.core.run_records import read_manifest
+    from kvaudit.core.manifest import read_manifest
 
     assert [p.case_id for p in read_pairs(out)] == ["ex-01", "ex-02", "ex-03"]
     manifest = read_manifest(out)

@@ -16,7 +16,7 @@ import pytest
 vllm = pytest.importorskip("vllm")
 
 from kvaudit.cli import main  # noqa: E402
-from kvaudit.core.records import read_pairs  # noqa: E402
+from kvaudit.core.run_format import read_pairs  # noqa: E402
 
 from .lying_proxy import lying_proxy  # noqa: E402
 from .vllm_server import vllm_server  # noqa: E402
@@ -109,7 +109,7 @@ def test_the_report_shows_the_security_probes_and_the_gate_judges_them(run_dir, 
 
 def test_http_recompute_answers_equal_the_in_process_vllm_backends(run_dir, dataset):
     from kvaudit.core.arms import arm_for, get_arm
-    from kvaudit.core.records import read_dataset
+    from kvaudit.core.dataset_format import read_dataset
     from kvaudit.runners.prompt import assemble
     from kvaudit.runners.vllm_backend import open_vllm_backend
 
@@ -164,7 +164,7 @@ def test_a_load_plan_naming_missing_kv_fails_that_request_not_the_server(server)
 def test_concurrent_cases_over_http_audit_like_one_at_a_time(server, dataset, run_dir, tmp_path):
     """Three cases at a time, their requests in flight together: the run audits, its security
     findings and answers match the one-at-a-time run's, and the manifest says how it ran."""
-    from kvaudit.core.run_records import read_manifest
+    from kvaudit.core.manifest import read_manifest
 
     out = tmp_path / "run"
     assert http_run(server, dataset, out, ARMS, "--concurrent-cases", "3") == 0

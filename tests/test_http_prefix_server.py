@@ -15,7 +15,7 @@ import pytest
 vllm = pytest.importorskip("vllm")
 
 from kvaudit.cli import main  # noqa: E402
-from kvaudit.core.records import read_pairs  # noqa: E402
+from kvaudit.core.run_format import read_pairs  # noqa: E402
 
 from .vllm_server import vllm_server  # noqa: E402
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvaudit import cli
-from kvaudit.core.records import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
+from kvaudit.core.dataset_format import CARD_FILE, CASES_FILE, SEGMENTS_FILE, read_dataset
 from kvaudit.generators import importers
 
 CTXS = [

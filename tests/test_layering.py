@@ -29,8 +29,8 @@ def test_layers_are_kept():
 def test_an_inverted_import_breaks_the_contract(tmp_path):
     shutil.copytree(ROOT / "kvaudit", tmp_path / "kvaudit")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    records = tmp_path / "kvaudit" / "core" / "records.py"
+    records = tmp_path / "kvaudit" / "core" / "run_format.py"
     records.write_text(records.read_text() + "\n\ndef _upward():\n    from kvaudit.reports import gate  # noqa: F401\n")
     done = _lint(tmp_path)
     assert done.returncode != 0
-    assert "kvaudit.core.records -> kvaudit.reports.gate" in done.stdout
+    assert "kvaudit.core.run_format -> kvaudit.reports.gate" in done.stdout

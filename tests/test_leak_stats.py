@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from kvaudit.core.records import PairRecord
+from kvaudit.core.run_format import PairRecord
 from kvaudit.reports.synthetic import make_pairs
 from kvaudit.stats import leak_tests as lt
 from kvaudit.stats.leaks import leak_summary

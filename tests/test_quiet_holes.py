@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from kvaudit.core.errors import DatasetError
 from kvaudit.core.hit_rate import run_hit_rate, run_segment_hit_rate
-from kvaudit.core.records import DatasetError
 from kvaudit.generators import boxoffice, corpus
 from kvaudit.generators.boxoffice_world import World
 from kvaudit.generators.knobs import ReuseKnobs

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from kvaudit.core.arms import get_arm, parse_arms, repair_count
-from kvaudit.core.records import read_dataset, read_pairs
+from kvaudit.core.dataset_format import read_dataset
 from kvaudit.core.repair_log import read_repairs
+from kvaudit.core.run_format import read_pairs
 from kvaudit.runners.prompt import assemble
 
 from .conftest import EXAMPLE

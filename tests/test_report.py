@@ -12,7 +12,7 @@ import re
 import pytest
 
 from kvaudit.core.errors import USER_ERRORS
-from kvaudit.core.records import sha256_hex, write_json
+from kvaudit.core.jsonio import sha256_hex, write_json
 from kvaudit.reports import report_cli
 from kvaudit.reports.html import FILTER_JS, diff_spans
 from kvaudit.reports.report_cli import write_report
@@ -255,7 +255,7 @@ def test_cases_needed_box_agrees_with_routing_and_gate(run_dir):
 
 def test_coverage_of_a_dataset_card_is_figures_and_a_compact_table(tmp_path):
     from kvaudit.core.coverage import compute_coverage
-    from kvaudit.core.records import Case, Segment
+    from kvaudit.core.dataset_format import Case, Segment
 
     pairs = make_pairs(n_per_task=8, leak_probes=0)
     segments = {s: Segment(s, "a b c d e") for p in pairs for s in p.segment_ids}

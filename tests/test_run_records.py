@@ -1,4 +1,4 @@
-"""The typed run records: ``manifest.json`` (kvaudit.core.run_records) and ``audit.json``
+"""The typed run records: ``manifest.json`` (kvaudit.core.manifest) and ``audit.json``
 (kvaudit.audit.record) round-trip, old unversioned manifests load, a newer format is refused,
 and bad input is a RunFileError naming the file and the field, never another exception
 (hypothesis fuzzes the manifest reader). Synthetic runs only (no model)."""
@@ -17,9 +17,9 @@ from kvaudit import cli
 from kvaudit.audit import checks
 from kvaudit.audit.record import AUDIT_FORMAT, AuditRecord, read_audit, write_audit
 from kvaudit.audit.trust import build_audit, verify
-from kvaudit.core.errors import USER_ERRORS, KvauditError
-from kvaudit.core.records import DatasetError, read_json, write_json
-from kvaudit.core.run_records import (
+from kvaudit.core.errors import USER_ERRORS, DatasetError, KvauditError
+from kvaudit.core.jsonio import read_json, write_json
+from kvaudit.core.manifest import (
     MANIFEST_FORMAT,
     DatasetRef,
     Manifest,

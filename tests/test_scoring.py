@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from kvaudit.core.records import ArmResult, PairRecord
+from kvaudit.core.run_format import ArmResult, PairRecord
 from kvaudit.reports.scoring import (
     cluster_key,
     contains,

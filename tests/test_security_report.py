@@ -3,7 +3,7 @@ and timing from the tenant-probe arms (no server: the real-server runs are tests
 
 from __future__ import annotations
 
-from kvaudit.core.records import ArmResult, PairRecord
+from kvaudit.core.run_format import ArmResult, PairRecord
 from kvaudit.reports.security import cold_flushed_warm, security_summary, timing_probes
 
 

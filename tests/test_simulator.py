@@ -9,9 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kvaudit.core.errors import KvauditError
+from kvaudit.core.errors import DatasetError, KvauditError
 from kvaudit.core.hit_rate import run_hit_rate, run_segment_hit_rate, token_hit_rate, windowed
-from kvaudit.core.records import DatasetError
 from kvaudit.core.trace import read_trace, trace_from_requests
 from kvaudit.simulator import simulate_cli
 from kvaudit.simulator.engine import SimConfig, simulate

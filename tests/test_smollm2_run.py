@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kvaudit.core.arms import get_arm
-from kvaudit.core.records import read_pairs
-from kvaudit.core.run_records import read_manifest
+from kvaudit.core.manifest import read_manifest
+from kvaudit.core.run_format import read_pairs
 
 from .conftest import ALL_ARMS, EXAMPLE
 

@@ -95,7 +95,7 @@ def backend():
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     from kvaudit.cli import main
-    from kvaudit.core.records import read_dataset
+    from kvaudit.core.dataset_format import read_dataset
 
     out = tmp_path_factory.mktemp("vllm_box") / "dataset"
     assert main(["generate", "boxoffice", "--out", str(out), "--cases", "5", "--seed", "3",
@@ -136,7 +136,7 @@ def test_rerotated_neutral_kv_equals_kv_computed_at_the_new_position(backend):
 
 
 def test_identity_reproduces_recompute_and_reuse_loads_the_segments(vllm_run):
-    from kvaudit.core.records import read_pairs
+    from kvaudit.core.run_format import read_pairs
 
     pairs = read_pairs(vllm_run)
     assert len(pairs) == 5
@@ -165,7 +165,7 @@ def test_identity_reproduces_recompute_and_reuse_loads_the_segments(vllm_run):
 
 
 def test_manifest_records_the_engine(vllm_run):
-    from kvaudit.core.run_records import read_manifest
+    from kvaudit.core.manifest import read_manifest
 
     m = read_manifest(vllm_run)
     assert m.identity.backend == "vllm" and m.status == "complete"
@@ -194,8 +194,8 @@ def test_audit_passes_and_a_tampered_run_fails(vllm_run, tmp_path):
 
 def test_prefix_cache_arms_find_what_vllm_cached(backend, vllm_run):
     from kvaudit.audit.audit_cli import audit
-    from kvaudit.core.records import read_pairs
-    from kvaudit.core.run_records import read_manifest
+    from kvaudit.core.manifest import read_manifest
+    from kvaudit.core.run_format import read_pairs
 
     pairs = read_pairs(vllm_run)
     block = backend.engine_opts["block_size"]
@@ -232,7 +232,7 @@ def test_a_warm_prefix_cache_arm_that_found_nothing_fails(vllm_run, tmp_path):
 def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset, tmp_path):
     """The cross-backend table: a transformers run of the same dataset beside the vLLM run."""
     from kvaudit.core.arms import parse_arms
-    from kvaudit.core.records import read_pairs
+    from kvaudit.core.run_format import read_pairs
     from kvaudit.reports.report_cli import write_report
     from kvaudit.runners.runner import RunConfig, execute
     from kvaudit.runners.session import open_backend
@@ -257,7 +257,7 @@ def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset
 def test_candidate_scores_of_recompute_equal_a_full_prefill(backend, dataset, vllm_run):
     """Scoring loads the arm's KV for n-1 tokens; for recompute that KV is exact, so the score must
     equal the one from a full prefill of prompt + candidate (no cache at all)."""
-    from kvaudit.core.records import read_pairs
+    from kvaudit.core.run_format import read_pairs
     from kvaudit.runners.prompt import assemble
 
     rec = next(p for p in read_pairs(vllm_run) if p.canary)
@@ -382,8 +382,8 @@ def test_concurrent_cases_run_each_arm_as_one_batch_audit_and_refuse_another_bat
     resumption with another batching is refused (it changes the numerics)."""
     from kvaudit.audit.audit_cli import audit
     from kvaudit.core.arms import parse_arms
-    from kvaudit.core.records import read_pairs
-    from kvaudit.core.run_records import read_manifest
+    from kvaudit.core.manifest import read_manifest
+    from kvaudit.core.run_format import read_pairs
     from kvaudit.reports.report_cli import write_report
     from kvaudit.runners.runner import RunConfig, execute
 

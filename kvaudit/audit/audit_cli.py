@@ -20,7 +20,7 @@ from kvaudit.audit.checks import CheckResult
 from kvaudit.audit.record import write_audit
 from kvaudit.audit.trust import build_audit
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import AUDIT_FILE
+from kvaudit.core.run_format import AUDIT_FILE
 from kvaudit.core.run_lock import run_lock
 
 

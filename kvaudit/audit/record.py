@@ -9,7 +9,7 @@
 
 :func:`read_audit` checks the ``format`` first (a record of another format is refused as such),
 then every field's type; a malformed file raises
-:class:`~kvaudit.core.run_records.RunFileError` naming the file and the field. What the record
+:class:`~kvaudit.core.manifest.RunFileError` naming the file and the field. What the record
 *means* (whether its hashes still match the run's files and its checks a fresh audit) is for
 :func:`kvaudit.audit.trust.verify` to say; this module only reads and writes it. Keys the format
 does not define are ignored (the record is re-derived from the run whenever it is read).
@@ -23,13 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.audit.checks import CheckResult
-from kvaudit.core.records import (
-    AUDIT_FILE,
-    MANIFEST_FILE,
-    PAIRS_FILE,
-    write_json,
-)
-from kvaudit.core.run_records import Fields, RunFileError, read_record
+from kvaudit.core.jsonio import write_json
+from kvaudit.core.manifest import Fields, RunFileError, read_record
+from kvaudit.core.run_format import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE
 
 AUDIT_FORMAT = 2
 VERDICTS = ("passed", "failed", "cannot_judge")

@@ -31,8 +31,8 @@ from kvaudit.audit.record import (
     read_audit,
 )
 from kvaudit.core.errors import USER_ERRORS
-from kvaudit.core.records import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE, PairRecord
-from kvaudit.core.run_records import Manifest, RunFileError
+from kvaudit.core.manifest import Manifest, RunFileError
+from kvaudit.core.run_format import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE, PairRecord
 
 __all__ = ["AUDIT_FORMAT", "VERDICTS", "VerifiedAudit", "build_audit", "file_sha256", "verdict_of", "verify"]
 
@@ -110,7 +110,7 @@ def verify(run_dir: str | Path, *, manifest: Manifest | None = None,
     """Check ``RUN/audit.json`` against the run's files and a fresh audit (see module docstring).
 
     ``manifest`` and ``pairs`` are the run's files as the caller read them (with
-    :func:`~kvaudit.core.run_records.read_manifest` and :func:`~kvaudit.core.records.read_pairs`);
+    :func:`~kvaudit.core.manifest.read_manifest` and :func:`~kvaudit.core.run_format.read_pairs`);
     without them the fresh audit reads them itself.
     """
     path = Path(run_dir)

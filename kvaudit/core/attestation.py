@@ -24,16 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.records import (
-    MANIFEST_FILE,
-    PAIRS_FILE,
-    DatasetError,
-    dump_json,
-    read_json,
-    write_atomic,
-)
+from kvaudit.core.errors import DatasetError
+from kvaudit.core.jsonio import dump_json, read_json, write_atomic
+from kvaudit.core.run_format import ATTESTATION_FILE, MANIFEST_FILE, PAIRS_FILE
 
-ATTESTATION_FILE = "attestation.json"
 ATTESTATION_FORMAT = 1
 KEY_ENV = "KVAUDIT_ATTESTATION_KEY"
 MIN_KEY_BYTES = 16

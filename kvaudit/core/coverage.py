@@ -29,7 +29,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kvaudit.core.records import Case, Segment
+from kvaudit.core.dataset_format import Case, Segment
 
 REUSE_WARNING = "every segment appears exactly once: this dataset cannot measure reuse"
 POSITION_WARNING = ("no segment ever sits at a never-cached position: re-rotation error is "

@@ -2,9 +2,11 @@
 
 import os
 
-from kvaudit.core.records import DatasetError
-
 MAX_MESSAGE = 500  # characters of an error message (they may echo user input)
+
+
+class DatasetError(ValueError):
+    """A dataset or run file is malformed; the message names the file, line and field."""
 
 
 class KvauditError(Exception):
@@ -30,3 +32,9 @@ def os_error_message(e: OSError) -> str:
     path = e.filename2 if e.filename2 is not None else e.filename
     reason = e.strerror or str(e) or type(e).__name__
     return cut(f"{os.fsdecode(path)}: {reason}" if path is not None else reason)
+
+
+def excerpt(text: str, n: int = 80) -> str:
+    """User input echoed in a message: control characters escaped, cut to ``n`` characters."""
+    shown = text[:n] if text[:n].isprintable() else ascii(text[:n])[1:-1]
+    return shown if len(text) <= n else shown + f"... ({len(text)} chars)"

@@ -73,7 +73,7 @@ def windowed(hits: np.ndarray, prompt: np.ndarray, n_windows: int) -> list[dict]
 
 
 def run_hit_rate(pairs: Iterable, arm: str = UNDER_TEST_ARM) -> HitRate:
-    """The token hit rate of one arm of a run (``kvaudit.core.records.PairRecord`` list).
+    """The token hit rate of one arm of a run (``kvaudit.core.run_format.PairRecord`` list).
 
     Hits are ``ArmResult.cache_hit_tokens``: reused tokens whose KV was already in the run's
     segment cache when the case arrived, the simulator's definition, so the two compare. An

@@ -1,7 +1,7 @@
 """A repair arm's own account of one case: ``ArmResult.repair`` in ``pairs.jsonl``.
 
 A repair arm (``blend@R``, ``epic@K``; :mod:`kvaudit.core.arms`) recomputes some segment tokens.
-Its :class:`~kvaudit.core.records.ArmResult` says how many (``tokens_reused`` is the segment
+Its :class:`~kvaudit.core.run_format.ArmResult` says how many (``tokens_reused`` is the segment
 tokens left reused, ``tokens_computed`` the rest of the prompt, and its TTFT includes selection
 and recomputation); its ``repair`` field holds the rest:
 
@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from kvaudit.core.records import PairRecord, read_pairs
+from kvaudit.core.run_format import PairRecord, read_pairs
 
 
 def repair_accounts(pairs: Iterable[PairRecord]) -> dict[tuple[str, str], dict[str, Any]]:

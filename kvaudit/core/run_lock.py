@@ -17,12 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE
+from kvaudit.core.run_format import LOCK_FILE, WRITTEN_FILES
 
-LOCK_FILE = ".kvaudit.lock"
-# Files a command writes in a run directory: each must be a regular file of the directory (a
-# symbolic link would make an append land outside it).
-WRITTEN_FILES = (MANIFEST_FILE, PAIRS_FILE, AUDIT_FILE, "summary.json", "report.html")
 _HELD: set[str] = set()  # run directories whose lock this process holds
 
 

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvaudit.core.records import DatasetError, iter_jsonl
+from kvaudit.core.errors import DatasetError
+from kvaudit.core.jsonio import iter_jsonl
 
 KINDS = ("prefix", "document", "question")
 PREFIX, DOCUMENT, QUESTION = 0, 1, 2

@@ -19,9 +19,9 @@ from functools import lru_cache, partial
 from typing import Any
 
 from kvaudit.core.arg_types import non_negative_int, positive_int
+from kvaudit.core.dataset_format import Case, DatasetCard, Segment, segment_id
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import bar_iter, progress_bar, show_progress
-from kvaudit.core.records import Case, DatasetCard, Segment, segment_id
 from kvaudit.generators.arguments import add_output_arguments, add_reuse_arguments, parse_weights
 from kvaudit.generators.boxoffice_world import GENRES, Film, Person, World
 from kvaudit.generators.knobs import ReuseKnobs

@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.arg_types import non_negative_int, positive_int
+from kvaudit.core.dataset_format import Case, DatasetCard, Segment, segment_id
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import bar_iter, progress_bar, show_progress
-from kvaudit.core.records import Case, DatasetCard, Segment, segment_id
 from kvaudit.generators.arguments import add_output_arguments, add_reuse_arguments, parse_weights
 from kvaudit.generators.chunking import CHUNK_RULES, chunk_corpus, chunk_rule
 from kvaudit.generators.corpus_files import DEFAULT_MAX_FILE_BYTES, format_skipped, load_corpus

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.errors import KvauditError
+from kvaudit.core.errors import DatasetError, KvauditError
+from kvaudit.core.jsonio import parse_json
 from kvaudit.core.progress import progress_bar
-from kvaudit.core.records import DatasetError, parse_json
 
 SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
 DEFAULT_MAX_FILE_BYTES = 64 * 2**20  # 64 MiB; 0 = no limit

@@ -24,18 +24,17 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.arg_types import non_negative_int, positive_int
-from kvaudit.core.errors import KvauditError
-from kvaudit.core.progress import progress_bar, show_progress
-from kvaudit.core.records import (
+from kvaudit.core.dataset_format import (
     METRICS,
     TASK_FAMILIES,
     Case,
     DatasetCard,
-    DatasetError,
     Segment,
-    parse_json,
     segment_id,
 )
+from kvaudit.core.errors import DatasetError, KvauditError
+from kvaudit.core.jsonio import parse_json
+from kvaudit.core.progress import progress_bar, show_progress
 from kvaudit.generators.arguments import add_output_arguments
 from kvaudit.generators.chunking import chunk_text
 from kvaudit.generators.placement import len_bucket, position_label

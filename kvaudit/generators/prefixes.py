@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import random
 
+from kvaudit.core.dataset_format import DEFAULT_SYSTEM
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import DEFAULT_SYSTEM
 
 SYSTEM_PROMPTS = (
     DEFAULT_SYSTEM,

@@ -34,8 +34,8 @@ import numpy as np
 
 from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.errors import KvauditError
+from kvaudit.core.jsonio import check_writable_dir
 from kvaudit.core.progress import add_progress_argument, progress_bar
-from kvaudit.core.records import check_writable_dir
 from kvaudit.core.trace import DOCUMENT, PREFIX, QUESTION, Trace
 
 
@@ -209,7 +209,7 @@ def write_workload(path: str | Path, trace: Trace, params: WorkloadParams,
     """Write the workload JSONL atomically (temp file, then rename); ``progress``: a bar on
     stderr over the requests, when writing takes over 2 s.
 
-    Streams line by line instead of using ``kvaudit.core.records.write_atomic``, which takes the whole
+    Streams line by line instead of using ``kvaudit.core.jsonio.write_atomic``, which takes the whole
     text: a million requests are 680 MB of JSON.
     """
     path = Path(path)

@@ -2,7 +2,7 @@
 
 Every generator draws from ``random.Random`` instances seeded with strings (``f"{seed}:..."``),
 never iterates over a set when it decides something, and writes through :func:`finish`
-(:func:`kvaudit.core.records.write_dataset`), so the same seed and parameters give
+(:func:`kvaudit.core.dataset_format.write_dataset`), so the same seed and parameters give
 byte-identical files. :func:`run_build` is the ``run`` step a dataset generator's CLI shares.
 """
 
@@ -19,18 +19,18 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.coverage import compute_coverage, format_summary, refs_bucket
-from kvaudit.core.errors import KvauditError
-from kvaudit.core.progress import progress_bar
-from kvaudit.core.records import (
+from kvaudit.core.dataset_format import (
     CARD_FILE,
     CASES_FILE,
     SEGMENTS_FILE,
     Case,
     DatasetCard,
     Segment,
-    check_writable_dir,
     write_dataset,
 )
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.jsonio import check_writable_dir
+from kvaudit.core.progress import progress_bar
 from kvaudit.generators.tokens import TokenCounter, make_token_counter
 
 

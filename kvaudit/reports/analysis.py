@@ -1,11 +1,11 @@
 """Load a run directory and answer the report's questions about it (one object, computed once).
 
 :func:`load_run` reads ``manifest.json`` and ``pairs.jsonl`` through the one validated reader
-of each (:func:`kvaudit.core.run_records.read_manifest`, :func:`kvaudit.core.records.read_pairs`),
+of each (:func:`kvaudit.core.manifest.read_manifest`, :func:`kvaudit.core.run_format.read_pairs`),
 once: the audit's verification (:func:`kvaudit.audit.trust.verify`: ``missing`` when the audit
 has not run) reruns the checks on the same records, and the case questions come from the
 dataset the audit read (read again only when the audit did not read it). ``simulation.json`` is
-optional. Anything malformed raises :class:`~kvaudit.core.records.DatasetError` with the file
+optional. Anything malformed raises :class:`~kvaudit.core.dataset_format.DatasetError` with the file
 and field.
 
 :class:`Analysis` scores every (case, arm) once and then serves paired deltas for any *group*
@@ -32,16 +32,11 @@ import pandas as pd
 from kvaudit.audit.checks.base import server_decides_reuse
 from kvaudit.audit.trust import VerifiedAudit, verify
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, get_arm, known_arm, reference_of
-from kvaudit.core.records import (
-    CASES_FILE,
-    PAIRS_FILE,
-    DatasetError,
-    PairRecord,
-    iter_jsonl,
-    read_json,
-    read_pairs,
-)
-from kvaudit.core.run_records import Manifest, read_manifest, run_dataset_dir
+from kvaudit.core.dataset_format import CASES_FILE
+from kvaudit.core.errors import DatasetError
+from kvaudit.core.jsonio import iter_jsonl, read_json
+from kvaudit.core.manifest import Manifest, read_manifest, run_dataset_dir
+from kvaudit.core.run_format import PAIRS_FILE, PairRecord, read_pairs
 from kvaudit.reports import scoring
 from kvaudit.stats import paired as stats
 from kvaudit.stats.leaks import leak_summary
@@ -73,7 +68,7 @@ class Run:
 
 
 def _check_pairs(pairs: list[PairRecord], path: Path) -> None:
-    """What the report needs beyond a well-formed record (:func:`kvaudit.core.records.read_pairs`
+    """What the report needs beyond a well-formed record (:func:`kvaudit.core.run_format.read_pairs`
     checks the types): each case once, each with the reference arm."""
     if not pairs:
         raise DatasetError(f"{path}: no pair records")

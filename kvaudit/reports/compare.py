@@ -28,7 +28,7 @@ from typing import Any
 
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.run_records import Manifest
+from kvaudit.core.manifest import Manifest
 
 JSON_FILE = "compare.json"
 HTML_FILE = "compare.html"
@@ -124,7 +124,7 @@ def build_comparison(run_dirs: Sequence[str | Path], *, policy_path: str | Path 
     ``families``), ``skipped`` (arms a run lacks), the policy and its confidence.
 
     Raises :class:`~kvaudit.core.errors.KvauditError` for no runs or a run given twice, and
-    :class:`~kvaudit.core.records.DatasetError` (from :func:`load_run`) for a directory that is not a
+    :class:`~kvaudit.core.dataset_format.DatasetError` (from :func:`load_run`) for a directory that is not a
     readable run; a comparison never silently leaves a run out.
     """
     from kvaudit.reports.policy import load_policy
@@ -197,7 +197,7 @@ def write_comparison(run_dirs: Sequence[str | Path], out_dir: str | Path, *,
                      policy_path: str | Path | None = None,
                      arms: Sequence[str] | None = None) -> tuple[Path, Path]:
     """Write ``compare.json`` and ``compare.html`` into ``out_dir`` (atomically); return both paths."""
-    from kvaudit.core.records import write_atomic, write_json
+    from kvaudit.core.jsonio import write_atomic, write_json
 
     comparison = build_comparison(run_dirs, policy_path=policy_path, arms=arms)
     out = Path(out_dir)

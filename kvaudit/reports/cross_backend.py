@@ -12,7 +12,7 @@ from typing import Any
 
 from kvaudit.core.arms import IDENTITY_ARM, NOISE_ARM, REFERENCE_ARM
 from kvaudit.core.errors import DatasetError
-from kvaudit.core.records import flipped
+from kvaudit.core.run_format import flipped
 from kvaudit.reports.analysis import Run
 
 

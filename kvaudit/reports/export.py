@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.arms import REFERENCE_ARM
-from kvaudit.core.records import sha256_hex, write_jsonl
+from kvaudit.core.jsonio import sha256_hex, write_jsonl
 from kvaudit.reports.analysis import Analysis
 from kvaudit.reports.scoring import SCORE_METRICS, normalize_answer, references
 

@@ -42,7 +42,7 @@ from typing import Any
 
 from kvaudit.core.arms import REFERENCE_ARM
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.run_records import DatasetRef, Manifest
+from kvaudit.core.manifest import DatasetRef, Manifest
 
 FORMATS = ("inspect", "lm-eval")
 INSPECT_HINT = "pip install 'kvaudit[inspect]' (or: pip install inspect-ai)"
@@ -414,7 +414,7 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
 
 def write_lm_eval(an: Any, out: str | Path) -> list[Path]:
     """Write ``OUT/<model>/results_<time>.json`` and one ``samples_<task>_<time>.jsonl`` per task."""
-    from kvaudit.core.records import write_atomic
+    from kvaudit.core.jsonio import write_atomic
 
     results, samples, date_id = lm_eval_export(an)
     folder = Path(out)

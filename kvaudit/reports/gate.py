@@ -122,7 +122,7 @@ def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_p
 
 def run(args: argparse.Namespace) -> int:
     from kvaudit.core.errors import os_error_message
-    from kvaudit.core.records import write_atomic
+    from kvaudit.core.jsonio import write_atomic
 
     result, results, source, arm, error = judge(args.run_dir, args.policy, allow_partial=args.allow_partial)
     md = markdown(result, results, run_dir=str(args.run_dir), policy=source, arm=arm, error=error)

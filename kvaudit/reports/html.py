@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, UNDER_TEST_ARM
-from kvaudit.core.records import flipped
+from kvaudit.core.run_format import flipped
 from kvaudit.reports.analysis import Analysis
 from kvaudit.reports.plots import (
     flip_strata_svg,

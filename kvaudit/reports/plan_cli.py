@@ -98,7 +98,7 @@ def _validate(args: argparse.Namespace) -> None:
 def _pilot_groups(run_dir: str, arm: str, groups: list[str]) -> dict[str, tuple[list, list, list]]:
     """Per group: (recompute scores, arm scores, documents) of the pilot's quality cases."""
     from kvaudit.core.arms import REFERENCE_ARM
-    from kvaudit.core.records import DatasetError
+    from kvaudit.core.errors import DatasetError
     from kvaudit.reports.analysis import load_run
     from kvaudit.reports.scoring import documents, score_pairs
 
@@ -235,7 +235,7 @@ def render(p: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.core.records import write_atomic
+    from kvaudit.core.jsonio import write_atomic
 
     p = plan(args)
     print(render(p), end="")

@@ -10,9 +10,6 @@ from pathlib import Path
 
 from kvaudit.core.arg_types import non_negative_int
 
-SUMMARY_FILE = "summary.json"
-REPORT_FILE = "report.html"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN", help="run directory (manifest.json, pairs.jsonl, audit.json)")
@@ -32,7 +29,8 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
 
     ``compare``: runs of the same dataset on other backends, for the cross-backend table.
     """
-    from kvaudit.core.records import write_atomic, write_json
+    from kvaudit.core.jsonio import write_atomic, write_json
+    from kvaudit.core.run_format import REPORT_FILE, SUMMARY_FILE
     from kvaudit.core.run_lock import run_lock
     from kvaudit.reports import html
     from kvaudit.reports.analysis import Analysis, load_run

@@ -11,7 +11,7 @@ counted as a flip).
 
 Per arm other than ``recompute`` each row also carries:
 
-``flip``          :func:`kvaudit.core.records.flipped` against recompute;
+``flip``          :func:`kvaudit.core.run_format.flipped` against recompute;
 ``logit_diff``    ``ArmResult.logit_diff_vs_recompute`` (max abs first-token logit difference);
 ``top1_changed``  the first token's top-1 id differs from recompute's (from ``top_k``);
 ``near_tie``      recompute's top-1/top-2 first-token margin is below the near-tie threshold,
@@ -30,7 +30,7 @@ from typing import Any
 import pandas as pd
 
 from kvaudit.core.arms import REFERENCE_ARM, reference_of
-from kvaudit.core.records import ArmResult, PairRecord, cluster_key, documents, flipped
+from kvaudit.core.run_format import ArmResult, PairRecord, cluster_key, documents, flipped
 
 SCORE_METRICS = ("em", "f1", "rouge_l", "contains")
 # Answer-quality rows skip these tasks: leak probes are judged by kvaudit.stats.leaks.

@@ -18,7 +18,7 @@ from typing import Any
 
 from kvaudit.audit.checks.server import isolation_results, probe_arms
 from kvaudit.core.arms import arm_for, arms_where
-from kvaudit.core.records import PairRecord, flipped
+from kvaudit.core.run_format import PairRecord, flipped
 from kvaudit.stats.timing import TimingAUC, timing_auc
 
 

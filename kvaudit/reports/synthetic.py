@@ -2,7 +2,7 @@
 
 :func:`make_run` writes ``manifest.json``, ``pairs.jsonl`` and (optionally) ``audit.json`` with
 answers drawn so that the ``reuse`` arm loses a chosen share of correct answers per task
-family; no model is involved. The records follow :mod:`kvaudit.core.records` exactly, so everything
+family; no model is involved. The records follow :mod:`kvaudit.core.run_format` exactly, so everything
 downstream (report, gate, export) reads them as it reads a real run.
 """
 
@@ -20,15 +20,9 @@ from kvaudit.core.arms import (
     REFERENCE_ARM,
     UNDER_TEST_ARM,
 )
-from kvaudit.core.records import (
-    PAIRS_FILE,
-    ArmResult,
-    PairRecord,
-    ids_hash,
-    pair_to_dict,
-    write_jsonl,
-)
-from kvaudit.core.run_records import DatasetRef, Manifest, ModelInfo, RunIdentity, write_manifest
+from kvaudit.core.jsonio import ids_hash, write_jsonl
+from kvaudit.core.manifest import DatasetRef, Manifest, ModelInfo, RunIdentity, write_manifest
+from kvaudit.core.run_format import PAIRS_FILE, ArmResult, PairRecord, pair_to_dict
 
 DEFAULT_LOSS = {"single_doc": 0.0, "multi_hop_bridge": 0.3, "aggregate": 0.05, "agreement": 0.1}
 NAMES = ["Ada", "Boris", "Chloe", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas"]

@@ -27,7 +27,8 @@ from kvaudit.core.arms import (
     get_arm,
     repair_count,
 )
-from kvaudit.core.records import PairRecord, flipped, ids_hash
+from kvaudit.core.jsonio import ids_hash
+from kvaudit.core.run_format import PairRecord, flipped
 
 # name -> (share of reuse's broken answers recovered, TTFT as a share of the reference's)
 DEFAULT_REPAIRS: dict[str, tuple[float, float]] = {

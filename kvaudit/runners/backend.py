@@ -3,7 +3,7 @@
 In the manner of lm-evaluation-harness's ``LM``: the runner (:mod:`kvaudit.runners.runner`) talks
 to a backend only through :class:`Backend`; it never looks inside one. A backend runs one arm
 (:class:`~kvaudit.core.arms.ArmSpec`) on one assembled :class:`~kvaudit.runners.prompt.Prompt` and
-returns an :class:`ArmOutput` whose :class:`~kvaudit.core.records.ArmResult` is built by
+returns an :class:`ArmOutput` whose :class:`~kvaudit.core.run_format.ArmResult` is built by
 :func:`build_arm_result`, the one builder every backend uses. The types shared by backends live
 here, so no backend imports another. Backends are registered by name in
 :mod:`kvaudit.runners.registry`, each with its own CLI options.
@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import ArmResult, ids_hash
+from kvaudit.core.jsonio import ids_hash
+from kvaudit.core.run_format import ArmResult
 
 if TYPE_CHECKING:
     import torch

@@ -51,7 +51,7 @@ from typing import Any
 
 from kvaudit.core.arms import ArmSpec, get_arm
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import ids_hash
+from kvaudit.core.jsonio import ids_hash
 from kvaudit.runners.backend import (
     ArmOutput,
     ArmRequest,

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from kvaudit.core.dataset_format import Case, Segment
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import Case, Segment, ids_hash
+from kvaudit.core.jsonio import ids_hash
 
 DELIMITER = "\n\n"
 NEUTRAL_SYSTEM = "You are a helpful assistant."

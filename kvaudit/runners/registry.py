@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from kvaudit.core.errors import KvauditError
-from kvaudit.runners.backend import Backend
+from kvaudit.runners.backend import Backend, check_concurrent_cases
 
 # Keyword arguments every opener takes (from `kvaudit run`'s common options).
 COMMON = ("dtype", "max_new_tokens", "cache_bytes")
@@ -33,6 +34,7 @@ class Option:
     help: str
     type: Any = None
     value: Any = None
+    check: Callable[[Any], None] | None = None  # raises KvauditError for a bad value, before any work
 
     @property
     def dest(self) -> str:
@@ -54,7 +56,8 @@ class BackendEntry:
 # One option two backends take (listed once in --help, under the first).
 CONCURRENT_CASES = Option("--concurrent-cases", "concurrent_cases", 1,
                           "run each arm for N cases at once, their requests in flight together (default 1; recorded "
-                          "in the manifest and the run's identity)", type=int)
+                          "in the manifest and the run's identity)", type=int,
+                          check=check_concurrent_cases)
 
 BACKENDS: dict[str, BackendEntry] = {
     b.name: b
@@ -142,6 +145,8 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     out = {}
     for o in chosen.options:
         v = getattr(args, o.dest, None)
+        if v is not None and o.check is not None:
+            o.check(v)
         out[o.param] = o.default if v is None else v
     return out
 

@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvaudit.core.arms import parse_arms
     from kvaudit.core.attestation import attestation_key
-    from kvaudit.core.records import check_writable_dir, read_dataset
+    from kvaudit.core.dataset_format import read_dataset
+    from kvaudit.core.jsonio import check_writable_dir
     from kvaudit.core.run_lock import run_lock
     from kvaudit.runners.registry import backend_options, open_from_args
     from kvaudit.runners.runner import RunConfig, check_resumable, execute

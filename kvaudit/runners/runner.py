@@ -31,20 +31,9 @@ from kvaudit.core.arms import (
     get_arm,
 )
 from kvaudit.core.attestation import ATTESTATION_FILE, attest, attestation_key
+from kvaudit.core.dataset_format import Case, Dataset
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import (
-    AUDIT_FILE,
-    MANIFEST_FILE,
-    PAIRS_FILE,
-    Case,
-    Dataset,
-    PairRecord,
-    flipped,
-    mend_pairs_tail,
-    read_pairs,
-)
-from kvaudit.core.run_lock import run_lock
-from kvaudit.core.run_records import (
+from kvaudit.core.manifest import (
     DatasetRef,
     Manifest,
     ModelInfo,
@@ -54,6 +43,16 @@ from kvaudit.core.run_records import (
     read_manifest,
     write_manifest,
 )
+from kvaudit.core.run_format import (
+    AUDIT_FILE,
+    MANIFEST_FILE,
+    PAIRS_FILE,
+    PairRecord,
+    flipped,
+    mend_pairs_tail,
+    read_pairs,
+)
+from kvaudit.core.run_lock import run_lock
 from kvaudit.runners.backend import ArmRequest, Backend, concurrent_cases, logit_diff, run_arms
 from kvaudit.runners.prompt import assemble
 
@@ -107,7 +106,7 @@ def run_identity(cfg: RunConfig, backend: Backend) -> RunIdentity:
 
 def load_done(out: Path) -> dict[str, PairRecord]:
     """Finished case records, by case id, after mending the file's tail
-    (:func:`~kvaudit.core.records.mend_pairs_tail`: a complete last record is kept, a torn one cut)."""
+    (:func:`~kvaudit.core.run_format.mend_pairs_tail`: a complete last record is kept, a torn one cut)."""
     mend_pairs_tail(out)
     if not (out / PAIRS_FILE).exists():
         return {}

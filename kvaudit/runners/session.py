@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvaudit.core.arms import REFERENCE_ARM, UNDER_TEST_ARM
-from kvaudit.core.records import read_pairs
-from kvaudit.core.run_records import Manifest
+from kvaudit.core.manifest import Manifest
+from kvaudit.core.run_format import read_pairs
 from kvaudit.runners.backend import Decoding
 from kvaudit.runners.transformers_backend import TransformersBackend
 

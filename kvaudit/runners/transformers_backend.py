@@ -29,7 +29,7 @@ import torch
 
 from kvaudit.core.arms import BLEND_SELECT_LAYER, ArmSpec, repair_count
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import ids_hash
+from kvaudit.core.jsonio import ids_hash
 from kvaudit.runners.backend import ArmOutput, Decoding, build_arm_result, model_shape_info
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec

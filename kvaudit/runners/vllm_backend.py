@@ -46,7 +46,8 @@ import torch
 
 from kvaudit.core.arms import ArmSpec
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import ArmResult, ids_hash
+from kvaudit.core.jsonio import ids_hash
+from kvaudit.core.run_format import ArmResult
 from kvaudit.runners.backend import (
     ArmOutput,
     ArmRequest,

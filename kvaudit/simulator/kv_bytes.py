@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import DatasetError, parse_json, read_bytes
+from kvaudit.core.errors import DatasetError, KvauditError
+from kvaudit.core.jsonio import parse_json, read_bytes
 
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from kvaudit.core.records import write_atomic
+from kvaudit.core.jsonio import write_atomic
 
 
 def _pyplot():

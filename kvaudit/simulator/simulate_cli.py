@@ -102,7 +102,7 @@ def report_markdown(sim: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.core.records import check_writable_dir, write_atomic, write_json
+    from kvaudit.core.jsonio import check_writable_dir, write_atomic, write_json
     from kvaudit.core.trace import read_trace
     from kvaudit.simulator.engine import markdown_table, simulate
     from kvaudit.simulator.plots import plot_over_time, plot_vs_capacity

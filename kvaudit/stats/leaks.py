@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 
 from kvaudit.core.arms import LEAK_CAPTURE_ARM, REFERENCE_ARM, UNDER_TEST_ARM
-from kvaudit.core.records import PairRecord, cluster_key
+from kvaudit.core.run_format import PairRecord, cluster_key
 from kvaudit.stats.leak_tests import (
     DEFAULT_ALPHA,
     DEFAULT_POWER,

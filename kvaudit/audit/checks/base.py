@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kvaudit.core.arms import REFERENCE_ARM, evidence_only, get_arm, known_arm, repair_count
-from kvaudit.core.records import PairRecord, flipped
+from kvaudit.core.run_format import PairRecord, flipped
 
 ALPHA = 0.05
 MAX_LISTED = 5  # problems spelled out in a detail string; the rest are counted

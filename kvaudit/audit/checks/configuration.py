@@ -7,8 +7,8 @@ from typing import Any
 
 from kvaudit.audit.checks.base import check, from_problems, result, short
 from kvaudit.audit.checks.loading import LoadedRun
-from kvaudit.core.records import MANIFEST_FILE, MANIFEST_IDENTITY
-from kvaudit.core.run_records import Manifest
+from kvaudit.core.manifest import Manifest
+from kvaudit.core.run_format import MANIFEST_FILE, MANIFEST_IDENTITY
 
 
 def _agreeing(m: Manifest) -> list[tuple[str, str, Any]]:

@@ -39,8 +39,8 @@ from kvaudit.audit.checks.base import (
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.audit.checks.noise import noise_floor
 from kvaudit.core.arms import IDENTITY_ARM, NOISE_ARM, REFERENCE_ARM, get_arm, is_repair
-from kvaudit.core.records import PairRecord, flipped
-from kvaudit.core.run_records import Manifest
+from kvaudit.core.manifest import Manifest
+from kvaudit.core.run_format import PairRecord, flipped
 
 DEFAULT_TOL = 1e-4
 IDENTITY_TOL: dict[str, float] = {"float32": DEFAULT_TOL, "float64": DEFAULT_TOL,

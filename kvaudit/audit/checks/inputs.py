@@ -14,7 +14,7 @@ from kvaudit.audit.checks.base import (
 )
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.core.arms import REFERENCE_ARM, get_arm, known_arm
-from kvaudit.core.records import MANIFEST_FILE, PairRecord
+from kvaudit.core.run_format import MANIFEST_FILE, PairRecord
 
 
 def _expected_arms(run: LoadedRun, p: PairRecord) -> list[str]:

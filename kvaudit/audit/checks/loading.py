@@ -1,7 +1,7 @@
 """Reading a run for the audit: the manifest, the validated pairs and, when found, the dataset.
 
-The manifest is read by :func:`kvaudit.core.run_records.read_manifest` and the pairs by
-:func:`kvaudit.core.records.read_pairs`, the readers the report uses too; a caller that has read
+The manifest is read by :func:`kvaudit.core.manifest.read_manifest` and the pairs by
+:func:`kvaudit.core.run_format.read_pairs`, the readers the report uses too; a caller that has read
 them already (the report, before it verifies the audit) passes them in and they are not read again.
 """
 
@@ -10,17 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import (
-    MANIFEST_FILE,
-    PAIRS_FILE,
-    Dataset,
-    DatasetError,
-    PairRecord,
-    read_dataset,
-    read_pairs,
-)
-from kvaudit.core.run_records import Manifest, read_manifest, run_dataset_dir
+from kvaudit.core.dataset_format import Dataset, read_dataset
+from kvaudit.core.errors import DatasetError, KvauditError
+from kvaudit.core.manifest import Manifest, read_manifest, run_dataset_dir
+from kvaudit.core.run_format import MANIFEST_FILE, PAIRS_FILE, PairRecord, read_pairs
 
 
 @dataclass
@@ -33,7 +26,7 @@ class LoadedRun:
 
 
 def read_run_pairs(run_dir: Path) -> list[PairRecord]:
-    """``pairs.jsonl``, validated (:func:`kvaudit.core.records.read_pairs`); no record is an error."""
+    """``pairs.jsonl``, validated (:func:`kvaudit.core.run_format.read_pairs`); no record is an error."""
     out = read_pairs(run_dir)
     if not out:
         raise KvauditError(f"{Path(run_dir) / PAIRS_FILE}: no pair records; has the run finished any case?")

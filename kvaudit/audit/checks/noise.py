@@ -22,7 +22,7 @@ from kvaudit.audit.checks.base import (
 )
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, UNDER_TEST_ARM, arm_for
-from kvaudit.core.records import flipped
+from kvaudit.core.run_format import flipped
 
 PREFIX_COLD_ARM = arm_for("engine_prefix")
 PREFIX_WARM_ARM = arm_for("engine_prefix_warm")

@@ -35,7 +35,7 @@ from kvaudit.audit.checks.base import (
 from kvaudit.audit.checks.identity_reuse import equals_reference
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.core.arms import UNDER_TEST_ARM, is_repair
-from kvaudit.core.records import PairRecord
+from kvaudit.core.run_format import PairRecord
 
 # What "equals reuse exactly" compares: everything an ArmResult records of the model's output.
 EXACT_FIELDS = ("answer", "answer_ids", "top_k", "margin", "logit_diff_vs_recompute")

@@ -23,7 +23,7 @@ from collections import defaultdict
 from kvaudit.audit.checks.base import check, from_problems, result, server_decides_reuse
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.core.arms import arm_for, arms_where, get_arm, known_arm
-from kvaudit.core.records import PairRecord
+from kvaudit.core.run_format import PairRecord
 from kvaudit.stats.timing import isolation_decision
 
 NOT_A_SERVER_RUN = "not a server run (no arm recorded what a serving engine reported)"

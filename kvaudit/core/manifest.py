@@ -2,7 +2,7 @@
 
 In the manner of inspect-ai's ``log`` package: the file is read into dataclasses once, at the
 edge, by :func:`read_manifest`, and written by :func:`write_manifest` (atomically, as
-:func:`~kvaudit.core.records.write_json` is); every other part of kvaudit reads attributes, never
+:func:`~kvaudit.core.jsonio.write_json` is); every other part of kvaudit reads attributes, never
 ``.get`` chains. The parts whose shape is fixed are typed sub-records: the run's
 :class:`RunIdentity` (what two runs, or a run and its resumption, must share), the
 :class:`ModelInfo`, the :class:`DatasetRef` and one :class:`Session` per ``kvaudit run``
@@ -17,7 +17,7 @@ an absent sub-record is ``None``. Keys the format does not define are kept in ea
 ``extra`` and written back unchanged, so a newer writer's additions survive a resume.
 
 Bad input raises :class:`RunFileError` (a :class:`~kvaudit.core.errors.KvauditError` and a
-:class:`~kvaudit.core.records.DatasetError`) whose message names the file and the field
+:class:`~kvaudit.core.dataset_format.DatasetError`) whose message names the file and the field
 (``manifest.json: field 'dataset.n_cases' must be int, got str``), never another exception.
 The helpers that check a JSON value's type (:class:`Fields`) are shared with the audit's record
 (:mod:`kvaudit.audit.record`).
@@ -31,15 +31,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from kvaudit.core.errors import KvauditError
-from kvaudit.core.records import (
-    CASES_FILE,
-    MANIFEST_FILE,
-    DatasetError,
-    read_json,
-    unwritable,
-    write_json,
-)
+from kvaudit.core.dataset_format import CASES_FILE
+from kvaudit.core.errors import DatasetError, KvauditError
+from kvaudit.core.jsonio import read_json, unwritable, write_json
+from kvaudit.core.run_format import MANIFEST_FILE
 
 T = TypeVar("T")
 

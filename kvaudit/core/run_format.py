@@ -1,0 +1,251 @@
+"""The run format: the files of a run directory, by name, and the pair records of ``pairs.jsonl``.
+
+A *run directory* (written by ``kvaudit run``) holds ``manifest.json`` (the typed
+:class:`~kvaudit.core.manifest.Manifest`; its ``identity`` object, :data:`MANIFEST_IDENTITY`,
+holds the fields two runs must share to be compared) and ``pairs.jsonl`` (one :class:`PairRecord`
+per case, holding every arm's :class:`ArmResult`; :func:`read_pairs` is its one reader).
+``audit.json`` (:mod:`kvaudit.core.audit_format`), ``summary.json`` and ``report.html`` are added by
+the audit and report stages, ``attestation.json`` by a run signed with a key. Every reader and
+writer of these files is reached through :class:`kvaudit.core.run_dir.RunDir`.
+
+Bad input raises :class:`~kvaudit.core.errors.DatasetError`, whose message names the file, line
+and field.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvaudit.core.errors import DatasetError, excerpt
+from kvaudit.core.jsonio import iter_jsonl, parse_json, read_bytes, type_name, write_atomic
+
+MANIFEST_FILE = "manifest.json"
+PAIRS_FILE = "pairs.jsonl"
+AUDIT_FILE = "audit.json"
+MANIFEST_IDENTITY = "identity"  # the manifest's object of what makes a run's configuration one
+SUMMARY_FILE = "summary.json"
+REPORT_FILE = "report.html"
+ATTESTATION_FILE = "attestation.json"
+LOCK_FILE = ".kvaudit.lock"
+# Files a command writes in a run directory: each must be a regular file of the directory (a
+# symbolic link would make an append land outside it).
+WRITTEN_FILES = (MANIFEST_FILE, PAIRS_FILE, AUDIT_FILE, SUMMARY_FILE, REPORT_FILE, ATTESTATION_FILE)
+
+
+@dataclass
+class ArmResult:
+    """What one arm produced for one case.
+
+    ``ids_hash``, ``segment_hashes``, ``truncation`` and ``decoding`` are copied from the
+    prompt the arm actually consumed, so the audit can prove every arm saw the same input.
+    ``logit_diff_vs_recompute`` is the max abs difference of the first-token logits against
+    the case's ``recompute`` arm (filled in by the runner; ``None`` for recompute itself).
+    ``segment_kv_fingerprints`` maps segment id to a hash of the KV bytes the arm loaded.
+    ``cache_hit_tokens`` counts reused tokens whose KV was already in the shared segment cache
+    before this case (the simulator's hit definition); ``tokens_reused`` also counts segments
+    warmed up for this case.
+    ``canary_logprobs`` (leak probes only) maps candidate name to its teacher-forced
+    log-probability as the answer.
+    """
+
+    arm: str
+    answer: str
+    answer_ids: list[int]
+    top_k: list[tuple[int, float]]
+    margin: float
+    ttft_s: float
+    tokens_reused: int
+    tokens_computed: int
+    ids_hash: str
+    segment_hashes: list[str]
+    truncation: dict[str, Any]
+    decoding: dict[str, Any]
+    decode_s: float = 0.0
+    cache_hit_tokens: int = 0
+    logit_diff_vs_recompute: float | None = None
+    segment_kv_fingerprints: dict[str, str] = field(default_factory=dict)
+    canary_logprobs: dict[str, float] | None = None
+    # What a serving engine reported about this arm's request(s) (HTTP backends): the prompt ids
+    # it says it consumed (``prompt_ids_hash``), the cached prompt tokens it reported
+    # (``cached_tokens``; None when it reports none), the model it names (``model``), and the
+    # tokens the warm-up or tenant requests of this arm found cached (``warmup_cached_tokens``).
+    # ``None`` for in-process backends, whose evidence the runner holds directly.
+    engine: dict[str, Any] | None = None
+    # A repair arm's own account (blend@R, epic@K): recomputed prompt positions, their count and
+    # share of the segment tokens, the selection and recomputation seconds (inside TTFT) and the
+    # first-token difference against the arm under test (:mod:`kvaudit.core.repair_log`).
+    repair: dict[str, Any] | None = None
+
+
+@dataclass
+class PairRecord:
+    """One case under every arm (one line of ``pairs.jsonl``)."""
+
+    case_id: str
+    task: str
+    strata: dict[str, Any]
+    n_prompt_tokens: int
+    ids_hash: str
+    segment_ids: list[str]
+    segment_hashes: list[str]
+    segment_spans: list[tuple[int, int]]
+    truncation: dict[str, Any]
+    decoding: dict[str, Any]
+    arm_order: list[str]
+    arms: dict[str, ArmResult]
+    answers: list[str] = field(default_factory=list)
+    metric: str = "em"
+    evidence: list[str] = field(default_factory=list)
+    canary: dict[str, Any] | None = None
+
+
+def flipped(arm: ArmResult, reference: ArmResult) -> bool:
+    """The one definition of a *flip*, used by the runner, audit and report: the arm's answer
+    text differs from the reference's, byte for byte (greedy decoding from the same ids must
+    reproduce the same text; trailing whitespace is a different token too)."""
+    return arm.answer != reference.answer
+
+
+def documents(pair: PairRecord) -> tuple[str, ...]:
+    """The documents a case rests on, for clustering: its evidence segment ids, sorted (all its
+    segment ids when it names no evidence; its own id when it has no segment at all).
+
+    Cases that share a document are correlated (a document the model reads badly hurts every
+    question about it); a case on {A, B} shares with the cases on A and with those on B, so the
+    statistics treat membership as a set, not as one label (see
+    :mod:`kvaudit.stats.noninferiority`). Segment ids are content hashes: one document, one id.
+    """
+    return tuple(sorted(set(pair.evidence or pair.segment_ids))) or (pair.case_id,)
+
+
+def cluster_key(pair: PairRecord) -> str:
+    """:func:`documents` joined with ``|`` (one string per case, for tables)."""
+    return "|".join(documents(pair))
+
+
+def pair_to_dict(rec: PairRecord) -> dict[str, Any]:
+    return asdict(rec)
+
+
+def pair_from_dict(d: dict[str, Any]) -> PairRecord:
+    d = dict(d)
+    d["arms"] = {k: ArmResult(**v) for k, v in d["arms"].items()}
+    return PairRecord(**d)
+
+
+# The one reader of pairs.jsonl (the audit, the report and a resumed run all read through it):
+# every field a reader relies on is type-checked here, so a malformed record is a DatasetError
+# naming the file, line and field, never a KeyError or a wrong number further on.
+_PAIR_TYPES: dict[str, type | tuple] = {
+    "case_id": str, "task": str, "strata": dict, "ids_hash": str, "segment_ids": list,
+    "segment_hashes": list, "segment_spans": list, "truncation": dict, "decoding": dict,
+    "arm_order": list, "arms": dict, "n_prompt_tokens": int,
+}
+_ARM_TYPES: dict[str, type | tuple] = {
+    "arm": str, "answer": str, "ids_hash": str, "segment_hashes": list, "truncation": dict,
+    "decoding": dict, "tokens_reused": int, "tokens_computed": int, "margin": (int, float),
+    "ttft_s": (int, float), "top_k": list,
+}
+_ARM_OPTIONAL: dict[str, type | tuple] = {
+    "logit_diff_vs_recompute": (int, float), "segment_kv_fingerprints": dict, "canary_logprobs": dict,
+    "engine": dict, "repair": dict, "cache_hit_tokens": int, "decode_s": (int, float), "answer_ids": list,
+}
+
+
+def _validate(obj: dict, where: str, types: dict, optional: dict | None = None) -> None:
+    for name, typ in types.items():
+        if name not in obj:
+            raise DatasetError(f"{where}: missing field '{name}'")
+        v = obj[name]
+        if isinstance(v, bool) or not isinstance(v, typ):
+            raise DatasetError(f"{where}: field '{name}' must be {type_name(typ)}, got {type(v).__name__}")
+    for name, typ in (optional or {}).items():
+        v = obj.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, typ)):
+            raise DatasetError(f"{where}: field '{name}' must be {type_name(typ)} or null, "
+                               f"got {type(v).__name__}")
+
+
+def _str_lists(obj: dict, names: tuple[str, ...], where: str) -> None:
+    for name in names:
+        if not all(isinstance(x, str) for x in obj.get(name, [])):
+            raise DatasetError(f"{where}: field '{name}' must be a list of strings")
+
+
+def validate_pair(obj: dict, where: str) -> None:
+    """Type-check one raw ``pairs.jsonl`` object; ``where`` (file and line) starts every message."""
+    _validate(obj, where, _PAIR_TYPES)
+    for span in obj["segment_spans"]:
+        if (not isinstance(span, list) or len(span) != 2
+                or not all(isinstance(x, int) and not isinstance(x, bool) for x in span)):
+            raise DatasetError(f"{where}: field 'segment_spans' must hold [start, end] integer pairs")
+    for name in ("evidence", "answers"):
+        if not isinstance(obj.get(name, []), list):
+            raise DatasetError(f"{where}: field '{name}' must be a list of strings")
+    _str_lists(obj, ("segment_ids", "segment_hashes", "arm_order", "evidence", "answers"), where)
+    if not isinstance(obj.get("metric", "em"), str):
+        raise DatasetError(f"{where}: field 'metric' must be str")
+    if obj.get("canary") is not None and not isinstance(obj["canary"], dict):
+        raise DatasetError(f"{where}: field 'canary' must be an object or null")
+    for name, arm in obj["arms"].items():
+        if not isinstance(arm, dict):
+            raise DatasetError(f"{where}: field 'arms.{name}' must be an object")
+        arm_where = f"{where}, arm '{name}'"
+        _validate(arm, arm_where, _ARM_TYPES, _ARM_OPTIONAL)
+        _str_lists(arm, ("segment_hashes",), arm_where)
+        if "segment_kv_fingerprints" in arm and arm["segment_kv_fingerprints"] is None:
+            raise DatasetError(f"{arm_where}: field 'segment_kv_fingerprints' must be an object, got null")
+        if "answer_ids" not in arm:
+            raise DatasetError(f"{arm_where}: missing field 'answer_ids'")
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in arm["answer_ids"] or []):
+            raise DatasetError(f"{arm_where}: field 'answer_ids' must be a list of integers")
+        if not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) and not isinstance(e[0], bool)
+                   and isinstance(e[1], (int, float)) and not isinstance(e[1], bool) for e in arm["top_k"]):
+            raise DatasetError(f"{arm_where}: field 'top_k' must hold [token id, logit] pairs")
+        for key, kind in (("segment_kv_fingerprints", str), ("canary_logprobs", (int, float))):
+            values = (arm.get(key) or {}).values()
+            if any(isinstance(v, bool) or not isinstance(v, kind) for v in values):
+                raise DatasetError(f"{arm_where}: field '{key}' must map names to {type_name(kind)}")
+
+
+def read_pairs(run_dir: str | os.PathLike) -> list[PairRecord]:
+    """Read and validate ``pairs.jsonl`` of a run (a torn last line from a killed run is skipped).
+
+    Every field a reader relies on is type-checked (:func:`validate_pair`); a malformed record
+    raises :class:`DatasetError` naming the file, line and field. An empty file gives ``[]``:
+    whether that is an error is the caller's to say.
+    """
+    path = Path(run_dir) / PAIRS_FILE
+    out = []
+    for n, obj in iter_jsonl(path, tolerate_torn_tail=True):
+        where = f"{path}, line {n}"
+        validate_pair(obj, where)
+        try:
+            out.append(pair_from_dict(obj))
+        except TypeError as e:
+            raise DatasetError(f"{where}: malformed pair record ({excerpt(str(e), 160)})") from None
+    return out
+
+
+def mend_pairs_tail(run_dir: str | os.PathLike) -> None:
+    """Make ``pairs.jsonl`` end at a record boundary before records are appended to it.
+
+    A last line without its newline is either a complete record (killed between the write and the
+    newline, or saved by an editor): it gets its newline and is kept; or a torn one (killed
+    mid-line): it is cut, and its case runs again.
+    """
+    path = Path(run_dir) / PAIRS_FILE
+    if not path.exists():
+        return
+    raw = read_bytes(path)
+    if not raw or raw.endswith(b"\n"):
+        return
+    cut = raw.rfind(b"\n") + 1
+    try:
+        complete = isinstance(parse_json(raw[cut:], str(path)), dict)
+    except DatasetError:
+        complete = False
+    write_atomic(path, (raw + b"\n" if complete else raw[:cut]).decode("utf-8", errors="strict"))
