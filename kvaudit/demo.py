@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.arms import ARMS, REPAIR_SWEEP
+from kvaudit.core.run_dir import RunDir
 from kvaudit.runners.registry import BACKENDS, DEFAULT_BACKEND
 
 
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         return code
     _step("gate")
     gate_code = main(["gate", str(run_dir)])
-    report = (run_dir / "report.html").resolve()
+    report = RunDir(run_dir).report_file.resolve()
     print(f"\nHTML report: {report}")
     audit_word = {0: "passed", 1: "FAILED", 2: "could not judge"}.get(audit_code, "error")
     gate_word = {0: "passed", 1: "failed", 2: "could not judge"}.get(gate_code, "error")

@@ -10,8 +10,8 @@ import re
 import pytest
 
 from kvaudit import cli
-from kvaudit.audit.record import write_audit
 from kvaudit.audit.trust import build_audit
+from kvaudit.core.audit_format import write_audit
 from kvaudit.core.jsonio import read_json, write_json
 from kvaudit.reports.analysis import Analysis, load_run
 from kvaudit.reports.compare import build_comparison, write_comparison

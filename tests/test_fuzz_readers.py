@@ -570,13 +570,13 @@ def _check_manifest(m: Any, d: Path) -> None:
 
 
 def _read_audit(d: Path) -> Any:
-    from kvaudit.audit.record import read_audit
+    from kvaudit.core.audit_format import read_audit
 
     return read_audit(d)
 
 
 def _check_audit(a: Any, d: Path) -> None:
-    from kvaudit.audit.record import AuditRecord
+    from kvaudit.core.audit_format import AuditRecord
     from kvaudit.core.jsonio import dump_json
 
     assert_typed(a, "audit")
@@ -703,7 +703,7 @@ READERS: dict[str, Reader] = {r.name: r for r in (
     Reader("pairs", "jsonl", "pairs.jsonl", _run_files, _read_pairs, _check_pairs, "kvaudit.core.run_format"),
     Reader("manifest", "json", "manifest.json", _run_files, _read_manifest, _check_manifest,
            "kvaudit.core.manifest"),
-    Reader("audit", "json", "audit.json", _run_files, _read_audit, _check_audit, "kvaudit.audit.record"),
+    Reader("audit", "json", "audit.json", _run_files, _read_audit, _check_audit, "kvaudit.core.audit_format"),
     Reader("policy", "toml", "policy.toml",
            lambda: {"policy.toml": (REPO / "kvaudit" / "reports" / "policy_default.toml").read_bytes()},
            _read_policy, _check_policy, "kvaudit.reports.policy"),

@@ -15,10 +15,10 @@ import pytest
 from kvaudit.cli import main
 from kvaudit.core.dataset_format import read_dataset
 from kvaudit.core.errors import DatasetError
+from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_format import read_pairs
 from kvaudit.core.run_lock import LOCK_FILE, run_lock
 from kvaudit.reports.synthetic import make_run
-from kvaudit.runners.runner import load_done
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "kvaudit" / "data" / "example"
 KVAUDIT = [sys.executable, "-m", "kvaudit.cli"]
@@ -58,7 +58,7 @@ def test_complete_last_record_without_newline_is_kept(tmp_path: Path):
     raw = pairs.read_bytes()
     n = raw.count(b"\n")
     pairs.write_bytes(raw[:-1])  # the kill came between the record and its newline
-    done = load_done(run)
+    done = RunDir(run).finished()
     assert len(done) == n
     assert pairs.read_bytes() == raw  # the newline is back; nothing was cut
 
@@ -69,7 +69,7 @@ def test_torn_last_record_is_cut_and_rerun(tmp_path: Path):
     raw = pairs.read_bytes()
     last = raw[: -1].rfind(b"\n") + 1
     pairs.write_bytes(raw[: last + 40])  # killed mid-line
-    assert len(load_done(run)) == raw.count(b"\n") - 1
+    assert len(RunDir(run).finished()) == raw.count(b"\n") - 1
     assert pairs.read_bytes() == raw[:last]
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from kvaudit.audit.record import write_audit
 from kvaudit.audit.trust import build_audit
+from kvaudit.core.audit_format import write_audit
 from kvaudit.core.coverage import compute_coverage
 from kvaudit.core.dataset_format import Case, Segment
 from kvaudit.core.jsonio import read_json, write_json, write_jsonl

@@ -1,5 +1,5 @@
 """The typed run records: ``manifest.json`` (kvaudit.core.manifest) and ``audit.json``
-(kvaudit.audit.record) round-trip, old unversioned manifests load, a newer format is refused,
+(kvaudit.core.audit_format) round-trip, old unversioned manifests load, a newer format is refused,
 and bad input is a RunFileError naming the file and the field, never another exception
 (hypothesis fuzzes the manifest reader). Synthetic runs only (no model)."""
 
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from kvaudit import cli
 from kvaudit.audit import checks
-from kvaudit.audit.record import AUDIT_FORMAT, AuditRecord, read_audit, write_audit
 from kvaudit.audit.trust import build_audit, verify
+from kvaudit.core.audit_format import AUDIT_FORMAT, AuditRecord, read_audit, write_audit
 from kvaudit.core.errors import USER_ERRORS, DatasetError, KvauditError
 from kvaudit.core.jsonio import read_json, write_json
 from kvaudit.core.manifest import (

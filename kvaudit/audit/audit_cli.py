@@ -17,11 +17,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kvaudit.audit.checks import CheckResult
-from kvaudit.audit.record import write_audit
 from kvaudit.audit.trust import build_audit
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.run_format import AUDIT_FILE
-from kvaudit.core.run_lock import run_lock
+from kvaudit.core.run_dir import RunDir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,9 +37,10 @@ def audit(run_dir: str | Path, *, identity_tol: float | None = None,
     """Audit ``run_dir``, write ``audit.json`` there and return its content."""
     if identity_tol is not None and not (math.isfinite(identity_tol) and identity_tol >= 0):
         raise KvauditError(f"--identity-tol must be a non-negative number, got {identity_tol}")
-    with run_lock(run_dir, "audit"):
+    files = RunDir(run_dir)
+    with files.lock("audit"):
         record = build_audit(run_dir, identity_tol=identity_tol, dataset_dir=dataset_dir)
-        write_audit(run_dir, record)
+        files.write_audit(record)
     return record.to_dict()
 
 
@@ -73,7 +72,7 @@ def print_table(result: dict[str, Any], path: Path, out: TextIO | None = None) -
     n_warn = sum(1 for c in result["checks"] if c["warning"])
     verdict = {"passed": "PASSED", "failed": f"FAILED ({', '.join(failed)})",
                "cannot_judge": f"CANNOT JUDGE ({', '.join(failed)})"}[result["verdict"]]
-    print(f"\naudit {verdict}; {n_warn} warning(s); written to {path / AUDIT_FILE}", file=out)
+    print(f"\naudit {verdict}; {n_warn} warning(s); written to {RunDir(path).audit_file}", file=out)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,9 +1,9 @@
 """The audit's chain of trust: ``audit.json`` binds its verdict to the exact files it judged.
 
-``kvaudit audit RUN`` writes an :class:`~kvaudit.audit.record.AuditRecord` (format
-:data:`~kvaudit.audit.record.AUDIT_FORMAT`: the sha256 of ``pairs.jsonl`` and ``manifest.json``,
+``kvaudit audit RUN`` writes an :class:`~kvaudit.core.audit_format.AuditRecord` (format
+:data:`~kvaudit.core.audit_format.AUDIT_FORMAT`: the sha256 of ``pairs.jsonl`` and ``manifest.json``,
 the dataset's content hash, the parameters, the verdict and the checks; see
-:mod:`kvaudit.audit.record`).
+:mod:`kvaudit.core.audit_format`).
 
 :func:`verify` is what every reader that acts on the audit (the gate, the report) calls. It
 refuses an ``audit.json`` that is missing, of another format or kvaudit version, malformed, or
@@ -22,17 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.audit.checks import CheckResult, LoadedRun, load_run, run_checks
-from kvaudit.audit.record import (
+from kvaudit.core.audit_format import (
     AUDIT_FORMAT,
     VERDICTS,
     AuditInputs,
     AuditParameters,
     AuditRecord,
-    read_audit,
 )
 from kvaudit.core.errors import USER_ERRORS
 from kvaudit.core.manifest import Manifest, RunFileError
-from kvaudit.core.run_format import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE, PairRecord
+from kvaudit.core.run_dir import RunDir
+from kvaudit.core.run_format import MANIFEST_FILE, PAIRS_FILE, PairRecord
 
 __all__ = ["AUDIT_FORMAT", "VERDICTS", "VerifiedAudit", "build_audit", "file_sha256", "verdict_of", "verify"]
 
@@ -78,7 +78,7 @@ def _audit_of(run: LoadedRun, identity_tol: float | None, dataset_dir: str | Pat
 def build_audit(run_dir: str | Path, *, identity_tol: float | None = None,
                 dataset_dir: str | Path | None = None) -> AuditRecord:
     """Run every check on ``run_dir`` and return its :class:`AuditRecord` (not written: see
-    :func:`kvaudit.audit.record.write_audit`)."""
+    :func:`kvaudit.core.audit_format.write_audit`)."""
     run = load_run(run_dir, dataset_dir)
     hashes = {name: file_sha256(run.path / name) for name in (PAIRS_FILE, MANIFEST_FILE)}
     return _audit_of(run, identity_tol, dataset_dir, hashes)
@@ -110,16 +110,16 @@ def verify(run_dir: str | Path, *, manifest: Manifest | None = None,
     """Check ``RUN/audit.json`` against the run's files and a fresh audit (see module docstring).
 
     ``manifest`` and ``pairs`` are the run's files as the caller read them (with
-    :func:`~kvaudit.core.manifest.read_manifest` and :func:`~kvaudit.core.run_format.read_pairs`);
+    :class:`~kvaudit.core.run_dir.RunDir`);
     without them the fresh audit reads them itself.
     """
-    path = Path(run_dir)
-    file = path / AUDIT_FILE
+    files = RunDir(run_dir)
+    path, file = files.path, files.audit_file
     if not file.exists():
         return VerifiedAudit("missing", f"{file} is missing: run `kvaudit audit {path}` first")
     rerun = f"rerun `kvaudit audit {path}`"
     try:
-        recorded = read_audit(path)
+        recorded = files.read_audit()
     except RunFileError as e:
         return VerifiedAudit("refused", f"{e}: {rerun}")
     if recorded.kvaudit_version != _kvaudit_version():

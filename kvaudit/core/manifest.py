@@ -20,7 +20,7 @@ Bad input raises :class:`RunFileError` (a :class:`~kvaudit.core.errors.KvauditEr
 :class:`~kvaudit.core.dataset_format.DatasetError`) whose message names the file and the field
 (``manifest.json: field 'dataset.n_cases' must be int, got str``), never another exception.
 The helpers that check a JSON value's type (:class:`Fields`) are shared with the audit's record
-(:mod:`kvaudit.audit.record`).
+(:mod:`kvaudit.core.audit_format`).
 """
 
 from __future__ import annotations

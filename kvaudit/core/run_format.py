@@ -29,10 +29,13 @@ MANIFEST_IDENTITY = "identity"  # the manifest's object of what makes a run's co
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.html"
 ATTESTATION_FILE = "attestation.json"
+SAMPLES_FILE = "samples.jsonl"  # the report's per-case table (kvaudit report)
+SIMULATION_FILE = "simulation.json"  # the cache simulator's results, where `kvaudit simulate --out RUN` put them
 LOCK_FILE = ".kvaudit.lock"
 # Files a command writes in a run directory: each must be a regular file of the directory (a
 # symbolic link would make an append land outside it).
-WRITTEN_FILES = (MANIFEST_FILE, PAIRS_FILE, AUDIT_FILE, SUMMARY_FILE, REPORT_FILE, ATTESTATION_FILE)
+WRITTEN_FILES = (MANIFEST_FILE, PAIRS_FILE, AUDIT_FILE, SUMMARY_FILE, REPORT_FILE, SAMPLES_FILE, ATTESTATION_FILE,
+                 SIMULATION_FILE)
 
 
 @dataclass

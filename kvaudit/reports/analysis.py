@@ -1,7 +1,7 @@
 """Load a run directory and answer the report's questions about it (one object, computed once).
 
 :func:`load_run` reads ``manifest.json`` and ``pairs.jsonl`` through the one validated reader
-of each (:func:`kvaudit.core.manifest.read_manifest`, :func:`kvaudit.core.run_format.read_pairs`),
+of each (through :class:`kvaudit.core.run_dir.RunDir`),
 once: the audit's verification (:func:`kvaudit.audit.trust.verify`: ``missing`` when the audit
 has not run) reruns the checks on the same records, and the case questions come from the
 dataset the audit read (read again only when the audit did not read it). ``simulation.json`` is
@@ -34,15 +34,14 @@ from kvaudit.audit.trust import VerifiedAudit, verify
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, get_arm, known_arm, reference_of
 from kvaudit.core.dataset_format import CASES_FILE
 from kvaudit.core.errors import DatasetError
-from kvaudit.core.jsonio import iter_jsonl, read_json
-from kvaudit.core.manifest import Manifest, read_manifest, run_dataset_dir
-from kvaudit.core.run_format import PAIRS_FILE, PairRecord, read_pairs
+from kvaudit.core.jsonio import iter_jsonl
+from kvaudit.core.manifest import Manifest, run_dataset_dir
+from kvaudit.core.run_dir import RunDir
+from kvaudit.core.run_format import PairRecord
 from kvaudit.reports import scoring
 from kvaudit.stats import paired as stats
 from kvaudit.stats.leaks import leak_summary
 from kvaudit.stats.noninferiority import check_confidence
-
-SIMULATION_FILE = "simulation.json"
 
 
 def arm_reason(arm: str) -> str:
@@ -98,18 +97,15 @@ def _dataset_cases(manifest: Manifest, run_dir: Path, audit: VerifiedAudit) -> l
 
 def load_run(run_dir: str | Path) -> Run:
     """Read a run directory; missing or malformed manifest/pairs/audit raise DatasetError."""
-    path = Path(run_dir)
+    files = RunDir(run_dir)
+    path = files.path
     if not path.is_dir():
         raise DatasetError(f"{path}: run directory not found")
-    manifest = read_manifest(path)
-    pairs = read_pairs(path)
-    _check_pairs(pairs, path / PAIRS_FILE)
+    manifest = files.read_manifest()
+    pairs = files.read_pairs()
+    _check_pairs(pairs, files.pairs_file)
     audit = verify(path, manifest=manifest, pairs=pairs)
-    simulation = None
-    if (path / SIMULATION_FILE).exists():
-        simulation = read_json(path / SIMULATION_FILE)
-        if not isinstance(simulation, dict):
-            raise DatasetError(f"{path / SIMULATION_FILE}: expected a JSON object")
+    simulation = files.read_simulation()
     cases = _dataset_cases(manifest, path, audit)
     n_expected = manifest.dataset.n_cases if manifest.dataset else None
     missing: list[str] = []

@@ -15,15 +15,12 @@ One line per case::
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from kvaudit.core.arms import REFERENCE_ARM
-from kvaudit.core.jsonio import sha256_hex, write_jsonl
+from kvaudit.core.jsonio import sha256_hex
 from kvaudit.reports.analysis import Analysis
 from kvaudit.reports.scoring import SCORE_METRICS, normalize_answer, references
-
-SAMPLES_FILE = "samples.jsonl"
 
 
 def doc_hash(segment_ids: list[str]) -> str:
@@ -55,8 +52,3 @@ def sample_rows(an: Analysis) -> list[dict[str, Any]]:
         })
     return rows
 
-
-def write_samples(an: Analysis, path: str | Path) -> Path:
-    path = Path(path)
-    write_jsonl(path, sample_rows(an))
-    return path

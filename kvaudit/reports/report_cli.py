@@ -29,27 +29,24 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
 
     ``compare``: runs of the same dataset on other backends, for the cross-backend table.
     """
-    from kvaudit.core.jsonio import write_atomic, write_json
-    from kvaudit.core.run_format import REPORT_FILE, SUMMARY_FILE
-    from kvaudit.core.run_lock import run_lock
+    from kvaudit.core.run_dir import RunDir
     from kvaudit.reports import html
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.cross_backend import compare_runs
-    from kvaudit.reports.export import SAMPLES_FILE, write_samples
+    from kvaudit.reports.export import sample_rows
     from kvaudit.reports.policy import load_policy
     from kvaudit.reports.summary import build_summary
 
     policy = load_policy(policy_path)
-    with run_lock(run_dir, "report"):
+    with RunDir(run_dir).lock("report"):
         run = load_run(run_dir)
         an = Analysis(run, near_tie=near_tie, confidence=policy.confidence, min_icc=policy.min_icc)
         summary = build_summary(an, policy)
         summary["cross_backend"] = [compare_runs(run, load_run(other)) for other in compare]
-        write_json(run.path / SUMMARY_FILE, summary)
-        write_samples(an, run.path / SAMPLES_FILE)
-        out = run.path / REPORT_FILE
-        write_atomic(out, html.render(summary, an, policy, max_cases=max_cases))
-    return out
+        files = RunDir(run.path)
+        files.write_summary(summary)
+        files.write_samples(sample_rows(an))
+        return files.write_report(html.render(summary, an, policy, max_cases=max_cases))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,9 +20,10 @@ from kvaudit.core.arms import (
     REFERENCE_ARM,
     UNDER_TEST_ARM,
 )
-from kvaudit.core.jsonio import ids_hash, write_jsonl
-from kvaudit.core.manifest import DatasetRef, Manifest, ModelInfo, RunIdentity, write_manifest
-from kvaudit.core.run_format import PAIRS_FILE, ArmResult, PairRecord, pair_to_dict
+from kvaudit.core.jsonio import ids_hash
+from kvaudit.core.manifest import DatasetRef, Manifest, ModelInfo, RunIdentity
+from kvaudit.core.run_dir import RunDir
+from kvaudit.core.run_format import ArmResult, PairRecord
 
 DEFAULT_LOSS = {"single_doc": 0.0, "multi_hop_bridge": 0.3, "aggregate": 0.05, "agreement": 0.1}
 NAMES = ["Ada", "Boris", "Chloe", "Dmitri", "Elena", "Farid", "Greta", "Hugo", "Ines", "Jonas"]
@@ -151,16 +152,16 @@ def make_run(run_dir: str | Path, pairs: list[PairRecord] | None = None, *,
     ``audit_passed=None`` leaves out ``audit.json`` (audit not run); ``False`` breaks the first
     case's identity control before the audit, so the audit fails for a real reason.
     """
-    from kvaudit.audit.record import write_audit
     from kvaudit.audit.trust import build_audit
 
     d = Path(run_dir)
+    run = RunDir(d)
     pairs = make_pairs(**kwargs) if pairs is None else pairs
     if audit_passed is False:
         pairs[0].arms[IDENTITY_ARM].logit_diff_vs_recompute = 0.9
     arms = list(dict.fromkeys(a for p in pairs for a in p.arms))
     decoding = {"greedy": True}
-    write_manifest(d, Manifest(
+    run.write_manifest(Manifest(
         identity=RunIdentity(dataset_hash="0" * 32, model_fingerprint="0" * 16, model="synthetic",
                              backend="synthetic", dtype="float32", arms=arms, decoding=decoding),
         model=ModelInfo(name="synthetic", fingerprint="0" * 16, dtype="float32"),
@@ -172,7 +173,7 @@ def make_run(run_dir: str | Path, pairs: list[PairRecord] | None = None, *,
                                "distinct_positions_per_segment": {"median": 3},
                                "share_never_cached_position": 0.72}),
     ))
-    write_jsonl(d / PAIRS_FILE, (pair_to_dict(p) for p in pairs))
+    run.write_pairs(pairs)
     if audit_passed is not None:
-        write_audit(d, build_audit(d))
+        run.write_audit(build_audit(d))
     return d

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.core.attestation import attestation_key
     from kvaudit.core.dataset_format import read_dataset
     from kvaudit.core.jsonio import check_writable_dir
-    from kvaudit.core.run_lock import run_lock
+    from kvaudit.core.run_dir import RunDir
     from kvaudit.runners.registry import backend_options, open_from_args
     from kvaudit.runners.runner import RunConfig, check_resumable, execute
     from kvaudit.runners.session import print_run_summary
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     check_writable_dir(args.out)
     attestation_key()  # a key too short to sign with is refused now, not after the run
     # The run directory is locked and checked before time is spent on loading the model.
-    with run_lock(args.out, "run", create=True):
+    with RunDir(args.out).lock("run", create=True):
         check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
         backend = open_from_args(args, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
                                  cache_bytes=args.cache_budget)

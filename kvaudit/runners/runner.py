@@ -11,9 +11,6 @@ directory made with a different identity is refused instead of being mixed.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import statistics
 import subprocess
 import time
@@ -30,7 +27,7 @@ from kvaudit.core.arms import (
     evidence_only,
     get_arm,
 )
-from kvaudit.core.attestation import ATTESTATION_FILE, attest, attestation_key
+from kvaudit.core.attestation import attest, attestation_key
 from kvaudit.core.dataset_format import Case, Dataset
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.manifest import (
@@ -40,19 +37,9 @@ from kvaudit.core.manifest import (
     RunIdentity,
     Session,
     WarmupPrefix,
-    read_manifest,
-    write_manifest,
 )
-from kvaudit.core.run_format import (
-    AUDIT_FILE,
-    MANIFEST_FILE,
-    PAIRS_FILE,
-    PairRecord,
-    flipped,
-    mend_pairs_tail,
-    read_pairs,
-)
-from kvaudit.core.run_lock import run_lock
+from kvaudit.core.run_dir import RunDir
+from kvaudit.core.run_format import MANIFEST_FILE, PAIRS_FILE, PairRecord, flipped
 from kvaudit.runners.backend import ArmRequest, Backend, concurrent_cases, logit_diff, run_arms
 from kvaudit.runners.prompt import assemble
 
@@ -104,26 +91,18 @@ def run_identity(cfg: RunConfig, backend: Backend) -> RunIdentity:
     )
 
 
-def load_done(out: Path) -> dict[str, PairRecord]:
-    """Finished case records, by case id, after mending the file's tail
-    (:func:`~kvaudit.core.run_format.mend_pairs_tail`: a complete last record is kept, a torn one cut)."""
-    mend_pairs_tail(out)
-    if not (out / PAIRS_FILE).exists():
-        return {}
-    return {rec.case_id: rec for rec in read_pairs(out)}
-
-
 def check_resumable(out: Path, identity: dict[str, Any]) -> Manifest | None:
     """The previous manifest of ``out`` if its identity matches (any subset of keys), else an error.
 
     Called with the cheap keys (dataset, arms, model name) before a model is loaded, and with the
     full identity once the backend exists.
     """
-    if not (out / MANIFEST_FILE).exists():
-        if (out / PAIRS_FILE).exists():
+    run = RunDir(out)
+    if not run.manifest_file.exists():
+        if run.pairs_file.exists():
             raise KvauditError(f"{out}: has {PAIRS_FILE} but no {MANIFEST_FILE}; use a new --out directory")
         return None
-    old = read_manifest(out)
+    old = run.read_manifest()
     prev = old.identity.values() if old.identity else {}
     diffs = [k for k in identity if prev.get(k) != identity[k]]
     if diffs:
@@ -286,7 +265,7 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
     if REFERENCE_ARM not in cfg.arms:
         raise KvauditError(f"the arms must include the reference arm {REFERENCE_ARM!r}: every other arm "
                            "is compared with it")
-    with run_lock(out, "run", create=True):
+    with RunDir(out).lock("run", create=True):
         return _execute_locked(cfg, backend, progress=progress)
 
 
@@ -295,16 +274,17 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
     from tqdm import tqdm
 
     out = cfg.out
+    run = RunDir(out)
     identity = run_identity(cfg, backend)
     old = check_resumable(out, identity.values())
-    done = load_done(out)
+    done = run.finished()
     cases = cfg.dataset.cases[: cfg.limit] if cfg.limit else cfg.dataset.cases
     todo = [c for c in cases if c.id not in done]
     if todo:  # new pairs make any earlier audit stale: remove it rather than leave it lying
-        (out / AUDIT_FILE).unlink(missing_ok=True)
+        run.forget_audit()
     # This session rewrites the manifest: an earlier attestation no longer holds (a new one is
     # written when the session ends, if the key is set).
-    (out / ATTESTATION_FILE).unlink(missing_ok=True)
+    run.forget_attestation()
     info = backend.info()
     manifest = Manifest(
         kvaudit_version=__import__("kvaudit").__version__,
@@ -331,7 +311,7 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
     session = Session(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cases_before=len(done))
     manifest.sessions.append(session)
     manifest.status = "running"
-    write_manifest(out, manifest)
+    run.write_manifest(manifest)
 
     timing: dict[str, float] = defaultdict(float)
     per_batch = concurrent_cases(backend)
@@ -339,15 +319,13 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
     t_start = time.perf_counter()
     bar = tqdm(total=len(cases), initial=len(cases) - len(todo), unit="case", disable=not progress,
                dynamic_ncols=True)
-    with contextlib.ExitStack() as files:
-        f = files.enter_context(open(out / PAIRS_FILE, "a", encoding="utf-8"))
+    with run.appending_pairs() as pairs:
         for k in range(0, len(todo), per_batch):
             for rec in run_cases(backend, todo[k: k + per_batch], cfg, timing):
-                f.write(json.dumps(asdict(rec), sort_keys=True, ensure_ascii=False) + "\n")
+                pairs.append(rec)
                 prog.add(rec)
                 bar.update(1)
-            f.flush()
-            os.fsync(f.fileno())
+            pairs.flush()
             bar.set_postfix(prog.postfix(), refresh=False)
     bar.close()
     stats = backend.cache.stats
@@ -359,8 +337,8 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
     session.unique_segments_seen = len({sid for c in todo for sid in c.segment_ids})
     manifest.backend = backend.info()  # what the engine showed it can do during the run (HTTP servers)
     manifest.timing_s = _sum_timings(manifest.sessions)
-    manifest.status = "complete" if len(load_done(out)) >= len(cases) else "partial"
-    write_manifest(out, manifest)
+    manifest.status = "complete" if len(done) + pairs.written >= len(cases) else "partial"
+    run.write_manifest(manifest)
     key = attestation_key()
     if key is not None:
         attest(out, key, {"tool": "kvaudit run", "kvaudit_version": manifest.kvaudit_version,

@@ -13,24 +13,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from kvaudit.core.arms import REFERENCE_ARM, evidence_only, get_arm, known_arm, repair_count
+from kvaudit.core.audit_format import CheckResult
 from kvaudit.core.run_format import PairRecord, flipped
 
 ALPHA = 0.05
 MAX_LISTED = 5  # problems spelled out in a detail string; the rest are counted
-
-
-@dataclass
-class CheckResult:
-    name: str
-    passed: bool
-    required: bool
-    detail: str
-    failing_cases: list[str] = field(default_factory=list)
-    warning: str | None = None
-    cannot_judge: bool = False  # the run lacks the evidence this check needs (never a pass)
 
 
 @dataclass(frozen=True)

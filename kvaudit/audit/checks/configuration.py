@@ -8,7 +8,7 @@ from typing import Any
 from kvaudit.audit.checks.base import check, from_problems, result, short
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.core.manifest import Manifest
-from kvaudit.core.run_format import MANIFEST_FILE, MANIFEST_IDENTITY
+from kvaudit.core.run_format import MANIFEST_IDENTITY
 
 
 def _agreeing(m: Manifest) -> list[tuple[str, str, Any]]:
@@ -35,7 +35,7 @@ def _kv(d: Any) -> str:
 def check_configuration(run: LoadedRun):
     """One model fingerprint and configuration for the whole run (manifest and every pair)."""
     m = run.manifest
-    where = run.path / MANIFEST_FILE
+    where = run.files.manifest_file
     if m.identity is None:
         return result(False, f"{where}: no '{MANIFEST_IDENTITY}' object")
     ident = m.identity.values()

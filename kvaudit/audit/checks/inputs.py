@@ -14,7 +14,7 @@ from kvaudit.audit.checks.base import (
 )
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.core.arms import REFERENCE_ARM, get_arm, known_arm
-from kvaudit.core.run_format import MANIFEST_FILE, PairRecord
+from kvaudit.core.run_format import PairRecord
 
 
 def _expected_arms(run: LoadedRun, p: PairRecord) -> list[str]:
@@ -40,7 +40,7 @@ def check_records(run: LoadedRun):
             problems[cid].append(f"recorded {n} times")
     run_arms = run.manifest.arms
     if run_arms is None or REFERENCE_ARM not in run_arms:
-        return result(False, f"{run.path / MANIFEST_FILE}: field 'arms' must list the arms, "
+        return result(False, f"{run.files.manifest_file}: field 'arms' must list the arms, "
                              f"{REFERENCE_ARM} included")
     unknown = sorted({str(a) for a in run_arms if is_reuse_arm(str(a)) is None})
     if unknown:

@@ -22,13 +22,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.audit.checks import CheckResult
 from kvaudit.core.jsonio import write_json
 from kvaudit.core.manifest import Fields, RunFileError, read_record
 from kvaudit.core.run_format import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE
 
 AUDIT_FORMAT = 2
 VERDICTS = ("passed", "failed", "cannot_judge")
+
+
+@dataclass
+class CheckResult:
+    """One audit check's outcome (the checks themselves live in :mod:`kvaudit.audit.checks`)."""
+
+    name: str
+    passed: bool
+    required: bool
+    detail: str
+    failing_cases: list[str] = field(default_factory=list)
+    warning: str | None = None
+    cannot_judge: bool = False  # the run lacks the evidence this check needs (never a pass)
 
 
 @dataclass

@@ -1,0 +1,208 @@
+"""One run directory: every file in it by name, and the one reader and writer of each.
+
+Everything that reads or writes a run directory goes through :class:`RunDir`: ``kvaudit run``
+(the manifest, the appended pairs), the audit (``audit.json``), the report (``summary.json``,
+``samples.jsonl``, ``report.html``), the gate, export, compare and synthetic runs. The file names
+live in :mod:`kvaudit.core.run_format`; the typed records in :mod:`~kvaudit.core.manifest`
+(:class:`~kvaudit.core.manifest.Manifest`), :mod:`~kvaudit.core.run_format`
+(:class:`~kvaudit.core.run_format.PairRecord`) and :mod:`~kvaudit.core.audit_format`
+(:class:`~kvaudit.core.audit_format.AuditRecord`).
+
+Writes are atomic (a temp file renamed over the old one) except ``pairs.jsonl``, which grows one
+whole line per case (:meth:`RunDir.appending_pairs`: flushed and fsynced after each batch; a
+resumed run first mends a torn tail, :meth:`RunDir.finished`). One process writes a run directory
+at a time: :meth:`RunDir.lock`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import IO, Any
+
+from kvaudit.core.audit_format import AuditRecord, read_audit, write_audit
+from kvaudit.core.errors import DatasetError, KvauditError
+from kvaudit.core.jsonio import dump_jsonl, read_json, write_atomic, write_json
+from kvaudit.core.manifest import Manifest, read_manifest, write_manifest
+from kvaudit.core.run_format import (
+    ATTESTATION_FILE,
+    AUDIT_FILE,
+    MANIFEST_FILE,
+    PAIRS_FILE,
+    REPORT_FILE,
+    SAMPLES_FILE,
+    SIMULATION_FILE,
+    SUMMARY_FILE,
+    PairRecord,
+    mend_pairs_tail,
+    read_pairs,
+)
+from kvaudit.core.run_lock import run_lock
+
+
+def pair_line(rec: PairRecord) -> str:
+    """One ``pairs.jsonl`` line (the runner's appends and a whole-file write give the same bytes)."""
+    return json.dumps(asdict(rec), sort_keys=True, ensure_ascii=False) + "\n"
+
+
+class PairsAppender:
+    """Appends whole pair records to ``pairs.jsonl``; :meth:`flush` makes them durable."""
+
+    def __init__(self, f: IO[str]) -> None:
+        self._f = f
+        self.written = 0
+
+    def append(self, rec: PairRecord) -> None:
+        self._f.write(pair_line(rec))
+        self.written += 1
+
+    def flush(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+
+class RunDir:
+    """A run directory at ``path`` (which need not exist yet)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.path)!r})"
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    # ------------------------------------------------------------------ the files, by name
+    @property
+    def manifest_file(self) -> Path:
+        return self.path / MANIFEST_FILE
+
+    @property
+    def pairs_file(self) -> Path:
+        return self.path / PAIRS_FILE
+
+    @property
+    def audit_file(self) -> Path:
+        return self.path / AUDIT_FILE
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / SUMMARY_FILE
+
+    @property
+    def samples_file(self) -> Path:
+        return self.path / SAMPLES_FILE
+
+    @property
+    def report_file(self) -> Path:
+        return self.path / REPORT_FILE
+
+    @property
+    def attestation_file(self) -> Path:
+        return self.path / ATTESTATION_FILE
+
+    @property
+    def simulation_file(self) -> Path:
+        return self.path / SIMULATION_FILE
+
+    def lock(self, command: str, *, create: bool = False) -> contextlib.AbstractContextManager[None]:
+        """This directory's writer lock (:func:`kvaudit.core.run_lock.run_lock`)."""
+        return run_lock(self.path, command, create=create)
+
+    def require(self) -> RunDir:
+        """``self`` when it is a run directory with a manifest and a pairs file, else a
+        :class:`KvauditError` saying what is missing."""
+        if not self.path.is_dir():
+            raise KvauditError(f"{self.path}: run directory not found")
+        if not self.manifest_file.is_file():
+            raise KvauditError(f"{self.path}: no {MANIFEST_FILE}; not a kvaudit run directory "
+                               "(run `kvaudit run --dataset DIR --out RUN` first)")
+        if not self.pairs_file.is_file():
+            raise KvauditError(f"{self.path}: no {PAIRS_FILE}; the run has not finished any case")
+        return self
+
+    # ------------------------------------------------------------------ manifest.json
+    def read_manifest(self) -> Manifest:
+        return read_manifest(self.path)
+
+    def write_manifest(self, manifest: Manifest) -> None:
+        write_manifest(self.path, manifest)
+
+    # ------------------------------------------------------------------ pairs.jsonl
+    def read_pairs(self, *, required: bool = False) -> list[PairRecord]:
+        """Every pair record, validated (a torn last line is skipped). ``required``: no record,
+        or no file, is a :class:`KvauditError`."""
+        if required and not self.pairs_file.is_file():
+            raise KvauditError(f"{self.path}: no {PAIRS_FILE}; the run has not finished any case")
+        out = read_pairs(self.path)
+        if required and not out:
+            raise KvauditError(f"{self.pairs_file}: no pair records; has the run finished any case?")
+        return out
+
+    def finished(self) -> dict[str, PairRecord]:
+        """The finished cases by id, after mending the file's tail for appending (a complete
+        unterminated last record gets its newline, a torn one is cut and its case runs again)."""
+        mend_pairs_tail(self.path)
+        if not self.pairs_file.exists():
+            return {}
+        return {rec.case_id: rec for rec in read_pairs(self.path)}
+
+    @contextlib.contextmanager
+    def appending_pairs(self) -> Iterator[PairsAppender]:
+        """Append records to ``pairs.jsonl`` (mend its tail first: :meth:`finished`)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.pairs_file, "a", encoding="utf-8") as f:
+            appender = PairsAppender(f)
+            try:
+                yield appender
+            finally:
+                appender.flush()
+
+    def write_pairs(self, pairs: Iterable[PairRecord]) -> None:
+        """Write ``pairs.jsonl`` whole, atomically (synthetic runs; the same bytes as appending)."""
+        write_atomic(self.pairs_file, "".join(pair_line(p) for p in pairs))
+
+    # ------------------------------------------------------------------ audit.json
+    def read_audit(self) -> AuditRecord:
+        return read_audit(self.path)
+
+    def write_audit(self, record: AuditRecord) -> None:
+        write_audit(self.path, record)
+
+    # ------------------------------------------------------------------ what a new session makes stale
+    def forget_audit(self) -> None:
+        """Remove ``audit.json`` (new pairs make it stale: better none than a wrong one)."""
+        self.audit_file.unlink(missing_ok=True)
+
+    def forget_attestation(self) -> None:
+        """Remove ``attestation.json`` (a rewritten manifest no longer matches it)."""
+        self.attestation_file.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ the report's files
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json(self.summary_file, summary)
+
+    def write_samples(self, rows: Iterable[dict[str, Any]]) -> None:
+        write_atomic(self.samples_file, dump_jsonl(rows))
+
+    def write_report(self, html: str) -> Path:
+        write_atomic(self.report_file, html)
+        return self.report_file
+
+    # ------------------------------------------------------------------ simulation.json (synthetic runs)
+    def read_simulation(self) -> dict[str, Any] | None:
+        """A synthetic run's ground truth, or ``None`` for a real run."""
+        if not self.simulation_file.exists():
+            return None
+        sim = read_json(self.simulation_file)
+        if not isinstance(sim, dict):
+            raise DatasetError(f"{self.simulation_file}: expected a JSON object")
+        return sim
+
+    def write_simulation(self, simulation: dict[str, Any]) -> None:
+        write_json(self.simulation_file, simulation)
