@@ -47,8 +47,8 @@ import torch
 
 from kvaudit.core.arms import get_arm
 from kvaudit.core.jsonio import ids_hash, write_json
+from kvaudit.runners.engines.transformers.backend import TransformersBackend
 from kvaudit.runners.prompt import Prompt
-from kvaudit.runners.transformers_backend import TransformersBackend
 
 SHAPES: dict[str, dict[str, Any]] = {
     "llama3-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,

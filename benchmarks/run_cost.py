@@ -25,8 +25,8 @@ from kvaudit.core.dataset_format import (
     segment_id,
     write_dataset,
 )
+from kvaudit.runners.engines.transformers.backend import open_backend
 from kvaudit.runners.runner import RunConfig, execute
-from kvaudit.runners.session import open_backend
 
 
 def build_dataset(be, out: Path, docs: int, per_case: int, refs: int, doc_tokens: int, seed: int = 0) -> Path:

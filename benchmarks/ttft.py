@@ -24,8 +24,8 @@ import torch
 
 from kvaudit.core.arms import get_arm
 from kvaudit.core.dataset_format import Case, Segment, segment_id
+from kvaudit.runners.engines.transformers.backend import open_backend
 from kvaudit.runners.prompt import assemble
-from kvaudit.runners.session import open_backend
 
 WORDS = ("film studio director budget premiere audience critic sequel camera script actor festival "
          "release gross ticket season drama comedy thriller archive reel score editor producer").split()

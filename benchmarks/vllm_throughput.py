@@ -33,8 +33,8 @@ from kvaudit.cli import main as kvaudit_main
 from kvaudit.core.arms import parse_arms
 from kvaudit.core.dataset_format import read_dataset
 from kvaudit.core.run_format import read_pairs
+from kvaudit.runners.engines.vllm.backend import open_vllm_backend
 from kvaudit.runners.runner import RunConfig, execute
-from kvaudit.runners.vllm_backend import open_vllm_backend
 
 ARMS = "recompute,reuse,identity,recompute_again"
 TARGET_S = 600.0

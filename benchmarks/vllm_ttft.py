@@ -39,9 +39,9 @@ from typing import Any
 
 from kvaudit.core.arms import get_arm
 from kvaudit.core.dataset_format import Case, Segment, segment_id
+from kvaudit.runners.engines.transformers.backend import Decoding
+from kvaudit.runners.engines.vllm.backend import open_vllm_backend
 from kvaudit.runners.prompt import assemble
-from kvaudit.runners.transformers_backend import Decoding
-from kvaudit.runners.vllm_backend import open_vllm_backend
 
 WORDS = ("film studio director budget premiere audience critic sequel camera script actor festival "
          "release gross ticket season drama comedy thriller archive reel score editor producer").split()
@@ -109,7 +109,7 @@ def agreement(backend) -> None:
     import torch
 
     from kvaudit.core.dataset_format import read_dataset
-    from kvaudit.runners.session import open_backend
+    from kvaudit.runners.engines.transformers.backend import open_backend
 
     ds = read_dataset(Path(__file__).resolve().parents[1] / "kvaudit" / "data" / "example")
     tb = open_backend("smollm2", max_new_tokens=backend.decoding.max_new_tokens)

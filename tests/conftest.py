@@ -53,7 +53,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def smollm2_backend():
     """The real default model (converted once into $KVAUDIT_CACHE), fp32 on CPU."""
-    from kvaudit.runners.session import open_backend
+    from kvaudit.runners.engines.transformers.backend import open_backend
 
     return open_backend("smollm2", max_new_tokens=16)
 

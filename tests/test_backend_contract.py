@@ -127,14 +127,14 @@ def test_every_backend_gets_the_same_audit_verdicts(runs):
 
 
 def test_registered_backends_satisfy_the_protocol():
-    from kvaudit.runners.transformers_backend import TransformersBackend
+    from kvaudit.runners.engines.transformers.backend import TransformersBackend
 
     assert set(BACKENDS) >= {"transformers", "vllm"}
     for attr in ("name", "tok", "fingerprint", "decoding", "neutral_hash", "max_prompt_tokens", "cache"):
         assert attr in Backend.__annotations__
     assert TransformersBackend.name == "transformers"
     if HAVE_VLLM:
-        from kvaudit.runners.vllm_backend import VllmBackend
+        from kvaudit.runners.engines.vllm.backend import VllmBackend
 
         assert VllmBackend.name == "vllm"
     for b in BACKENDS.values():
@@ -228,8 +228,8 @@ def test_both_backends_admit_the_same_models():
         assert (a.rope_type, a.head_dim, a.sliding_window) == (b.rope_type, b.head_dim, b.sliding_window)
 
 
-class _FakeBackend:
-    """Only what the Backend protocol names: if the runner needed more, this would break."""
+class _FakeBackend(Backend):
+    """Only what the Backend base class requires: if the runner needed more, this would break."""
 
     name = "fake"
     fingerprint = "fake-weights"
@@ -282,3 +282,16 @@ def test_the_runner_needs_only_the_protocol_and_takes_the_reference_whatever_the
     with pytest.raises(KvauditError, match="reference arm"):
         execute(RunConfig(dataset=read_dataset(EXAMPLE), out=tmp_path / "run2", arms=["reuse"], model_name="fake"),
                 be, progress=False)
+
+
+def test_a_backend_whose_info_lacks_a_required_key_is_refused_before_any_case(tmp_path):
+    from kvaudit.core.dataset_format import read_dataset
+    from kvaudit.runners.runner import RunConfig, execute
+
+    be = _FakeBackend()
+    be.info = lambda: {"backend": "fake", "dtype": "float32", "threads": 1, "logit_diff_kind": "logits"}
+    cfg = RunConfig(dataset=read_dataset(EXAMPLE), out=tmp_path / "run", arms=["recompute", "reuse"],
+                    model_name="fake", limit=1)
+    with pytest.raises(KvauditError, match="info\\(\\) lacks torch"):
+        execute(cfg, be, progress=False)
+    assert be.ran == []

@@ -8,9 +8,9 @@ import torch
 from kvaudit.core.arms import get_arm
 from kvaudit.core.dataset_format import Case, Segment, segment_id
 from kvaudit.core.errors import UnsupportedModelError
+from kvaudit.runners.engines.transformers.backend import Decoding, TransformersBackend
 from kvaudit.runners.prompt import assemble
 from kvaudit.runners.rope import RopeSpec
-from kvaudit.runners.transformers_backend import Decoding, TransformersBackend
 
 DOCS = [
     "Harrow Point is a 1987 drama film directed by Lisa Marvell and released by Corvane Studios.",

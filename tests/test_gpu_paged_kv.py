@@ -13,9 +13,9 @@ import os
 import pytest
 import torch
 
-from kvaudit.runners.gpu_paged_kv import PagedKV, Piece
+from kvaudit.runners.engines.vllm.gpu_paged_kv import PagedKV, Piece
+from kvaudit.runners.engines.vllm.store import SegmentStore, StoredKV
 from kvaudit.runners.rope import RopeSpec
-from kvaudit.runners.vllm_store import SegmentStore, StoredKV
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None

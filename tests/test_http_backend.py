@@ -110,8 +110,8 @@ def test_the_report_shows_the_security_probes_and_the_gate_judges_them(run_dir, 
 def test_http_recompute_answers_equal_the_in_process_vllm_backends(run_dir, dataset):
     from kvaudit.core.arms import arm_for, get_arm
     from kvaudit.core.dataset_format import read_dataset
+    from kvaudit.runners.engines.vllm.backend import open_vllm_backend
     from kvaudit.runners.prompt import assemble
-    from kvaudit.runners.vllm_backend import open_vllm_backend
 
     ds = read_dataset(dataset)
     http = {p.case_id: p.arms["recompute"] for p in read_pairs(run_dir)}
@@ -148,7 +148,7 @@ def test_arms_a_black_box_cannot_run_are_refused_before_any_case(server, dataset
 
 def test_a_load_plan_naming_missing_kv_fails_that_request_not_the_server(server):
     from kvaudit.core.errors import KvauditError
-    from kvaudit.runners.http_client import ServerClient
+    from kvaudit.runners.engines.http.client import ServerClient
 
     c = ServerClient(server)
     ids = list(range(1000, 1200))

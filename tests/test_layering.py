@@ -1,5 +1,6 @@
 """The package's layering (pyproject.toml's import-linter contract) holds, and would catch an
-inverted import: the same contract on a copy of the package with one upward import fails."""
+inverted import: the same contract on a copy of the package with one upward import fails, and
+one engine importing another breaks the engines' independence."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
 def test_layers_are_kept():
     done = _lint(ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "1 kept, 0 broken" in done.stdout
+    assert "2 kept, 0 broken" in done.stdout
 
 
 def test_an_inverted_import_breaks_the_contract(tmp_path):
@@ -34,3 +35,13 @@ def test_an_inverted_import_breaks_the_contract(tmp_path):
     done = _lint(tmp_path)
     assert done.returncode != 0
     assert "kvaudit.core.run_format -> kvaudit.reports.gate" in done.stdout
+
+
+def test_an_engine_importing_another_breaks_the_rooms(tmp_path):
+    shutil.copytree(ROOT / "kvaudit", tmp_path / "kvaudit")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    http = tmp_path / "kvaudit" / "runners" / "engines" / "http" / "backend.py"
+    http.write_text(http.read_text() + "\n\ndef _across():\n    from kvaudit.runners.engines.vllm import store  # noqa: F401\n")
+    done = _lint(tmp_path)
+    assert done.returncode != 0
+    assert "engines are rooms: no engine imports another BROKEN" in done.stdout

@@ -1,7 +1,7 @@
 """Tensor and pipeline parallelism without a second GPU (issue 17's CPU part; the runs on two GPUs
 need a kind that is not lent): the vLLM backend refuses a split the model cannot take before any
 engine starts, and the workers' store replies merge into one, checked here with fake ranks, each a
-real :class:`~kvaudit.runners.vllm_store.SegmentStore` holding its share of an entry (its KV heads
+real :class:`~kvaudit.runners.engines.vllm.store.SegmentStore` holding its share of an entry (its KV heads
 under tensor parallelism, its stage's layers under pipeline parallelism)."""
 
 from __future__ import annotations
@@ -11,7 +11,11 @@ import json
 import pytest
 
 from kvaudit.core.errors import KvauditError
-from kvaudit.runners.vllm_setup import check_parallelism, combined_fingerprint, merge_worker_replies
+from kvaudit.runners.engines.vllm.engine_setup import (
+    check_parallelism,
+    combined_fingerprint,
+    merge_worker_replies,
+)
 
 
 def shape(tmp_path, heads: int, kv_heads: int, layers: int = 32):
@@ -56,7 +60,7 @@ def _kv(layers: int = 4, n: int = 10, heads: int = 4, d: int = 8, seed: int = 0)
 
 def _ranks(split: str, keys, values, start: int = 5, key: str = "seg:a"):
     """Two fake workers holding their shares of one entry: ``tp`` splits the KV heads, ``pp`` the layers."""
-    from kvaudit.runners.vllm_store import SegmentStore, StoredKV
+    from kvaudit.runners.engines.vllm.store import SegmentStore, StoredKV
 
     stores = []
     for r in range(2):

@@ -16,8 +16,8 @@ vllm = pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
 from kvaudit.core.errors import KvauditError, UnsupportedModelError  # noqa: E402
-from kvaudit.runners import vllm_connector as vc  # noqa: E402
-from kvaudit.runners import vllm_cpu_layout as vcl  # noqa: E402
+from kvaudit.runners.engines.vllm import connector as vc  # noqa: E402
+from kvaudit.runners.engines.vllm import cpu_layout as vcl  # noqa: E402
 
 RUN_ARMS = "recompute,reuse,identity,prefix_cache,recompute_again"
 
@@ -85,7 +85,7 @@ def test_unknown_vllm_version_and_unsupported_rope_are_refused():
 
 @pytest.fixture(scope="module")
 def backend():
-    from kvaudit.runners.vllm_backend import open_vllm_backend
+    from kvaudit.runners.engines.vllm.backend import open_vllm_backend
 
     b = open_vllm_backend("smollm2", max_new_tokens=8, kv_cache_bytes=768 << 20, max_model_len=4096)
     yield b
@@ -234,8 +234,8 @@ def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset
     from kvaudit.core.arms import parse_arms
     from kvaudit.core.run_format import read_pairs
     from kvaudit.reports.report_cli import write_report
+    from kvaudit.runners.engines.transformers.backend import open_backend
     from kvaudit.runners.runner import RunConfig, execute
-    from kvaudit.runners.session import open_backend
 
     tf_run = tmp_path / "tf"
     tb = open_backend("smollm2", max_new_tokens=8)

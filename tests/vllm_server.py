@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-CONNECTOR = {"kv_connector": "KvauditSegmentConnector", "kv_connector_module_path": "kvaudit.runners.vllm_connector",
+CONNECTOR = {"kv_connector": "KvauditSegmentConnector", "kv_connector_module_path": "kvaudit.runners.engines.vllm.connector",
              "kv_role": "kv_both", "kv_connector_extra_config": {"store": "http", "capacity_bytes": 1 << 30}}
 
 

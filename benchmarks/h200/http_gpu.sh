@@ -5,7 +5,7 @@
 set -u
 export KVAUDIT_CACHE=/tmp/kvcache
 M=$(python3 -c "from kvaudit.models import resolve_model_dir; print(resolve_model_dir('smollm2'))")
-CFG='{"kv_connector":"KvauditSegmentConnector","kv_connector_module_path":"kvaudit.runners.vllm_connector","kv_role":"kv_both","kv_connector_extra_config":{"store":"http","capacity_bytes":4294967296}}'
+CFG='{"kv_connector":"KvauditSegmentConnector","kv_connector_module_path":"kvaudit.runners.engines.vllm.connector","kv_role":"kv_both","kv_connector_extra_config":{"store":"http","capacity_bytes":4294967296}}'
 VLLM_SERVER_DEV_MODE=1 python3 -m vllm.entrypoints.openai.api_server --model $M --served-model-name smollm2 \
   --host 127.0.0.1 --port 8011 --dtype bfloat16 --max-model-len 4096 --enable-prefix-caching \
   --enable-prompt-tokens-details --block-size 32 --gpu-memory-utilization 0.3 --kv-transfer-config "$CFG" \

@@ -1,26 +1,29 @@
-"""The Backend protocol: everything the runner needs from an engine, and nothing more.
+"""The Backend base class: everything the runner needs from an engine, and nothing more.
 
 In the manner of lm-evaluation-harness's ``LM``: the runner (:mod:`kvaudit.runners.runner`) talks
-to a backend only through :class:`Backend`; it never looks inside one. A backend runs one arm
+to a backend only through :class:`Backend`, a small abstract base; it never looks inside one. A
+backend implements :meth:`Backend.info` and :meth:`Backend.run_arm`; the rest has defaults. A backend runs one arm
 (:class:`~kvaudit.core.arms.ArmSpec`) on one assembled :class:`~kvaudit.runners.prompt.Prompt` and
 returns an :class:`ArmOutput` whose :class:`~kvaudit.core.run_format.ArmResult` is built by
 :func:`build_arm_result`, the one builder every backend uses. The types shared by backends live
 here, so no backend imports another. Backends are registered by name in
 :mod:`kvaudit.runners.registry`, each with its own CLI options.
 
-An engine that batches requests may also run one arm for several cases at once: ``run_arms``
-(optional) takes a list of :class:`ArmRequest`, and ``concurrent_cases`` (optional, default 1) says
-how many cases the runner hands it together. :func:`run_arms` is how the runner calls either kind.
+An engine that batches requests overrides :meth:`Backend.run_arms` (one arm for several cases at
+once; the default runs them one by one) and sets ``concurrent_cases`` (default 1: how many cases
+the runner hands it together). An engine that cannot run some arms in its configuration refuses
+them in :meth:`Backend.check_arms`, before any case runs.
 
-``info()`` is recorded as the manifest's ``backend`` entry; its ``logit_diff_kind`` key says what
-the records' ``logit_diff_vs_recompute`` measures on this backend (:data:`LOGIT_DIFF_KINDS`), so
-an audit or report compares like with like.
+``info()`` (:class:`BackendInfo`) is recorded as the manifest's ``backend`` entry; its
+``logit_diff_kind`` key says what the records' ``logit_diff_vs_recompute`` measures on this
+backend (:data:`LOGIT_DIFF_KINDS`), so an audit or report compares like with like.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.jsonio import ids_hash
@@ -79,8 +82,36 @@ class SegmentCacheView(Protocol):
     stats: CacheStats
 
 
-@runtime_checkable
-class Backend(Protocol):
+class _RequiredInfo(TypedDict):
+    backend: str  # the registry name
+    dtype: str
+    threads: int | None
+    torch: str | None
+    logit_diff_kind: str  # a key of LOGIT_DIFF_KINDS
+
+
+class BackendInfo(_RequiredInfo, total=False):
+    """``Backend.info()``: the keys every backend records (required) and any of its own."""
+
+    transformers: str | None
+
+
+REQUIRED_INFO = tuple(sorted(BackendInfo.__required_keys__))
+
+
+def check_info(info: dict[str, Any]) -> BackendInfo:
+    """``info`` when it has every required key and a known ``logit_diff_kind``, else a
+    :class:`KvauditError` naming what is missing (a backend's defect, caught before a run)."""
+    missing = [k for k in REQUIRED_INFO if k not in info]
+    if missing:
+        raise KvauditError(f"backend {info.get('backend', '?')!r}: info() lacks {', '.join(missing)}")
+    if info["logit_diff_kind"] not in LOGIT_DIFF_KINDS:
+        raise KvauditError(f"backend {info['backend']!r}: info()['logit_diff_kind'] must be one of "
+                           f"{', '.join(LOGIT_DIFF_KINDS)}, got {info['logit_diff_kind']!r}")
+    return info  # type: ignore[return-value]
+
+
+class Backend(ABC):
     """The engine as the runner sees it."""
 
     name: str  # the registry name (``ArmSpec.backends`` refers to it)
@@ -90,26 +121,28 @@ class Backend(Protocol):
     neutral_hash: str  # ids hash of the neutral warm-up head segment KV is built after
     max_prompt_tokens: int  # prompts are truncated to this once, before every arm
     cache: SegmentCacheView
+    concurrent_cases: int = 1  # cases handed to run_arms together
 
-    def info(self) -> dict[str, Any]:
-        """The manifest's ``backend`` entry: at least ``backend``, ``dtype``, ``threads``, ``torch``,
-        ``logit_diff_kind`` (a key of :data:`LOGIT_DIFF_KINDS`) and :func:`model_shape_info`."""
-        ...
+    @abstractmethod
+    def info(self) -> BackendInfo:
+        """The manifest's ``backend`` entry: the :class:`BackendInfo` keys and
+        :func:`model_shape_info`."""
 
+    @abstractmethod
     def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
                 candidates: list[str] | None = None) -> ArmOutput:
         """Run one arm on ``prompt``; ``capture_prompt`` is the leak-capture request (cases with a
         canary), ``candidates`` the leak-probe answers to score on the arm's own KV."""
-        ...
 
+    def run_arms(self, spec: ArmSpec, requests: list[ArmRequest]) -> list[ArmOutput]:
+        """One arm for several cases (an engine that batches runs them together)."""
+        return [self.run_arm(r.prompt, spec, capture_prompt=r.capture_prompt, candidates=r.candidates)
+                for r in requests]
 
-def run_arms(backend: Backend, spec: ArmSpec, requests: list[ArmRequest]) -> list[ArmOutput]:
-    """One arm for several cases: in one batch where the backend has ``run_arms``, else one by one."""
-    batched = getattr(backend, "run_arms", None)
-    if batched is not None:
-        return list(batched(spec, requests))
-    return [backend.run_arm(r.prompt, spec, capture_prompt=r.capture_prompt, candidates=r.candidates)
-            for r in requests]
+    def check_arms(self, arms: list[str]) -> None:
+        """Refuse, before any case runs, arms this engine's configuration cannot run (by default:
+        none; :func:`kvaudit.core.arms.check_backend` has already refused arms of other engines)."""
+        return None
 
 
 def noise_filler_ids(neutral_head: list[int], prompt: Prompt) -> list[int]:
@@ -122,11 +155,6 @@ def check_concurrent_cases(n: Any) -> None:
     """Refuse a group size that is not a positive integer (before an engine starts or a server is asked)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise KvauditError(f"--concurrent-cases must be a positive integer, got {n!r}")
-
-
-def concurrent_cases(backend: Backend) -> int:
-    """How many cases the runner hands the backend at once (1 unless it batches)."""
-    return int(getattr(backend, "concurrent_cases", 1) or 1) if hasattr(backend, "run_arms") else 1
 
 
 def logit_diff(a: torch.Tensor, b: torch.Tensor) -> float:

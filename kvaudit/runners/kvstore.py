@@ -2,7 +2,7 @@
 
 :class:`ByteLRU` is the only least-recently-used bookkeeping in kvaudit: the transformers backend's
 :class:`~kvaudit.runners.segment_cache.SegmentCache` and the vLLM connector's
-:class:`~kvaudit.runners.vllm_store.SegmentStore` both keep their entries in one, and differ only in
+:class:`~kvaudit.runners.engines.vllm.store.SegmentStore` both keep their entries in one, and differ only in
 what they count and in what an entry larger than the whole budget does (``oversize``). No vLLM
 import here.
 """

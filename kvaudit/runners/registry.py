@@ -63,13 +63,13 @@ BACKENDS: dict[str, BackendEntry] = {
     b.name: b
     for b in (
         BackendEntry("transformers", "Hugging Face transformers, in process (the default)",
-                     "kvaudit.runners.session:open_backend", (
+                     "kvaudit.runners.engines.transformers.backend:open_backend", (
                          Option("--device", "device", "cpu", "torch device (default cpu)", type=str),
                          Option("--threads", "threads", None, "torch CPU threads (recorded in the manifest)",
                                 type=int),
                      )),
         BackendEntry("vllm", "vLLM with kvaudit's KV connector (needs .venv-vllm; see docs/vllm.md)",
-                     "kvaudit.runners.vllm_backend:open_vllm_backend", (
+                     "kvaudit.runners.engines.vllm.backend:open_vllm_backend", (
                          Option("--tensor-parallel-size", "tensor_parallel_size", 1, "default 1", type=int),
                          Option("--pipeline-parallel-size", "pipeline_parallel_size", 1, "default 1", type=int),
                          Option("--max-model-len", "max_model_len", 4096, "default 4096", type=int),
@@ -80,7 +80,7 @@ BACKENDS: dict[str, BackendEntry] = {
                          CONCURRENT_CASES,
                      )),
         BackendEntry("openai", "any OpenAI-compatible completions server over HTTP (see docs/engines.md)",
-                     "kvaudit.runners.openai_backend:open_openai_backend", (
+                     "kvaudit.runners.engines.http.backend:open_openai_backend", (
                          Option("--base-url", "base_url", None, "the server, e.g. http://127.0.0.1:8000", type=str),
                          Option("--reference-url", "reference_url", None,
                                 "a second server with caching off for the reference arms (where the first "

@@ -47,8 +47,8 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.core.jsonio import check_writable_dir
     from kvaudit.core.run_dir import RunDir
     from kvaudit.runners.registry import backend_options, open_from_args
+    from kvaudit.runners.run_summary import print_run_summary
     from kvaudit.runners.runner import RunConfig, check_resumable, execute
-    from kvaudit.runners.session import print_run_summary
 
     backend_options(args)  # refuse another backend's options before any work
     arms = parse_arms(args.arms, args.backend)

@@ -40,7 +40,7 @@ from kvaudit.core.manifest import (
 )
 from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_format import MANIFEST_FILE, PAIRS_FILE, PairRecord, flipped
-from kvaudit.runners.backend import ArmRequest, Backend, concurrent_cases, logit_diff, run_arms
+from kvaudit.runners.backend import ArmRequest, Backend, check_info, logit_diff
 from kvaudit.runners.prompt import assemble
 
 # Wall time is split into the reference, the arm under test, "controls" (every other arm) and
@@ -73,7 +73,7 @@ def git_revision() -> str | None:
 
 def run_identity(cfg: RunConfig, backend: Backend) -> RunIdentity:
     """What must not change between a run and its resumption."""
-    info = backend.info()
+    info = check_info(backend.info())
     return RunIdentity(
         dataset_hash=cfg.dataset.card.content_hash,
         model_fingerprint=backend.fingerprint,
@@ -87,7 +87,7 @@ def run_identity(cfg: RunConfig, backend: Backend) -> RunIdentity:
         threads=info["threads"],
         torch=info["torch"],
         transformers=info.get("transformers"),
-        concurrent_cases=concurrent_cases(backend) if concurrent_cases(backend) > 1 else None,
+        concurrent_cases=backend.concurrent_cases if backend.concurrent_cases > 1 else None,
     )
 
 
@@ -197,7 +197,7 @@ def run_cases(backend: Backend, cases: list[Case], cfg: RunConfig, timing: dict[
         if not todo:
             continue
         t0 = time.perf_counter()
-        outs = run_arms(backend, spec, [r for _, r in todo])
+        outs = backend.run_arms(spec, [r for _, r in todo])
         wall = time.perf_counter() - t0
         if spec.source == "neutral":
             built = sum(o.build_s for o in outs)
@@ -259,9 +259,7 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
     final manifest."""
     out = cfg.out
     check_backend(cfg.arms, backend.name)
-    check_arms = getattr(backend, "check_arms", None)
-    if check_arms is not None:  # what this engine's configuration cannot run, refused before any case
-        check_arms(list(cfg.arms))
+    backend.check_arms(list(cfg.arms))  # what this engine's configuration cannot run, refused now
     if REFERENCE_ARM not in cfg.arms:
         raise KvauditError(f"the arms must include the reference arm {REFERENCE_ARM!r}: every other arm "
                            "is compared with it")
@@ -314,7 +312,7 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
     run.write_manifest(manifest)
 
     timing: dict[str, float] = defaultdict(float)
-    per_batch = concurrent_cases(backend)
+    per_batch = backend.concurrent_cases
     prog = Progress()
     t_start = time.perf_counter()
     bar = tqdm(total=len(cases), initial=len(cases) - len(todo), unit="case", disable=not progress,

@@ -2,7 +2,7 @@
 arm is the control of reuse's.
 
 A repair recomputes a set of segment tokens on top of reuse's KV (:mod:`kvaudit.core.arms`,
-:meth:`kvaudit.runners.transformers_backend.TransformersBackend.recompute_tokens`). Two ends of
+:meth:`kvaudit.runners.engines.transformers.backend.TransformersBackend.recompute_tokens`). Two ends of
 that set are known exactly, whatever the arm's parameter, on every case where they occur:
 
 - it recomputes **no** token (``blend@0``, ``epic@0``, or a share that rounds to nothing): the

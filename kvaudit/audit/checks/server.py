@@ -1,6 +1,6 @@
 """The server checks: what a black-box serving engine reported, held against what each arm was.
 
-Runs made over HTTP (:mod:`kvaudit.runners.openai_backend`) record per arm what the server said
+Runs made over HTTP (:mod:`kvaudit.runners.engines.http.backend`) record per arm what the server said
 about its request (``ArmResult.engine``). These checks hold that evidence against the arm's
 spec; evidence the server does not give is "cannot judge", never a pass. On in-process runs
 (no ``engine`` records) every check here passes with "not a server run".

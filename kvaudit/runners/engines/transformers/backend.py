@@ -30,7 +30,7 @@ import torch
 from kvaudit.core.arms import BLEND_SELECT_LAYER, ArmSpec, repair_count
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.jsonio import ids_hash
-from kvaudit.runners.backend import ArmOutput, Decoding, build_arm_result, model_shape_info
+from kvaudit.runners.backend import ArmOutput, Backend, Decoding, build_arm_result, model_shape_info
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.segment_cache import SegmentCache, SegmentKey, SegmentKV
@@ -38,7 +38,7 @@ from kvaudit.runners.segment_cache import SegmentCache, SegmentKey, SegmentKV
 __all__ = ["ArmOutput", "Decoding", "TransformersBackend"]  # Decoding and ArmOutput live in runners.backend
 
 
-class TransformersBackend:
+class TransformersBackend(Backend):
     name = "transformers"
 
     def __init__(self, model: Any, tokenizer: Any, fingerprint: str, *, decoding: Decoding | None = None,
@@ -353,3 +353,19 @@ class TransformersBackend:
             fingerprints={sid: e.fingerprint for sid, e in zip(prompt.segment_ids, entries)},
             canary=canary)
         return ArmOutput(result=result, first_logits=first_logits, build_s=build_s, detail=detail)
+
+
+def open_backend(model: str = "smollm2", *, dtype: str = "float32", device: str = "cpu",
+                 threads: int | None = None, max_new_tokens: int = 24,
+                 cache_bytes: int = 2 << 30) -> TransformersBackend:
+    """The transformers backend's opener (registered as ``transformers`` in :mod:`kvaudit.runners.registry`)."""
+    import torch
+
+    from kvaudit.models import load_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    lm = load_model(model, dtype=dtype, device=device)
+    return TransformersBackend(lm.model, lm.tokenizer, lm.fingerprint,
+                               decoding=Decoding(max_new_tokens=max_new_tokens),
+                               cache_bytes=cache_bytes, device=device)

@@ -7,7 +7,7 @@ tensor and read it as ``kv.transpose(1, 2).split(head_dim, -1)``: key and value 
 once, so one kernel can address every layer.
 
 :meth:`PagedKV.load` writes any number of store entries (``[layers, tokens, kv_heads, head_dim]``,
-see :mod:`kvaudit.runners.vllm_store`) into the request blocks they belong to, keys rotated by
+see :mod:`kvaudit.runners.engines.vllm.store`) into the request blocks they belong to, keys rotated by
 each entry's own position shift, in **one** Triton launch over (entry, token tile, layer): the
 host builds one small descriptor tensor and one cos/sin table, nothing loops over blocks or
 layers in Python. The rotation matches :meth:`kvaudit.runners.rope.RopeSpec.rotate` (angle in
@@ -16,7 +16,7 @@ float64 on the host, products in float32, one rounding on store); a shift of 0 c
 
 ``impl="torch"`` is a plain-torch reference of the same two functions (per layer), used by the
 tests on the CPU and to check the kernel on the GPU. The CPU build of vLLM has its own layout
-(:class:`kvaudit.runners.vllm_connector.CpuLayout`) and never comes here.
+(:class:`kvaudit.runners.engines.vllm.connector.CpuLayout`) and never comes here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The vLLM connector's segment store: KV tensors on the cache's own device, a byte budget, LRU.
 
-One store lives in each vLLM worker process (see :mod:`kvaudit.runners.vllm_connector`). Entries
+One store lives in each vLLM worker process (see :mod:`kvaudit.runners.engines.vllm.connector`). Entries
 sit on the device the paged KV cache lives on (the GPU under CUDA, host memory under vLLM's CPU
 build), laid out token-major as ``[layers, tokens, kv_heads, head_dim]`` so that a token's heads
 are one contiguous row in the store and in vLLM's paged cache alike.

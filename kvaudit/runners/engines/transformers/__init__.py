@@ -1,0 +1,1 @@
+"""Hugging Face transformers, in process: the default engine (:mod:`.backend`)."""
