@@ -13,26 +13,12 @@ not an error: output stops quietly and the command's own code is returned (2 whe
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 
+from kvaudit.commands import COMMANDS, GENERATORS
 from kvaudit.core.errors import USER_ERRORS, cut, os_error_message
-from kvaudit.generators.registry import GENERATORS
-
-# name -> (module, help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("kvaudit.runners.run_cli", "run every case of a dataset under every arm"),
-    "audit": ("kvaudit.audit.audit_cli", "confounder audit of a run directory"),
-    "report": ("kvaudit.reports.report_cli", "statistics, summary.json and report.html for a run"),
-    "gate": ("kvaudit.reports.gate", "CI gate: exit 0 pass, 1 fail, 2 cannot judge"),
-    "plan": ("kvaudit.reports.plan_cli", "false-pass rate, power and cases needed for each gate threshold"),
-    "export": ("kvaudit.reports.export_cli", "write a run as an inspect-ai eval log or lm-eval results"),
-    "compare": ("kvaudit.reports.compare_cli", "runs side by side: compare.html and compare.json per dataset"),
-    "simulate": ("kvaudit.simulator.simulate_cli", "prefix vs segment cache hit rates on a workload"),
-    "demo": ("kvaudit.demo", "full audit of the default model and dataset, ending in an HTML report"),
-}
-
+from kvaudit.core.registry import Entry
 
 MAX_INTERNAL = 300  # characters of an internal error's message
 _DEBUG_HELP = "show the traceback of an error instead of one line"
@@ -76,12 +62,12 @@ def quiet_stdout() -> None:
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115
 
 
-def _add(sub: argparse._SubParsersAction, name: str, module: str, help_: str, load: bool) -> None:
-    p = sub.add_parser(name, help=help_, description=help_)
+def _add(sub: argparse._SubParsersAction, entry: Entry, load: bool) -> None:
+    p = sub.add_parser(entry.name, help=entry.help, description=entry.help)
     p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
     if load:  # import only the module of the command being run: --help stays fast
-        mod = importlib.import_module(module)
-        p.description = (mod.__doc__ or help_).strip().splitlines()[0]
+        mod = entry.load()
+        p.description = (mod.__doc__ or entry.help).strip().splitlines()[0]
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
 
@@ -94,10 +80,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="write a dataset or workload")
     gen.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
     gsub = gen.add_subparsers(dest="generator", required=True)
-    for name, (module, help_) in GENERATORS.items():
-        _add(gsub, name, module, help_, words[:2] == ["generate", name])
-    for name, (module, help_) in COMMANDS.items():
-        _add(sub, name, module, help_, words[:1] == [name])
+    for name, entry in GENERATORS.items():
+        _add(gsub, entry, words[:2] == ["generate", name])
+    for name, entry in COMMANDS.items():
+        _add(sub, entry, words[:1] == [name])
     return parser
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from kvaudit.commands import run_command
 from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.arms import ARMS, REPAIR_SWEEP
 from kvaudit.core.run_dir import RunDir
@@ -50,14 +51,12 @@ def _step(title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.cli import main
-
     out: Path = args.out
     dataset = args.dataset
     if dataset is None:
         dataset = out / "dataset"
         _step(f"generate {args.cases} Boxoffice cases -> {dataset}")
-        code = main(["generate", "boxoffice", "--out", str(dataset), "--cases", str(args.cases),
+        code = run_command(["generate", "boxoffice", "--out", str(dataset), "--cases", str(args.cases),
                      "--seed", str(args.seed), "--families", DEMO_FAMILIES])
         if code:
             return code
@@ -68,17 +67,17 @@ def run(args: argparse.Namespace) -> int:
                 "--model", args.model, "--backend", args.backend]
     if args.no_progress:
         run_args.append("--no-progress")
-    code = main(run_args)
+    code = run_command(run_args)
     if code:
         return code
     _step("audit")
-    audit_code = main(["audit", str(run_dir)])
+    audit_code = run_command(["audit", str(run_dir)])
     _step("report")
-    code = main(["report", str(run_dir)])
+    code = run_command(["report", str(run_dir)])
     if code:
         return code
     _step("gate")
-    gate_code = main(["gate", str(run_dir)])
+    gate_code = run_command(["gate", str(run_dir)])
     report = RunDir(run_dir).report_file.resolve()
     print(f"\nHTML report: {report}")
     audit_word = {0: "passed", 1: "FAILED", 2: "could not judge"}.get(audit_code, "error")

@@ -127,18 +127,22 @@ def test_every_backend_gets_the_same_audit_verdicts(runs):
 
 
 def test_registered_backends_satisfy_the_protocol():
+    from kvaudit.runners.engines.http.backend import OpenAIBackend
     from kvaudit.runners.engines.transformers.backend import TransformersBackend
 
     assert set(BACKENDS) >= {"transformers", "vllm"}
     for attr in ("name", "tok", "fingerprint", "decoding", "neutral_hash", "max_prompt_tokens", "cache"):
         assert attr in Backend.__annotations__
-    assert TransformersBackend.name == "transformers"
+    assert TransformersBackend.name == "transformers" and OpenAIBackend.name == "openai"
+    assert issubclass(TransformersBackend, Backend) and issubclass(OpenAIBackend, Backend)
     if HAVE_VLLM:
         from kvaudit.runners.engines.vllm.backend import VllmBackend
 
-        assert VllmBackend.name == "vllm"
+        assert VllmBackend.name == "vllm" and issubclass(VllmBackend, Backend)
     for b in BACKENDS.values():
-        assert ":" in b.opener
+        assert ":" in b.target
+        if b.name != "vllm" or HAVE_VLLM:
+            assert callable(b.load())
 
 
 @pytest.mark.parametrize("backend,option", [

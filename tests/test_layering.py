@@ -45,3 +45,13 @@ def test_an_engine_importing_another_breaks_the_rooms(tmp_path):
     done = _lint(tmp_path)
     assert done.returncode != 0
     assert "engines are rooms: no engine imports another BROKEN" in done.stdout
+
+
+def test_the_demo_may_not_import_the_cli_that_lists_it(tmp_path):
+    shutil.copytree(ROOT / "kvaudit", tmp_path / "kvaudit")
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    demo = tmp_path / "kvaudit" / "demo.py"
+    demo.write_text(demo.read_text() + "\n\ndef _cycle():\n    from kvaudit.cli import main  # noqa: F401\n")
+    done = _lint(tmp_path)
+    assert done.returncode != 0
+    assert "kvaudit.demo -> kvaudit.cli" in done.stdout

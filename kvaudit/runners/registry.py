@@ -1,6 +1,6 @@
 """Backends by name, each with its own CLI options.
 
-``kvaudit run --backend NAME`` opens :data:`BACKENDS` ``[NAME]``: its ``opener`` (``module:function``,
+``kvaudit run --backend NAME`` opens :data:`BACKENDS` ``[NAME]``: its opener (``target``, ``module:function``,
 imported only when chosen, so vLLM is never imported for the transformers backend) is called with
 the options every backend takes (:data:`COMMON`) and the backend's own :class:`Option` values. An
 option that belongs to another backend is refused with a :class:`~kvaudit.core.errors.KvauditError`
@@ -11,12 +11,12 @@ naming it, never silently ignored. Adding a backend: write a class that satisfie
 from __future__ import annotations
 
 import argparse
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from kvaudit.core.errors import KvauditError
+from kvaudit.core.registry import Entry, Registry
 from kvaudit.runners.backend import Backend, check_concurrent_cases
 
 # Keyword arguments every opener takes (from `kvaudit run`'s common options).
@@ -42,15 +42,13 @@ class Option:
 
 
 @dataclass(frozen=True)
-class BackendEntry:
-    name: str
-    help: str
-    opener: str  # "module:function"
+class BackendEntry(Entry):
+    """A backend: ``target`` is its opener (``module:function``), ``options`` its own CLI options."""
+
     options: tuple[Option, ...] = ()
 
     def open(self, model: str, **kwargs: Any) -> Backend:
-        module, func = self.opener.split(":")
-        return getattr(importlib.import_module(module), func)(model, **kwargs)
+        return self.load()(model, **kwargs)
 
 
 # One option two backends take (listed once in --help, under the first).
@@ -59,49 +57,44 @@ CONCURRENT_CASES = Option("--concurrent-cases", "concurrent_cases", 1,
                           "in the manifest and the run's identity)", type=int,
                           check=check_concurrent_cases)
 
-BACKENDS: dict[str, BackendEntry] = {
-    b.name: b
-    for b in (
-        BackendEntry("transformers", "Hugging Face transformers, in process (the default)",
-                     "kvaudit.runners.engines.transformers.backend:open_backend", (
-                         Option("--device", "device", "cpu", "torch device (default cpu)", type=str),
-                         Option("--threads", "threads", None, "torch CPU threads (recorded in the manifest)",
-                                type=int),
-                     )),
-        BackendEntry("vllm", "vLLM with kvaudit's KV connector (needs .venv-vllm; see docs/vllm.md)",
-                     "kvaudit.runners.engines.vllm.backend:open_vllm_backend", (
-                         Option("--tensor-parallel-size", "tensor_parallel_size", 1, "default 1", type=int),
-                         Option("--pipeline-parallel-size", "pipeline_parallel_size", 1, "default 1", type=int),
-                         Option("--max-model-len", "max_model_len", 4096, "default 4096", type=int),
-                         Option("--no-enforce-eager", "enforce_eager", True,
-                                "allow CUDA graphs (eager is the default)", value=False),
-                         Option("--batch-invariant", "batch_invariant", False, "set VLLM_BATCH_INVARIANT=1",
-                                value=True),
-                         CONCURRENT_CASES,
-                     )),
-        BackendEntry("openai", "any OpenAI-compatible completions server over HTTP (see docs/engines.md)",
-                     "kvaudit.runners.engines.http.backend:open_openai_backend", (
-                         Option("--base-url", "base_url", None, "the server, e.g. http://127.0.0.1:8000", type=str),
-                         Option("--reference-url", "reference_url", None,
-                                "a second server with caching off for the reference arms (where the first "
-                                "does not isolate cache_salt)", type=str),
-                         Option("--served-model", "served_model", None,
-                                "the model name the server serves (default: the first of /v1/models)", type=str),
-                         Option("--reuse-protocol", "reuse_protocol", "server",
-                                "server (the server's own reuse, primed by neutral warm-ups; default) or kvaudit "
-                                "(a server running kvaudit's connector, driven by kv_transfer_params)", type=str),
-                         Option("--request-timeout", "timeout_s", 300.0, "seconds per request (default 300)",
-                                type=float),
-                         CONCURRENT_CASES,
-                     )),
-    )
-}
+BACKENDS: Registry[BackendEntry] = Registry("backend", (
+    BackendEntry("transformers", "kvaudit.runners.engines.transformers.backend:open_backend",
+                 "Hugging Face transformers, in process (the default)", (
+                     Option("--device", "device", "cpu", "torch device (default cpu)", type=str),
+                     Option("--threads", "threads", None, "torch CPU threads (recorded in the manifest)",
+                            type=int),
+                 )),
+    BackendEntry("vllm", "kvaudit.runners.engines.vllm.backend:open_vllm_backend",
+                 "vLLM with kvaudit's KV connector (needs .venv-vllm; see docs/vllm.md)", (
+                     Option("--tensor-parallel-size", "tensor_parallel_size", 1, "default 1", type=int),
+                     Option("--pipeline-parallel-size", "pipeline_parallel_size", 1, "default 1", type=int),
+                     Option("--max-model-len", "max_model_len", 4096, "default 4096", type=int),
+                     Option("--no-enforce-eager", "enforce_eager", True,
+                            "allow CUDA graphs (eager is the default)", value=False),
+                     Option("--batch-invariant", "batch_invariant", False, "set VLLM_BATCH_INVARIANT=1",
+                            value=True),
+                     CONCURRENT_CASES,
+                 )),
+    BackendEntry("openai", "kvaudit.runners.engines.http.backend:open_openai_backend",
+                 "any OpenAI-compatible completions server over HTTP (see docs/engines.md)", (
+                     Option("--base-url", "base_url", None, "the server, e.g. http://127.0.0.1:8000", type=str),
+                     Option("--reference-url", "reference_url", None,
+                            "a second server with caching off for the reference arms (where the first "
+                            "does not isolate cache_salt)", type=str),
+                     Option("--served-model", "served_model", None,
+                            "the model name the server serves (default: the first of /v1/models)", type=str),
+                     Option("--reuse-protocol", "reuse_protocol", "server",
+                            "server (the server's own reuse, primed by neutral warm-ups; default) or kvaudit "
+                            "(a server running kvaudit's connector, driven by kv_transfer_params)", type=str),
+                     Option("--request-timeout", "timeout_s", 300.0, "seconds per request (default 300)",
+                            type=float),
+                     CONCURRENT_CASES,
+                 )),
+))
 DEFAULT_BACKEND = "transformers"
 
 
 def get_backend(name: str) -> BackendEntry:
-    if name not in BACKENDS:
-        raise KvauditError(f"unknown backend {name!r}; known backends: {', '.join(BACKENDS)}")
     return BACKENDS[name]
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from kvaudit.core.arms import REFERENCE_ARM, evidence_only, get_arm, known_arm, repair_count
 from kvaudit.core.audit_format import CheckResult
+from kvaudit.core.registry import Registry
 from kvaudit.core.run_format import PairRecord, flipped
 
 ALPHA = 0.05
@@ -33,7 +34,7 @@ class CheckSpec:
     options: tuple[str, ...] = ()
 
 
-REGISTRY: dict[str, CheckSpec] = {}
+REGISTRY: Registry[CheckSpec] = Registry("audit check")
 
 
 def check(name: str, *, required: bool, options: tuple[str, ...] = ()) -> Callable:
@@ -41,14 +42,11 @@ def check(name: str, *, required: bool, options: tuple[str, ...] = ()) -> Callab
     required flag, so a check never spells them itself."""
 
     def register(fn: Callable[..., CheckResult]) -> Callable[..., CheckResult]:
-        if name in REGISTRY:
-            raise ValueError(f"audit check {name!r} registered twice")
-
         @functools.wraps(fn)
         def run(*args, **kwargs) -> CheckResult:
             return replace(fn(*args, **kwargs), name=name, required=required)
 
-        REGISTRY[name] = CheckSpec(name, required, run, options)
+        REGISTRY.register(CheckSpec(name, required, run, options))
         return run
 
     return register
