@@ -18,7 +18,7 @@ COMMANDS: Registry[Entry] = Registry("command", (
     Entry("run", "kvaudit.runners.run_cli", "run every case of a dataset under every arm"),
     Entry("audit", "kvaudit.audit.audit_cli", "confounder audit of a run directory"),
     Entry("report", "kvaudit.reports.report_cli", "statistics, summary.json and report.html for a run"),
-    Entry("gate", "kvaudit.reports.gate", "CI gate: exit 0 pass, 1 fail, 2 cannot judge"),
+    Entry("gate", "kvaudit.reports.gate_cli", "CI gate: exit 0 pass, 1 fail, 2 cannot judge"),
     Entry("plan", "kvaudit.reports.plan_cli", "false-pass rate, power and cases needed for each gate threshold"),
     Entry("export", "kvaudit.reports.export_cli", "write a run as an inspect-ai eval log or lm-eval results"),
     Entry("compare", "kvaudit.reports.compare_cli", "runs side by side: compare.html and compare.json per dataset"),

@@ -10,7 +10,7 @@ import pytest
 
 from kvaudit.core.errors import USER_ERRORS, KvauditError
 from kvaudit.core.jsonio import write_json
-from kvaudit.reports import gate
+from kvaudit.reports import gate_cli as gate
 from kvaudit.reports.policy import load_policy
 from kvaudit.reports.synthetic import make_run
 

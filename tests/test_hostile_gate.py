@@ -17,7 +17,7 @@ import pytest
 
 from kvaudit import cli as kvaudit_cli
 from kvaudit.core.errors import USER_ERRORS, KvauditError
-from kvaudit.reports import gate
+from kvaudit.reports import gate_cli as gate
 from kvaudit.reports.policy import CheckResult, load_policy, verdict
 from kvaudit.reports.synthetic import make_run
 

@@ -302,7 +302,7 @@ def test_generate_does_not_overwrite_a_different_dataset(tmp_path: Path, capsys)
 
 
 def test_mathtext_in_a_stratum_value_renders_as_text(tmp_path: Path):
-    from kvaudit.reports.report_cli import write_report
+    from kvaudit.reports.report import write_report
     from kvaudit.reports.synthetic import make_pairs
 
     pairs = make_pairs(n_per_task=6)

@@ -178,7 +178,7 @@ def test_gate_judges_a_repair_arm(tmp_path):
 
 
 def test_report_has_the_frontier_and_the_oracle_note(tmp_path):
-    from kvaudit.reports.report_cli import write_report
+    from kvaudit.reports.report import write_report
 
     run = make_run(tmp_path / "run", _pairs())
     html = write_report(run).read_text()

@@ -122,7 +122,7 @@ def test_recomputing_every_token_ignores_the_stale_reused_entries(smollm2_backen
 
 
 def test_the_summary_holds_the_frontier(repair_run):
-    from kvaudit.reports.report_cli import write_report
+    from kvaudit.reports.report import write_report
 
     write_report(repair_run)
     f = json.loads((repair_run / "summary.json").read_text())["frontier"]

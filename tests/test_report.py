@@ -15,7 +15,7 @@ from kvaudit.core.errors import USER_ERRORS
 from kvaudit.core.jsonio import sha256_hex, write_json
 from kvaudit.reports import report_cli
 from kvaudit.reports.html import FILTER_JS, diff_spans
-from kvaudit.reports.report_cli import write_report
+from kvaudit.reports.report import write_report
 from kvaudit.reports.synthetic import make_pairs, make_run
 
 INJECT = '<script>document.title="PWNED"</script><img src=x onerror=alert(1)>'

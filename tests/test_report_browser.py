@@ -22,7 +22,7 @@ from kvaudit.core.audit_format import write_audit
 from kvaudit.core.coverage import compute_coverage
 from kvaudit.core.dataset_format import Case, Segment
 from kvaudit.core.jsonio import read_json, write_json, write_jsonl
-from kvaudit.reports.report_cli import write_report
+from kvaudit.reports.report import write_report
 from kvaudit.reports.synthetic import make_pairs, make_run
 from kvaudit.reports.synthetic_repairs import add_oracle_pair, add_repair_arms
 

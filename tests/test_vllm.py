@@ -233,7 +233,7 @@ def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset
     """The cross-backend table: a transformers run of the same dataset beside the vLLM run."""
     from kvaudit.core.arms import parse_arms
     from kvaudit.core.run_format import read_pairs
-    from kvaudit.reports.report_cli import write_report
+    from kvaudit.reports.report import write_report
     from kvaudit.runners.engines.transformers.backend import open_backend
     from kvaudit.runners.runner import RunConfig, execute
 
@@ -384,7 +384,7 @@ def test_concurrent_cases_run_each_arm_as_one_batch_audit_and_refuse_another_bat
     from kvaudit.core.arms import parse_arms
     from kvaudit.core.manifest import read_manifest
     from kvaudit.core.run_format import read_pairs
-    from kvaudit.reports.report_cli import write_report
+    from kvaudit.reports.report import write_report
     from kvaudit.runners.runner import RunConfig, execute
 
     out = tmp_path / "run"

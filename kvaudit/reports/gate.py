@@ -1,39 +1,23 @@
-"""CI gate: check a run against a policy (`kvaudit gate RUN [--policy FILE] [--junit FILE]`).
+"""The CI gate's logic: judge a run against a policy; the verdict as Markdown and JUnit XML.
 
-Exit status, a contract CI acts on: 0 every threshold holds; 1 some threshold fails (a decision:
-also when other rows could not be judged, which stay listed); 2 anything else: the run cannot be
-judged (missing or corrupt files; the audit not run, stale, foreign or hand-written; a threshold
-without data or with too few documents to decide; the noise floor failing a threshold; a run
-with missing cases unless ``--allow-partial``; every threshold skipped, so nothing was checked),
-the policy is bad (no thresholds, a wrong type, a non-finite or out-of-range number, the
-reference as the arm under test), or ``--junit``/``--markdown`` cannot be written. Prints a
-Markdown summary (fit for a CI job summary) and can write JUnit XML with one test case per
-threshold, so CI systems list each threshold as a test. The files are written before anything is
-printed, so a reader that closes stdout early (``| head -1``) still gets them and the verdict's
-exit code.
+:func:`judge` loads the policy and the run and evaluates every threshold, with a
+:func:`completeness` row first for a run that lacks cases; it never raises for bad user input
+(a missing or corrupt run, a bad policy: its ``error`` says why). The verdict is ``pass``,
+``fail`` (some threshold fails, also when other rows could not be judged) or ``error``: cannot
+judge (the audit not run, stale, foreign or hand-written; a threshold without data or with too
+few documents to decide; the noise floor failing a threshold; missing cases unless they are
+allowed; every threshold skipped). :func:`markdown` is the summary (fit for a CI job summary);
+:func:`junit_xml` has one test case per threshold, so CI systems list each threshold as a test.
+The command, ``kvaudit gate``, with its exit status, is :mod:`kvaudit.reports.gate_cli`.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-EXIT = {"pass": 0, "fail": 1, "error": 2}
 _ICON = {"pass": "✅ pass", "fail": "❌ fail", "error": "⚠️ cannot judge", "skip": "⏭ skip"}
 _TITLE = {"pass": "✅ PASS", "fail": "❌ FAIL", "error": "⚠️ CANNOT JUDGE"}
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN", help="run directory (after `kvaudit audit RUN`)")
-    parser.add_argument("--policy", metavar="FILE", help="policy TOML (default: the shipped policy)")
-    parser.add_argument("--junit", metavar="FILE", help="write JUnit XML here")
-    parser.add_argument("--markdown", metavar="FILE",
-                        help="also write the Markdown summary here (e.g. \"$GITHUB_STEP_SUMMARY\")")
-    parser.add_argument("--allow-partial", action="store_true",
-                        help="judge a run that lacks some of its cases (they are listed); without "
-                             "it such a run cannot be judged, since the missing cases may be the hard ones")
 
 
 def _cell(text: str) -> str:
@@ -118,33 +102,3 @@ def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_p
     except OSError as e:  # a run file that is a directory, unreadable, ...
         return "error", [], source, None, os_error_message(e)
     return verdict(results), results, policy.source, policy.arm, None
-
-
-def run(args: argparse.Namespace) -> int:
-    from kvaudit.core.errors import os_error_message
-    from kvaudit.core.jsonio import write_atomic
-
-    result, results, source, arm, error = judge(args.run_dir, args.policy, allow_partial=args.allow_partial)
-    md = markdown(result, results, run_dir=str(args.run_dir), policy=source, arm=arm, error=error)
-    # The files first: a verdict on stdout followed by a crash writing them would leave CI with a
-    # printed PASS and no report; and a reader that stops early must not cost them.
-    outputs = [(args.markdown, "--markdown", lambda: md),
-               (args.junit, "--junit", lambda: junit_xml(results, run_dir=str(args.run_dir), policy=source,
-                                                         error=error))]
-    for path, option, text in outputs:
-        if not path:
-            continue
-        try:
-            write_atomic(path, text())
-        except OSError as e:
-            print(f"kvaudit: error: {os_error_message(e)} (writing {option}; the verdict was not reported)",
-                  file=sys.stderr)
-            return EXIT["error"]
-    try:
-        print(md)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # `kvaudit gate RUN | head -1`: the reader left, the files are written, the verdict stands.
-        # `kvaudit.cli.main` sends the rest of stdout to os.devnull when it flushes.
-        pass
-    return EXIT[result]

@@ -1,33 +1,22 @@
 """Plan a run: each delta threshold's false-pass rate, power and the cases it needs (`kvaudit plan`).
 
-For a gate policy and a design (``--cases``, ``--cluster-size``, ``--multi-doc-share``,
-``--score``, ``--base-accuracy``; or ``--from RUN`` to take them from a pilot run), simulate the
-shipped gate with :mod:`kvaudit.stats.calibration` and print, for each ``[[delta]]`` threshold:
-its group and margin, the cases in the design, the false-pass rate when the true delta is
-exactly the margin, the power (pass rate) when the true delta is 0, and the fewest cases (same
-cluster size and mix) that give 80% power. Rates carry their Monte Carlo standard error.
-
-With ``--from RUN`` each threshold gets the design of its own group in the pilot: its scorable
-non-agreement cases with both ``recompute`` and the policy's arm (``overall``: all of them;
-``task:<glob>``: tasks matching the glob; ``<stratum>:<glob>``: cases whose stratum matches),
-their documents, score type, recompute's mean score and the share of cases whose score changed
-(see :func:`kvaudit.stats.calibration.pilot_design`).
+This module parses and checks the command line and calls :func:`kvaudit.reports.plan.plan` (the
+simulation; its docstring says what a plan holds) and :func:`kvaudit.reports.plan.render`. The
+design is ``--cases``, ``--cluster-size``, ``--multi-doc-share``, ``--score`` and
+``--base-accuracy``, or ``--from RUN`` to take it from a pilot run; the plan is printed, and
+written as JSON with ``--json FILE``.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
-import time
-from dataclasses import asdict, replace
-from typing import Any
 
 from kvaudit.core.arg_types import non_negative_int, positive_int
+from kvaudit.core.errors import KvauditError
+from kvaudit.reports.plan import plan, render
 
 DEFAULT_REPS = 300
-POWER_TARGET = 0.80
-MAX_CASES = 20000
 _DESIGN_OPTIONS = ("cases", "cluster_size", "multi_doc_share", "score", "base_accuracy")
 
 
@@ -55,188 +44,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
 
 
-def _error(msg: str) -> Exception:
-    from kvaudit.core.errors import KvauditError
-
-    return KvauditError(msg)
-
-
-_OPTION_NAMES = {"gain_rate": "--gain-rate", "base_accuracy": "--base-accuracy", "heterogeneity": "--heterogeneity",
-                 "multi_doc_share": "--multi-doc-share", "cluster size": "--cluster-size"}
-
-
-def _options(msg: str) -> str:
-    """A simulator message with its field names spelled as the command's options."""
-    for field_, option in _OPTION_NAMES.items():
-        msg = msg.replace(field_, option)
-    return msg
-
-
-def _validate(args: argparse.Namespace) -> None:
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse options that contradict each other or are out of range (before anything runs)."""
     given = [o for o in _DESIGN_OPTIONS if getattr(args, o) is not None]
     if args.from_run is not None and given:
-        raise _error(f"--{given[0].replace('_', '-')} cannot be combined with --from: the pilot run gives the design")
+        raise KvauditError(f"--{given[0].replace('_', '-')} cannot be combined with --from: the pilot run gives the design")
     if args.from_run is None and args.cases is None:
-        raise _error("give a design with --cases N (and --cluster-size, --multi-doc-share, --score, "
-                     "--base-accuracy) or a pilot run with --from RUN")
+        raise KvauditError("give a design with --cases N (and --cluster-size, --multi-doc-share, --score, "
+                           "--base-accuracy) or a pilot run with --from RUN")
     if args.cases is not None and args.cases < 1:
-        raise _error(f"--cases must be at least 1, got {args.cases}")
+        raise KvauditError(f"--cases must be at least 1, got {args.cases}")
     if args.cluster_size is not None and not args.cluster_size >= 1:
-        raise _error(f"--cluster-size must be at least 1 (cases per document), got {args.cluster_size:g}")
+        raise KvauditError(f"--cluster-size must be at least 1 (cases per document), got {args.cluster_size:g}")
     if args.multi_doc_share is not None and not 0 <= args.multi_doc_share <= 1:
-        raise _error(f"--multi-doc-share must be in [0, 1], got {args.multi_doc_share:g}")
+        raise KvauditError(f"--multi-doc-share must be in [0, 1], got {args.multi_doc_share:g}")
     if args.base_accuracy is not None and not 0 < args.base_accuracy < 1:
-        raise _error(f"--base-accuracy must be in (0, 1), got {args.base_accuracy:g}")
+        raise KvauditError(f"--base-accuracy must be in (0, 1), got {args.base_accuracy:g}")
     if args.gain_rate is not None and not 0 <= args.gain_rate <= 1:
-        raise _error(f"--gain-rate must be in [0, 1], got {args.gain_rate:g}")
+        raise KvauditError(f"--gain-rate must be in [0, 1], got {args.gain_rate:g}")
     if args.heterogeneity is not None and not 0 <= args.heterogeneity < 1:
-        raise _error(f"--heterogeneity must be in [0, 1), got {args.heterogeneity:g}")
+        raise KvauditError(f"--heterogeneity must be in [0, 1), got {args.heterogeneity:g}")
     if args.reps < 20:
-        raise _error(f"--reps must be at least 20, got {args.reps}")
-
-
-def _pilot_groups(run_dir: str, arm: str, groups: list[str]) -> dict[str, tuple[list, list, list]]:
-    """Per group: (recompute scores, arm scores, documents) of the pilot's quality cases."""
-    from kvaudit.core.arms import REFERENCE_ARM
-    from kvaudit.core.errors import DatasetError
-    from kvaudit.reports.analysis import load_run
-    from kvaudit.reports.scoring import documents, score_pairs
-
-    try:
-        run = load_run(run_dir)
-    except DatasetError as e:
-        raise _error(f"--from: {e}") from None
-    scores = score_pairs(run.pairs)
-    scores = scores[scores["scorable"].astype(bool) & (scores["metric"] != "agreement")]
-    wide = scores.pivot(index="case_id", columns="arm", values="score")
-    if REFERENCE_ARM not in wide.columns or arm not in wide.columns:
-        raise _error(f"--from {run_dir}: the run has no scored answer-quality cases under both "
-                     f"'{REFERENCE_ARM}' and the policy's arm '{arm}'")
-    wide = wide[[REFERENCE_ARM, arm]].dropna()
-    meta = scores.drop_duplicates("case_id").set_index("case_id").loc[wide.index]
-    docs = {p.case_id: list(documents(p)) for p in run.pairs}
-    out = {}
-    for group in groups:
-        if group == "overall":
-            ids = list(wide.index)
-        else:
-            key, _, pattern = group.partition(":")
-            column = "task" if key == "task" else f"stratum:{key}"
-            if column not in meta.columns:
-                ids = []
-            else:
-                ids = [c for c, v in meta[column].items()
-                       if isinstance(v, str) and fnmatch.fnmatchcase(v, pattern)]
-        out[group] = (wide.loc[ids, REFERENCE_ARM].tolist(), wide.loc[ids, arm].tolist(),
-                      [docs[c] for c in ids])
-    return out
-
-
-def plan(args: argparse.Namespace) -> dict[str, Any]:
-    """The plan as a JSON-able dict (what ``run`` prints and ``--json`` writes)."""
-    from kvaudit.reports.policy import load_policy
-    from kvaudit.stats import calibration as cal
-    from kvaudit.stats.noninferiority import check_confidence
-
-    _validate(args)
-    policy = load_policy(args.policy)
-    try:
-        confidence = check_confidence(policy.confidence, where=f"{policy.source}: confidence")
-    except ValueError as e:
-        raise _error(str(e)) from None
-    deltas = [c for c in policy.checks if c.kind == "delta"]
-    if not deltas:
-        raise _error(f"--policy {policy.source}: the policy has no [[delta]] thresholds to plan for")
-    het = cal.Design.heterogeneity if args.heterogeneity is None else args.heterogeneity
-
-    def gate(diffs: Any, members: Any, conf: float) -> Any:  # the policy's own bound
-        return cal.new_gate(diffs, members, conf, min_icc=policy.min_icc)
-
-    pilot = (_pilot_groups(args.from_run, policy.arm, [c.params["group"] for c in deltas])
-             if args.from_run is not None else None)
-
-    rows = []
-    for check in deltas:
-        group, margin = check.params["group"], check.params["min_lower_bound"] / 100
-        row: dict[str, Any] = {"name": check.name, "group": group, "margin_points": 100 * margin}
-        if pilot is not None:
-            ref, arm, members = pilot[group]
-            if not ref:
-                rows.append({**row, "cases": 0, "design": None, "note": "no cases in the pilot run"})
-                continue
-            try:
-                design = cal.pilot_design(ref, arm, members, heterogeneity=het)
-            except ValueError as e:
-                raise _error(f"--from {args.from_run}: group '{group}': {e}") from None
-            if args.gain_rate is not None:
-                design = replace(design, gain_rate=args.gain_rate)
-        else:
-            try:
-                design = cal.Design(
-                    n=args.cases, cluster_size=1.0 if args.cluster_size is None else args.cluster_size,
-                    multi_doc_share=0.0 if args.multi_doc_share is None else args.multi_doc_share,
-                    score=args.score or "binary",
-                    base_accuracy=0.8 if args.base_accuracy is None else args.base_accuracy,
-                    gain_rate=0.05 if args.gain_rate is None else args.gain_rate, heterogeneity=het)
-            except ValueError as e:
-                raise _error(f"design: {_options(str(e))}") from None
-        try:
-            design.loss_rate(margin)
-        except ValueError as e:
-            raise _error(f"threshold '{check.name}' ({100 * margin:+g} pts): {_options(str(e))} "
-                         "(see --gain-rate, --base-accuracy, --heterogeneity)") from None
-        t = time.perf_counter()
-        c = cal.characterise(design, margin, reps=args.reps, seed=args.seed, confidence=confidence,
-                             statistic=gate)
-        needed = cal.cases_for_power(design, margin, target=POWER_TARGET, reps=args.reps,
-                                     seed=args.seed, confidence=confidence, max_n=MAX_CASES,
-                                     statistic=gate)
-        rows.append({
-            **row, "cases": design.n, "design": {**asdict(design), "n_documents": design.n_documents},
-            "false_pass": c.at_margin.passed, "false_pass_se": c.at_margin.passed_se,
-            "coverage": c.at_margin.covered, "coverage_se": c.at_margin.covered_se,
-            "undecidable": c.at_margin.undecidable,
-            "power": c.at_zero.passed, "power_se": c.at_zero.passed_se,
-            "cases_for_80_power": needed, "seconds": round(time.perf_counter() - t, 2),
-        })
-    return {"policy": policy.source, "arm": policy.arm, "confidence": confidence,
-            "min_icc": policy.min_icc,
-            "one_sided_level": (1 + confidence) / 2,
-            "source": f"pilot run {args.from_run}" if args.from_run else "the command line",
-            "reps": args.reps, "seed": args.seed, "power_target": POWER_TARGET, "thresholds": rows}
-
-
-def _se(x: float | None, se: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f} ± {se:.3f}"
-
-
-def render(p: dict[str, Any]) -> str:
-    lines = [f"Plan for policy {p['policy']} (arm '{p['arm']}', bound one-sided {p['one_sided_level']:.1%}), "
-             f"design from {p['source']}; {p['reps']} simulated runs per estimate, rates ± MC SE.", ""]
-    for r in p["thresholds"]:
-        lines.append(f"{r['name']}  [group {r['group']}, margin {r['margin_points']:+.1f} pts]")
-        d = r["design"]
-        if d is None:
-            lines += [f"  cases: 0 ({r['note']})", ""]
-            continue
-        multi = "" if not d["multi_doc_share"] else f", {d['multi_doc_share']:.0%} on two documents"
-        lines.append(f"  cases: {d['n']} on {d['n_documents']} documents ({d['cluster_size']:.3g} per document"
-                     f"{multi}), {d['score']} scores, base accuracy {d['base_accuracy']:.2f}, "
-                     f"gain rate {d['gain_rate']:.3f}, heterogeneity {d['heterogeneity']:g}")
-        lines.append(f"  false-pass rate at the margin: {_se(r['false_pass'], r['false_pass_se'])}"
-                     f"   (coverage {_se(r['coverage'], r['coverage_se'])}, undecidable {r['undecidable']:.3f})")
-        lines.append(f"  power at true delta 0:         {_se(r['power'], r['power_se'])}")
-        needed = r["cases_for_80_power"]
-        lines.append("  cases for 80% power:           "
-                     + (f"{needed} (same cases per document and mix; bisection on simulated power, ±5%)"
-                        if needed is not None else f"more than {MAX_CASES}"))
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+        raise KvauditError(f"--reps must be at least 20, got {args.reps}")
 
 
 def run(args: argparse.Namespace) -> int:
     from kvaudit.core.jsonio import write_atomic
 
+    check_arguments(args)
     p = plan(args)
     print(render(p), end="")
     if args.json:

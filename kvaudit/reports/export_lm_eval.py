@@ -1,0 +1,185 @@
+"""The lm-evaluation-harness exporter (``kvaudit export RUN --format lm-eval --out PATH``).
+
+It writes lm-evaluation-harness's output layout under the folder ``PATH``:
+``PATH/<model>/results_<time>.json`` (``results``, ``groups``, ``group_subtasks``, ``configs``,
+``versions``, ``n-shot``, ``higher_is_better``, ``n-samples``, ``config``, ``task_hashes``, ...,
+the keys lm-eval's ``EvaluationTracker.save_results_aggregated`` writes) next to one
+``samples_<task>_<time>.jsonl`` per task family. Each arm is an lm-eval *filter*: metric keys
+read ``score,reuse``, and a sample line is written per case and arm. The rows come from
+:func:`kvaudit.reports.export.sample_rows`, the same as ``RUN/samples.jsonl``. ``<time>`` is the
+run's last recorded session time, so exporting the same run twice writes the same file names.
+It needs nothing of lm-eval.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.manifest import DatasetRef
+from kvaudit.reports.export import (
+    SCORE_KEYS,
+    arm_means,
+    identity_values,
+    model_and_backend,
+    number,
+    run_dtype,
+    run_times,
+    sample_rows,
+)
+
+
+def _lm_hash(s: str) -> str:
+    return hashlib.sha256(s.encode("utf-8")).hexdigest()  # lm_eval.utils.hash_string
+
+
+def sanitize_model_name(name: str) -> str:
+    """lm-eval's ``sanitize_model_name`` (the folder its results go in)."""
+    return re.sub(r"[\"<>:/|\\?*\[\]]+", "__", name)
+
+
+def _task_name(task: str) -> str:
+    return "kvaudit_" + re.sub(r"\W", "_", task)  # lm-eval's sanitize_task_name
+
+
+def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]], str]:
+    """``(results, samples per lm-eval task, date id)`` in lm-eval's layout (see module docstring)."""
+    from kvaudit import __version__
+
+    manifest = an.run.manifest
+    name, backend = model_and_backend(manifest)
+    _, last = run_times(manifest)
+    when = (last or datetime.now(timezone.utc)).replace(tzinfo=None)
+    date_id = when.isoformat().replace(":", "-")  # as EvaluationTracker names its files
+    decoding = manifest.decoding or {}
+    dataset = manifest.dataset or DatasetRef()
+    quality = set(an.select("overall")) | set(an.select("agreement"))
+    questions = an.run.questions
+    samples: dict[str, list[dict[str, Any]]] = {}
+    doc_ids: dict[str, int] = {}
+    for row in sample_rows(an):
+        if row["doc_id"] not in quality:
+            continue  # leak probes: not answer-quality cases
+        t = _task_name(row["task"])
+        doc_id = doc_ids[t] = doc_ids.get(t, -1) + 1
+        target = row["target"][0] if len(row["target"]) == 1 else str(row["target"])
+        question = questions.get(row["doc_id"], "")
+        for arm in [a for a in an.arms if a in row["resps"]]:
+            answer = row["resps"][arm]
+            m = row["metrics"].get(arm, {})
+            line: dict[str, Any] = {
+                "doc_id": doc_id,
+                "doc": {"case_id": row["doc_id"], "question": question, "task": row["task"],
+                        "metric": row["metric"], "answers": row["target"], "strata": row["strata"]},
+                "target": target,
+                "arguments": {"gen_args_0": {"arg_0": question, "arg_1": decoding}},
+                "resps": [[answer]], "filtered_resps": [row["filtered_resps"][arm]],
+                "filter": arm, "metrics": [k for k in SCORE_KEYS if number(m.get(k)) is not None],
+                "doc_hash": row["doc_hash"], "prompt_hash": row["prompt_hash"],
+                "target_hash": row["target_hash"],
+            }
+            line.update({k: number(m.get(k)) for k in line["metrics"]})
+            if row["flips"].get(arm) is not None:
+                line["flip"] = float(row["flips"][arm])
+            samples.setdefault(t, []).append(line)
+
+    results: dict[str, dict[str, Any]] = {}
+    higher: dict[str, dict[str, bool]] = {}
+    n_samples: dict[str, dict[str, int]] = {}
+    configs: dict[str, dict[str, Any]] = {}
+
+    def metrics_of(group: str, label: str, n: int) -> dict[str, Any]:
+        means = arm_means(an, group)
+        r: dict[str, Any] = {"alias": label, "name": label, "sample_len": n}
+        for arm in an.arms:
+            if not means[arm]["n"]:
+                continue
+            r[f"score,{arm}"] = means[arm]["mean"]
+            r[f"score_stderr,{arm}"] = means[arm]["stderr"] if means[arm]["stderr"] is not None else "N/A"
+            if arm != an.arms[0]:
+                d = an.delta(arm, group)
+                if d.get("delta") is not None:
+                    r[f"delta_pts,{arm}"] = d["delta"]
+                if d.get("lower_bound") is not None:
+                    r[f"delta_lower_bound_pts,{arm}"] = d["lower_bound"]
+        return r
+
+    hib = {"score": True, "delta_pts": True, "delta_lower_bound_pts": True}
+    for task in an.tasks:
+        t = _task_name(task)
+        n = len(set(an.select(f"task:{task}")))
+        results[t] = metrics_of(f"task:{task}", t, n)
+        higher[t] = dict(hib)
+        n_samples[t] = {"original": n, "effective": n}
+        configs[t] = {
+            "task": t, "tag": ["kvaudit"], "dataset_path": str(dataset.path or ""),
+            "output_type": "generate_until", "num_fewshot": 0, "repeats": 1,
+            "generation_kwargs": decoding,
+            "metric_list": [{"metric": k, "aggregation": "mean", "higher_is_better": v}
+                            for k, v in hib.items()],
+            "filter_list": [{"name": arm, "filter": [{"function": "kvaudit_arm", "arm": arm}]}
+                            for arm in an.arms],
+            "description": f"kvaudit task family {task!r}: each filter is an arm of the run",
+            "metadata": {"version": 1.0, "kvaudit_dataset_hash": dataset.hash},
+        }
+    gold_tasks = [_task_name(t) for t in an.tasks if len(set(an.select(f"task:{t}")) - set(an.select("agreement")))]
+    groups = {}
+    if gold_tasks:
+        groups["kvaudit"] = metrics_of("overall", "kvaudit", len(set(an.select("overall"))))
+        higher["kvaudit"] = dict(hib)
+    ident = identity_values(manifest)
+    timing = number((manifest.timing_s or {}).get("total"))
+    out: dict[str, Any] = {
+        "results": {**groups, **results},
+        **({"groups": groups} if groups else {}),
+        "group_subtasks": {**({"kvaudit": gold_tasks} if gold_tasks else {}),
+                           **{t: [] for t in results}},
+        "configs": dict(sorted(configs.items())),
+        "versions": {**({"kvaudit": 1.0} if gold_tasks else {}), **{t: 1.0 for t in sorted(results)}},
+        "n-shot": {**({"kvaudit": 0} if gold_tasks else {}), **{t: 0 for t in sorted(results)}},
+        "higher_is_better": dict(sorted(higher.items())),
+        "n-samples": n_samples,
+        "config": {
+            "model": f"kvaudit-{backend}", "model_args": f"pretrained={name},dtype={run_dtype(manifest)}",
+            "model_dtype": run_dtype(manifest), "model_sha": manifest.model.fingerprint if manifest.model else None,
+            "batch_size": 1, "batch_sizes": [], "device": (manifest.backend or {}).get("device"),
+            "use_cache": None, "limit": None, "bootstrap_iters": 0, "gen_kwargs": decoding,
+            "random_seed": None, "numpy_seed": None, "torch_seed": None, "fewshot_seed": None,
+            "kvaudit_arms": an.arms,
+        },
+        "git_hash": (manifest.git_revision or "")[:7] or None,
+        "date": when.replace(tzinfo=timezone.utc).timestamp(),
+        "transformers_version": ident.get("transformers"),
+        "kvaudit_version": str(manifest.kvaudit_version or __version__),
+        "model_source": f"kvaudit-{backend}", "model_name": name,
+        "model_name_sanitized": sanitize_model_name(name),
+        "system_instruction": None, "system_instruction_sha": None, "fewshot_as_multiturn": False,
+        "chat_template": None, "chat_template_sha": None,
+        "task_hashes": {t: _lm_hash("".join(s["doc_hash"] + s["prompt_hash"] + s["target_hash"]
+                                            for s in rows)) for t, rows in samples.items()},
+        "total_evaluation_time_seconds": str(timing) if timing is not None else None,
+    }
+    return out, samples, date_id
+
+
+def write_lm_eval(an: Any, out: str | Path) -> list[Path]:
+    """Write ``OUT/<model>/results_<time>.json`` and one ``samples_<task>_<time>.jsonl`` per task."""
+    from kvaudit.core.jsonio import write_atomic
+
+    results, samples, date_id = lm_eval_export(an)
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise KvauditError(f"{folder}: --format lm-eval writes a folder; this is a file")
+    folder = folder / results["model_name_sanitized"]
+    paths = [folder / f"results_{date_id}.json"]
+    write_atomic(paths[0], json.dumps(results, indent=2, ensure_ascii=False, default=str))
+    for task, rows in samples.items():
+        path = folder / f"samples_{task}_{date_id}.jsonl"
+        write_atomic(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
+        paths.append(path)
+    return paths
