@@ -907,3 +907,58 @@ def test_the_corpus_generator_skips_and_names_a_bad_jsonl_line(tmp_path, line, r
 
     write_dataset(tmp_path / "out", segments.values(), cases, DatasetCard("corpus", counts=counts))
     assert len(read_dataset(tmp_path / "out").cases) == 6
+
+
+def _edited_run(tmp_path: Path, edit: Callable[[dict], None]) -> Path:
+    """A synthetic run whose first pair record went through ``edit``."""
+    from kvaudit.reports.synthetic import make_run
+
+    run = make_run(tmp_path / "run", n_per_task=1, leak_probes=0)
+    lines = (run / "pairs.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    edit(first)
+    (run / "pairs.jsonl").write_text("\n".join([json.dumps(first), *lines[1:]]) + "\n")
+    return run
+
+
+@pytest.mark.parametrize("edit, message", [
+    # found by benchmarks/fuzz_readers.py --examples 3000 --seed 1: an arm name's control
+    # characters echoed raw; null decode_s / cache_hit_tokens read as if valid
+    (lambda p: p["arms"].__setitem__("p\x18q", [1]), "field 'arms.p\\x18q' must be an object"),
+    (lambda p: p["arms"]["reuse"].__setitem__("decode_s", None), "field 'decode_s' must be int/float, got null"),
+    (lambda p: p["arms"]["reuse"].__setitem__("cache_hit_tokens", None),
+     "field 'cache_hit_tokens' must be int, got null"),
+])
+def test_fuzz_found_pair_records(tmp_path, edit, message):
+    from kvaudit.core.run_dir import RunDir
+
+    run = _edited_run(tmp_path, edit)
+    with pytest.raises(USER_ERRORS) as e:
+        RunDir(run).read_pairs()
+    check_message(str(e.value), run / "pairs.jsonl")
+    assert message in str(e.value), str(e.value)[:300]
+
+
+def test_fuzz_found_a_long_audit_verdict_is_echoed_cut(tmp_path):
+    from kvaudit.core.run_dir import RunDir
+    from kvaudit.reports.synthetic import make_run
+
+    run = RunDir(make_run(tmp_path / "run", n_per_task=1, leak_probes=0))
+    audit = json.loads(run.audit_file.read_text())
+    audit["verdict"] = "x" * 100000
+    run.audit_file.write_text(json.dumps(audit))
+    with pytest.raises(USER_ERRORS) as e:
+        run.read_audit()
+    check_message(str(e.value), run.audit_file)
+    assert "field 'verdict'" in str(e.value)
+
+
+def test_fuzz_found_a_huge_integer_in_a_policy_is_not_echoed(tmp_path):
+    from kvaudit.reports.policy import load_policy
+
+    path = tmp_path / "policy.toml"
+    path.write_text("confidence = " + "9" * 4000 + '\n[[delta]]\ngroup = "overall"\nmin_lower_bound = -5\n')
+    with pytest.raises(USER_ERRORS) as e:
+        load_policy(path)
+    check_message(str(e.value), path)
+    assert "must be a finite number, not an integer too large for a float" in str(e.value)

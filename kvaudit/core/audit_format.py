@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.errors import excerpt
 from kvaudit.core.jsonio import write_json
 from kvaudit.core.manifest import Fields, RunFileError, read_record
 from kvaudit.core.run_format import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE
@@ -98,7 +99,7 @@ class AuditRecord:
             raise RunFileError(f"{file}: missing field '{'inputs' if inputs is None else 'parameters'}'")
         verdict = f.string("verdict", required=True)
         if verdict not in VERDICTS:
-            raise f.error(f"must be one of {', '.join(VERDICTS)}, got {verdict!r}", "verdict")
+            raise f.error(f"must be one of {', '.join(VERDICTS)}, got {excerpt(repr(verdict), 60)}", "verdict")
         return cls(kvaudit_version=f.string("kvaudit_version", required=True), inputs=inputs, parameters=params,
                    verdict=verdict, passed=f.boolean("passed", required=True),
                    checks=f.records("checks", _read_check))

@@ -195,12 +195,13 @@ def validate_pair(obj: dict, where: str) -> None:
         raise DatasetError(f"{where}: field 'canary' must be an object or null")
     for name, arm in obj["arms"].items():
         if not isinstance(arm, dict):
-            raise DatasetError(f"{where}: field 'arms.{name}' must be an object")
-        arm_where = f"{where}, arm '{name}'"
+            raise DatasetError(f"{where}: field 'arms.{excerpt(name, 40)}' must be an object")
+        arm_where = f"{where}, arm '{excerpt(name, 40)}'"
         _validate(arm, arm_where, _ARM_TYPES, _ARM_OPTIONAL)
         _str_lists(arm, ("segment_hashes",), arm_where)
-        if "segment_kv_fingerprints" in arm and arm["segment_kv_fingerprints"] is None:
-            raise DatasetError(f"{arm_where}: field 'segment_kv_fingerprints' must be an object, got null")
+        for key in ("segment_kv_fingerprints", "cache_hit_tokens", "decode_s"):  # optional, never null
+            if key in arm and arm[key] is None:
+                raise DatasetError(f"{arm_where}: field '{key}' must be {type_name(_ARM_OPTIONAL[key])}, got null")
         if "answer_ids" not in arm:
             raise DatasetError(f"{arm_where}: missing field 'answer_ids'")
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in arm["answer_ids"] or []):

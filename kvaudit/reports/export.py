@@ -114,7 +114,8 @@ def identity_values(manifest: Manifest) -> dict[str, Any]:
 
 def arm_means(an: Analysis, group: str = "overall") -> dict[str, dict[str, Any]]:
     """Per arm: mean score, its standard error and n over ``group``'s cases the arm ran."""
-    ids = set(an.select(group))
+    # in case order: a set's order, and so the sums' last digits, would vary from process to process
+    ids = list(dict.fromkeys(an.select(group)))
     out = {}
     for arm in an.arms:
         vals = [v for v in (number(an.rows[(c, arm)]["score"]) for c in ids if (c, arm) in an.rows)

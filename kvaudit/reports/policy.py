@@ -160,7 +160,8 @@ def _num(where: str, v: Any, lo: float | None = None, hi: float | None = None) -
     except OverflowError:  # an integer too large for a float
         x = math.inf
     if not math.isfinite(x):
-        raise KvauditError(f"{where} must be a finite number, not {v}")
+        shown = "an integer too large for a float" if isinstance(v, int) else str(v)
+        raise KvauditError(f"{where} must be a finite number, not {shown}")
     if (lo is not None and x < lo) or (hi is not None and x > hi):
         span = f"[{lo:g}, {hi:g}]" if lo is not None and hi is not None else (
             f"at least {lo:g}" if lo is not None else f"at most {hi:g}")
