@@ -19,7 +19,8 @@ Measured in the same run, beside the runner's numbers:
   ``ids[:Prompt.head_len]``) sent through the same backend as a plain recompute (fresh cache salt);
   median over the cases. The issue's target is reuse <= warm + head alone + 5 ms.
 - the reuse arm split as the backend runs it: its head request (``ArmOutput.head_s``, 0 when the
-  head was already held) and the rest (the main request: connector load and the tail).
+  head was already held) and the rest (the main request: connector load and the tail). identity
+  runs after reuse and finds the head held, so its TTFT has no head request in it.
 - the engine's own first-token time for the warm-hit request (and for reuse's main request):
   vLLM's ``RequestOutput.metrics`` (``RequestStateStats.first_token_latency``: first-token
   iteration minus arrival, wall clock), collected by a benchmark-side wrapper around the engine's
@@ -33,7 +34,8 @@ memory) and prints both in one table.
 
 On the H200 (vLLM 0.26; Llama-3.1-8B's shape with dummy bf16 weights and SmolLM2's tokenizer,
 built by ``benchmarks/vllm_ttft.py``'s ``make_shape``), from the repository root, both modes in
-one command (about 2-3 minutes a mode, engine start included):
+one command (173 s eager and 167 s with graphs on 2026-12-02, engine start included; 4 measured cases
++ 1 warm-up a context):
     PYTHONPATH=. python3 benchmarks/runner_ttft.py --shape llama-3.1-8b --modes eager,graphs \
         --json $OUT/runner_ttft.json
 or one mode at a time:
@@ -99,6 +101,15 @@ def doc_text(tok: Any, n_tokens: int, rng: random.Random, title: str) -> str:
     while len(sents) > 1 and len(tok.encode(text)) > n_tokens:  # per-sentence counts are an estimate
         sents.pop()
         text = " ".join(sents)
+    cur = len(tok.encode(text))
+    step = max(1, (n_tokens - cur) // 2)
+    while cur < n_tokens and step >= 1:  # then words up to the size, a few encodes
+        more = f"{text} " + " ".join(rng.choice(WORDS) for _ in range(step))
+        n = len(tok.encode(more))
+        if n <= n_tokens:
+            text, cur, step = more, n, max(1, (n_tokens - n) // 2)
+        else:
+            step //= 2
     return text
 
 
