@@ -26,7 +26,7 @@ NOT_REQUIRED = {"tenant_isolation", "noise_floor", "prefix_cache_control", "cove
 
 def test_registry_runs_every_check_in_report_order_with_its_required_flag(tmp_path):
     assert [s.name for s in checks.registered()] == REPORT_ORDER
-    run = checks.load_run(make_run(tmp_path / "run", n_per_task=4, leak_probes=3, audit_passed=None))
+    run = checks.load_for_audit(make_run(tmp_path / "run", n_per_task=4, leak_probes=3, audit_passed=None))
     results = checks.run_checks(run)
     assert [r.name for r in results] == REPORT_ORDER
     assert {r.name for r in results if not r.required} == NOT_REQUIRED
@@ -57,7 +57,7 @@ def test_audit_and_report_read_pairs_through_one_validated_reader(tmp_path, fiel
         target = target[k]
     target[last] = value
     (run / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    for reader in (read_pairs, checks.load_run, report_load_run):
+    for reader in (read_pairs, checks.load_for_audit, report_load_run):
         with pytest.raises(DatasetError, match="pairs.jsonl, line 2") as e:
             reader(run)
         assert message in str(e.value), (reader, str(e.value))

@@ -18,7 +18,7 @@ import pytest
 from kvaudit import cli as kvaudit_cli
 from kvaudit.core.errors import USER_ERRORS, KvauditError
 from kvaudit.reports import gate_cli as gate
-from kvaudit.reports.policy import CheckResult, load_policy, verdict
+from kvaudit.reports.policy import ThresholdResult, load_policy, verdict
 from kvaudit.reports.synthetic import make_run
 
 NO_LOSS = {"single_doc": 0.0, "multi_hop_bridge": 0.0, "aggregate": 0.0, "agreement": 0.0}
@@ -75,11 +75,11 @@ def test_a_gate_whose_every_threshold_was_skipped_cannot_pass(passing, tmp_path,
 
 
 def test_completeness_and_noise_rows_do_not_count_as_thresholds_checked():
-    rows = [CheckResult("run complete", "completeness", "pass", "", ""),
-            CheckResult("x: noise floor", "noise_control", "pass", "", ""),
-            CheckResult("x", "delta", "skip", "", "")]
+    rows = [ThresholdResult("run complete", "completeness", "pass", "", ""),
+            ThresholdResult("x: noise floor", "noise_control", "pass", "", ""),
+            ThresholdResult("x", "delta", "skip", "", "")]
     assert verdict(rows) == "error"
-    assert verdict(rows + [CheckResult("audit passed", "audit", "pass", "", "")]) == "pass"
+    assert verdict(rows + [ThresholdResult("audit passed", "audit", "pass", "", "")]) == "pass"
     assert verdict([]) == "error"
 
 
@@ -209,11 +209,11 @@ def test_a_failed_threshold_fails_even_beside_rows_that_cannot_be_judged(failing
 
 def test_a_tenant_isolation_or_timing_failure_is_a_fail():
     """Before: 'error' (exit 2) as soon as any other row could not be judged."""
-    fail = CheckResult("tenant isolation", "tenant_isolation", "fail", "hit", "no hit")
-    unjudged = CheckResult("timing side channel", "timing", "error", "", "")
+    fail = ThresholdResult("tenant isolation", "tenant_isolation", "fail", "hit", "no hit")
+    unjudged = ThresholdResult("timing side channel", "timing", "error", "", "")
     assert verdict([fail, unjudged]) == "fail"
-    assert verdict([CheckResult("timing side channel", "timing", "fail", "", ""), unjudged]) == "fail"
-    assert verdict([CheckResult("audit passed", "audit", "pass", "", ""), unjudged]) == "error"
+    assert verdict([ThresholdResult("timing side channel", "timing", "fail", "", ""), unjudged]) == "fail"
+    assert verdict([ThresholdResult("audit passed", "audit", "pass", "", ""), unjudged]) == "error"
     assert gate.EXIT[verdict([fail, unjudged])] == 1
 
 

@@ -6,7 +6,6 @@ and bad input is a RunFileError naming the file and the field, never another exc
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -122,7 +121,7 @@ def test_an_unknown_format_version_is_refused_naming_file_and_field(tmp_path, ca
     run = make_run(tmp_path / "run", n_per_task=2, leak_probes=0, audit_passed=None)
     raw = read_json(run / "manifest.json")
     write_json(run / "manifest.json", {**raw, "format_version": version})
-    for reader in (read_manifest, checks.load_run, report_load_run):
+    for reader in (read_manifest, checks.load_for_audit, report_load_run):
         with pytest.raises(KvauditError) as e:
             reader(run)
         assert str(e.value).startswith(f"{run / 'manifest.json'}: ") and message in str(e.value)
@@ -149,7 +148,7 @@ def test_a_missing_or_mistyped_field_names_file_and_field(tmp_path, capsys, edit
     raw.setdefault("sessions", [{"started": "t"}])
     edit(raw)
     write_json(run / "manifest.json", raw)
-    for reader in (read_manifest, checks.load_run, report_load_run):
+    for reader in (read_manifest, checks.load_for_audit, report_load_run):
         with pytest.raises(RunFileError, match=f"manifest.json: {message}".replace("[", r"\[").replace("]", r"\]")):
             reader(run)
     assert cli.main(["audit", str(run)]) == 2
@@ -217,7 +216,7 @@ def test_audit_record_round_trips_and_verifies(tmp_path):
     assert read_audit(run) == rec
     assert read_json(run / "audit.json")["inputs"].keys() == {"pairs.jsonl", "manifest.json", "dataset"}
     v = verify(run)
-    assert v.state == "verified" and v.checks == [asdict(c) for c in rec.checks]
+    assert v.state == "verified" and v.checks == rec.checks
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -17,11 +17,11 @@ that has read the run already passes its manifest and pairs, so they are not par
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.audit.checks import CheckResult, LoadedRun, load_run, run_checks
+from kvaudit.audit.checks import CheckResult, LoadedRun, load_for_audit, run_checks
 from kvaudit.core.audit_format import (
     AUDIT_FORMAT,
     VERDICTS,
@@ -79,7 +79,7 @@ def build_audit(run_dir: str | Path, *, identity_tol: float | None = None,
                 dataset_dir: str | Path | None = None) -> AuditRecord:
     """Run every check on ``run_dir`` and return its :class:`AuditRecord` (not written: see
     :func:`kvaudit.core.audit_format.write_audit`)."""
-    run = load_run(run_dir, dataset_dir)
+    run = load_for_audit(run_dir, dataset_dir)
     hashes = {name: file_sha256(run.path / name) for name in (PAIRS_FILE, MANIFEST_FILE)}
     return _audit_of(run, identity_tol, dataset_dir, hashes)
 
@@ -93,7 +93,7 @@ class VerifiedAudit:
     state: str
     reason: str = ""
     verdict: str | None = None
-    checks: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
     run: LoadedRun | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -135,7 +135,7 @@ def verify(run_dir: str | Path, *, manifest: Manifest | None = None,
                                             f"from {file}, field 'inputs.{name}'): the audit is stale; {rerun}")
     params = recorded.parameters
     try:
-        run = load_run(path, params.dataset_dir, manifest=manifest, pairs=pairs)
+        run = load_for_audit(path, params.dataset_dir, manifest=manifest, pairs=pairs)
         fresh = _audit_of(run, params.identity_tol, params.dataset_dir, hashes)
     except (*USER_ERRORS, OSError) as e:
         return VerifiedAudit("refused", f"the audit cannot be re-checked: {e}")
@@ -148,4 +148,4 @@ def verify(run_dir: str | Path, *, manifest: Manifest | None = None,
             or recorded.verdict != fresh.verdict or recorded.passed != fresh.passed:
         return VerifiedAudit("refused", f"{file} does not match a fresh audit of the same files "
                                         f"(edited or hand-written): {rerun}")
-    return VerifiedAudit("verified", "", fresh.verdict, [asdict(c) for c in fresh.checks], run=run)
+    return VerifiedAudit("verified", "", fresh.verdict, list(fresh.checks), run=run)

@@ -68,7 +68,7 @@ def junit_xml(results: list, *, run_dir: str, policy: str, error: str | None = N
 
 def completeness(run, *, allow_partial: bool):
     """A gate row for a run that lacks cases: cannot judge, or pass with the cases named."""
-    from kvaudit.reports.policy import CheckResult
+    from kvaudit.reports.policy import ThresholdResult
 
     if not run.missing_cases:
         return None
@@ -76,10 +76,10 @@ def completeness(run, *, allow_partial: bool):
     shown = ", ".join(run.missing_cases[:10]) + (" ..." if len(run.missing_cases) > 10 else "")
     observed = f"{len(run.pairs)} of {run.n_expected} cases"
     if allow_partial:
-        return CheckResult("run complete", "completeness", "pass", observed, "all cases (--allow-partial)",
-                           f"judged on the finished cases only; {n} missing: {shown}")
-    return CheckResult("run complete", "completeness", "error", observed, "all cases",
-                       f"{n} case(s) missing ({shown}): finish the run (rerun `kvaudit run`) or pass "
+        return ThresholdResult("run complete", "completeness", "pass", observed, "all cases (--allow-partial)",
+                               f"judged on the finished cases only; {n} missing: {shown}")
+    return ThresholdResult("run complete", "completeness", "error", observed, "all cases",
+                           f"{n} case(s) missing ({shown}): finish the run (rerun `kvaudit run`) or pass "
                        "--allow-partial")
 
 

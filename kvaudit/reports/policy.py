@@ -119,7 +119,7 @@ class Policy:
 
 
 @dataclass
-class CheckResult:
+class ThresholdResult:
     name: str
     kind: str
     status: str  # pass | fail | error | skip
@@ -287,16 +287,16 @@ def load_policy(path: str | Path | None = None) -> Policy:
     return parse_policy(_load_toml(p), str(p))
 
 
-def _missing_result(check: Check, observed: str, threshold: str, detail: str) -> CheckResult:
+def _missing_result(check: Check, observed: str, threshold: str, detail: str) -> ThresholdResult:
     status = {"error": "error", "fail": "fail", "skip": "skip"}[check.missing]
-    return CheckResult(check.name, check.kind, status, observed, threshold, detail)
+    return ThresholdResult(check.name, check.kind, status, observed, threshold, detail)
 
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
+def evaluate_check(check: Check, an: Analysis, arm: str) -> ThresholdResult:
     k, p = check.kind, check.params
     if k == "delta":
         return _delta_result(check, an, arm)
@@ -305,16 +305,16 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
         if audit.state == "missing":
             return _missing_result(check, "not run", "passed", audit.reason)
         if audit.state != "verified":
-            return CheckResult(check.name, k, "error", "refused", "passed", audit.reason)
-        required = [c for c in audit.checks if c.get("required", True)]
-        unjudged = [c["name"] for c in required if c.get("cannot_judge")]
-        failed = [c["name"] for c in required if not c["passed"] and not c.get("cannot_judge")]
+            return ThresholdResult(check.name, k, "error", "refused", "passed", audit.reason)
+        required = [c for c in audit.checks if c.required]
+        unjudged = [c.name for c in required if c.cannot_judge]
+        failed = [c.name for c in required if not c.passed and not c.cannot_judge]
         if audit.verdict == "passed":
-            return CheckResult(check.name, k, "pass", "passed", "passed", "verified against the run's files")
+            return ThresholdResult(check.name, k, "pass", "passed", "passed", "verified against the run's files")
         if audit.verdict == "cannot_judge":
-            return CheckResult(check.name, k, "error", "cannot judge", "passed",
-                               "checks without their evidence: " + ", ".join(unjudged))
-        return CheckResult(check.name, k, "fail", "failed", "passed", "failed checks: " + ", ".join(failed))
+            return ThresholdResult(check.name, k, "error", "cannot judge", "passed",
+                                   "checks without their evidence: " + ", ".join(unjudged))
+        return ThresholdResult(check.name, k, "fail", "failed", "passed", "failed checks: " + ", ".join(failed))
     if k == "hit_rate":
         thr = f"≥ {_pct(p['min'])}"
         if p["source"] in ("measured", "segment"):
@@ -325,7 +325,7 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
             where = f"simulation.json has no entry '{p['key']}'"
         if rate is None:
             return _missing_result(check, "n/a", thr, where)
-        return CheckResult(check.name, k, "pass" if rate >= p["min"] else "fail", _pct(rate), thr)
+        return ThresholdResult(check.name, k, "pass" if rate >= p["min"] else "fail", _pct(rate), thr)
     if k == "leak_text":
         thr = f"Wilson upper bound ≤ {_pct(p['max'])}"
         t = an.leaks["text"].get(UNDER_TEST_ARM)
@@ -337,10 +337,10 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
         if dec.verdict == "undecided":
             need = (f"; {dec.probes_to_pass} probes without a leak would be needed"
                     if dec.probes_to_pass else "")
-            return CheckResult(check.name, k, "error", obs, thr,
-                               f"cannot judge: too few probes for the bound to reach {_pct(p['max'])}{need}"
+            return ThresholdResult(check.name, k, "error", obs, thr,
+                                   f"cannot judge: too few probes for the bound to reach {_pct(p['max'])}{need}"
                                + (f"; leaks in {detail}" if detail else ""))
-        return CheckResult(check.name, k, dec.verdict, obs, thr, detail)
+        return ThresholdResult(check.name, k, dec.verdict, obs, thr, detail)
     if k == "leak_exposure":
         e = an.leaks["exposure"].get("neutral")
         thr = f"rank test p > {an.leaks['alpha']:g} with enough probes"
@@ -351,12 +351,12 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
                f"{e['chance_rank']:.2f}, {e['n']} probes")
         power = f"power {e['power']:.0%} at the reference effect; {e['min_probes']} probes needed"
         if e["verdict"] == "fail":
-            return CheckResult(check.name, k, "fail", obs, thr,
-                               "the true name gains more than its decoys beyond chance: "
+            return ThresholdResult(check.name, k, "fail", obs, thr,
+                                   "the true name gains more than its decoys beyond chance: "
                                + ", ".join(e["ranked_first_cases"][:5]))
         if e["verdict"] == "undecided":
-            return CheckResult(check.name, k, "error", obs, thr, f"cannot judge: too few probes ({power})")
-        return CheckResult(check.name, k, "pass", obs, thr, power)
+            return ThresholdResult(check.name, k, "error", obs, thr, f"cannot judge: too few probes ({power})")
+        return ThresholdResult(check.name, k, "pass", obs, thr, power)
     if k == "tenant_isolation":
         rows = an.security["isolation"]
         if not rows:
@@ -365,8 +365,8 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
         status = ("fail" if any(r["verdict"] == "fail" for r in rows) else
                   "error" if any(r["verdict"] != "pass" for r in rows) else "pass")
         obs = "; ".join(f"{r['what']}: {r['verdict'].replace('_', ' ')}" for r in rows)
-        return CheckResult(check.name, k, status, obs, "no other tenant served from the cache",
-                           "; ".join(r["reason"] for r in rows))
+        return ThresholdResult(check.name, k, status, obs, "no other tenant served from the cache",
+                               "; ".join(r["reason"] for r in rows))
     if k == "timing":
         from kvaudit.stats.timing import timing_decision
 
@@ -380,19 +380,19 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> CheckResult:
             need = f", {t.requests_needed} request pair(s) to tell apart" if t.requests_needed else ""
             parts.append(f"{what}: AUC {t.auc:.3f} [{t.lower:.3f}, {t.upper:.3f}] on {t.n} cases{need}")
         status = "fail" if "fail" in statuses else "error" if "error" in statuses else "pass"
-        return CheckResult(check.name, k, status, "; ".join(parts), thr,
-                           "cannot judge: the interval straddles the threshold (more cases needed)"
+        return ThresholdResult(check.name, k, status, "; ".join(parts), thr,
+                               "cannot judge: the interval straddles the threshold (more cases needed)"
                            if status == "error" else "")
     if k == "provenance":
         found = verify_attestation(an.run.path, attestation_key())
         status = "pass" if found.state == "verified" else "error"
-        return CheckResult(check.name, k, status, found.state.replace("_", " "), "verified",
-                           found.reason if status == "pass" else f"cannot judge: {found.reason}")
+        return ThresholdResult(check.name, k, status, found.state.replace("_", " "), "verified",
+                               found.reason if status == "pass" else f"cannot judge: {found.reason}")
     raise ValueError(f"unknown check kind {k!r}")
 
 
 
-def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = None) -> CheckResult:
+def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = None) -> ThresholdResult:
     p = check.params
     name = label or check.name
     thr = f"lower bound ≥ {p['min_lower_bound']:+.1f} pts"
@@ -402,8 +402,8 @@ def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = N
                                f"no answer-quality cases with arm '{arm}' match group '{p['group']}'")
     if not d["decidable"]:
         need = cases_needed(d, p["min_lower_bound"], confidence=an.confidence)
-        return CheckResult(name, "delta", "error", f"delta {d['delta']:+.1f} pts, no bound", thr,
-                           f"cannot judge: {d['reason']}" + (f"; about {need} cases needed "
+        return ThresholdResult(name, "delta", "error", f"delta {d['delta']:+.1f} pts, no bound", thr,
+                               f"cannot judge: {d['reason']}" + (f"; about {need} cases needed "
                                                              "(`kvaudit plan` simulates it)" if need else ""))
     # Three outcomes: pass when the whole interval clears the margin; fail when the whole interval
     # lies below it (a loss beyond the margin, confirmed); cannot judge when it straddles the
@@ -419,7 +419,7 @@ def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = N
         detail = ("cannot judge: the interval straddles the margin; " + detail
                   + (f"; about {need} cases would be needed to pass a true delta of 0" if need and need > d["n"]
                      else ""))
-    return CheckResult(name, "delta", status, f"lower bound {d['lower_bound']:+.1f} pts", thr, detail)
+    return ThresholdResult(name, "delta", status, f"lower bound {d['lower_bound']:+.1f} pts", thr, detail)
 
 
 def cases_needed(delta: dict[str, Any], margin_points: float, *,
@@ -437,7 +437,7 @@ def cases_needed(delta: dict[str, Any], margin_points: float, *,
     return int(math.ceil(max(delta.get("deff") or 1.0, 1.0) * var * (z / m) ** 2))
 
 
-def noise_control(policy: Policy, an: Analysis) -> list[CheckResult]:
+def noise_control(policy: Policy, an: Analysis) -> list[ThresholdResult]:
     """Every delta threshold applied to ``recompute_again`` (when it ran): it must pass, or the
     run cannot be judged."""
     if NOISE_ARM not in an.arms or policy.arm == NOISE_ARM:
@@ -448,21 +448,21 @@ def noise_control(policy: Policy, an: Analysis) -> list[CheckResult]:
             continue
         r = _delta_result(c, an, NOISE_ARM, label=f"{c.name}: noise floor ({NOISE_ARM})")
         if r.status in ("fail", "error"):
-            r = CheckResult(r.name, "noise_control", "error", r.observed, r.threshold,
-                            f"cannot judge: recompute against itself does not clear the margin ({r.detail})")
+            r = ThresholdResult(r.name, "noise_control", "error", r.observed, r.threshold,
+                                f"cannot judge: recompute against itself does not clear the margin ({r.detail})")
         else:
-            r = CheckResult(r.name, "noise_control", r.status, r.observed, r.threshold, r.detail)
+            r = ThresholdResult(r.name, "noise_control", r.status, r.observed, r.threshold, r.detail)
         out.append(r)
     return out
 
 
-def _judged(results: list[CheckResult]) -> bool:
+def _judged(results: list[ThresholdResult]) -> bool:
     """Whether any threshold of the policy (not a completeness or noise-floor row) reached a
     decision, pass or fail."""
     return any(r.status in ("pass", "fail") for r in results if r.kind not in NOT_THRESHOLDS)
 
 
-def nothing_checked(results: list[CheckResult]) -> CheckResult | None:
+def nothing_checked(results: list[ThresholdResult]) -> ThresholdResult | None:
     """A "cannot judge" row when every threshold was skipped (``missing = "skip"`` on data the run
     lacks): a gate that checked nothing must not pass. None when a threshold was decided, or when
     one could not be judged (that row already says why)."""
@@ -470,14 +470,14 @@ def nothing_checked(results: list[CheckResult]) -> CheckResult | None:
     if _judged(results) or any(r.status == "error" for r in thresholds):
         return None
     skipped = sum(r.status == "skip" for r in thresholds)
-    return CheckResult("thresholds checked", "coverage", "error",
-                       f"0 of {len(thresholds)} decided ({skipped} skipped)",
+    return ThresholdResult("thresholds checked", "coverage", "error",
+                           f"0 of {len(thresholds)} decided ({skipped} skipped)",
                        "at least one threshold passes or fails",
                        "cannot judge: every threshold of the policy was skipped (missing = \"skip\" on data "
                        "this run lacks), so the gate checked nothing; a gate that checked nothing cannot pass")
 
 
-def evaluate(policy: Policy, an: Analysis) -> list[CheckResult]:
+def evaluate(policy: Policy, an: Analysis) -> list[ThresholdResult]:
     """One row per check of the policy, then the noise-floor controls, then a "thresholds
     checked" row when every threshold was skipped (:func:`nothing_checked`)."""
     results = [evaluate_check(c, an, policy.arm) for c in policy.checks] + noise_control(policy, an)
@@ -485,7 +485,7 @@ def evaluate(policy: Policy, an: Analysis) -> list[CheckResult]:
     return results + ([row] if row else [])
 
 
-def verdict(results: list[CheckResult]) -> str:
+def verdict(results: list[ThresholdResult]) -> str:
     """``fail`` if any check failed (a failed threshold is a decision even where other rows could
     not be judged), else ``error`` (cannot judge) if any check could not be judged or no threshold
     reached pass or fail (all skipped, or no rows), else ``pass``."""

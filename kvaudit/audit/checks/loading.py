@@ -35,7 +35,7 @@ def read_run_pairs(run_dir: Path) -> list[PairRecord]:
     return RunDir(run_dir).read_pairs(required=True)
 
 
-def load_run(run_dir: str | Path, dataset_dir: str | Path | None = None, *,
+def load_for_audit(run_dir: str | Path, dataset_dir: str | Path | None = None, *,
              manifest: Manifest | None = None, pairs: list[PairRecord] | None = None) -> LoadedRun:
     """Read a run directory (and its dataset: ``dataset_dir``, else the manifest's path if found).
 
