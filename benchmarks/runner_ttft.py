@@ -64,7 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from vllm_ttft import LLAMA31_8B, WORDS, make_shape  # noqa: E402  (benchmarks/ is the script's dir)
 
-from kvaudit.core.arms import get_arm, parse_arms  # noqa: E402
+from kvaudit.core.arms import get_arm  # noqa: E402
 from kvaudit.core.dataset_format import (  # noqa: E402
     Case,
     DatasetCard,
@@ -76,6 +76,7 @@ from kvaudit.core.dataset_format import (  # noqa: E402
 from kvaudit.core.jsonio import ids_hash  # noqa: E402
 from kvaudit.core.run_dir import RunDir  # noqa: E402
 from kvaudit.runners.prompt import Prompt, assemble  # noqa: E402
+from kvaudit.runners.registry import BACKENDS, arms_for  # noqa: E402
 from kvaudit.runners.runner import RunConfig, execute  # noqa: E402
 
 ARMS = ("recompute", "prefix_cache_cold", "prefix_cache", "reuse", "identity", "recompute_again")
@@ -334,10 +335,10 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
     contexts = [int(c) for c in args.contexts.split(",") if c.strip()]
     max_len = args.max_model_len or max(contexts) + args.max_new_tokens + 64
     backend, model_name, start_s = open_backend(args, mode, max_len)
-    dropped = [a for a in args.arms.split(",") if a.strip() and get_arm(a.strip()).backends is not None
-               and backend.name not in get_arm(a.strip()).backends]
-    arms = parse_arms(",".join(a for a in args.arms.split(",") if a.strip() and a.strip() not in dropped),
-                      backend=backend.name)
+    entry = BACKENDS[backend.name]
+    dropped = [a for a in args.arms.split(",") if a.strip() and not entry.runs(get_arm(a.strip()))]
+    arms = arms_for(",".join(a for a in args.arms.split(",") if a.strip() and a.strip() not in dropped),
+                    backend.name)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else (platform.processor() or "cpu")
     print(f"[{mode}] engine start {start_s:.1f}s; vLLM {vllm.__version__}, torch {torch.__version__}, {device}, "
           f"{args.dtype}, max_model_len {max_len}; KV {backend.bytes_per_token()} bytes/token; arms {','.join(arms)}"

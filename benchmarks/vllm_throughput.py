@@ -30,10 +30,10 @@ from typing import Any
 
 from kvaudit.audit.audit_cli import audit
 from kvaudit.cli import main as kvaudit_main
-from kvaudit.core.arms import parse_arms
 from kvaudit.core.dataset_format import read_dataset
 from kvaudit.core.run_format import read_pairs
 from kvaudit.runners.engines.vllm.backend import open_vllm_backend
+from kvaudit.runners.registry import arms_for
 from kvaudit.runners.runner import RunConfig, execute
 
 ARMS = "recompute,reuse,identity,recompute_again"
@@ -60,7 +60,7 @@ def empty_store(backend: Any) -> None:
 def one_mode(backend: Any, dataset: Any, out: Path, concurrent: int, limit: int | None) -> dict[str, Any]:
     backend.concurrent_cases, backend.max_in_flight = concurrent, 0
     empty_store(backend)
-    m = execute(RunConfig(dataset=dataset, out=out, arms=parse_arms(ARMS, "vllm"), model_name="bench",
+    m = execute(RunConfig(dataset=dataset, out=out, arms=arms_for(ARMS, "vllm"), model_name="bench",
                           limit=limit), backend, progress=False)
     pairs = read_pairs(out)
     result = audit(out)

@@ -22,8 +22,8 @@ def demo_arms(backend: str) -> str:
     """Every arm the backend can run, registry order: the portable arms and the backend's own
     (on vLLM, its prefix cache as the baseline, cold and warm); the oracle pair, a diagnostic on
     another prompt, belongs to the repairs' sweep (``--repairs``)."""
-    return ",".join(a.name for a in ARMS.values()
-                    if (a.backends is None or backend in a.backends) and a.prompt == "case")
+    entry = BACKENDS[backend]
+    return ",".join(a.name for a in ARMS.values() if entry.runs(a) and a.prompt == "case")
 
 
 # About 10 leak probes in 50 cases: enough for the exposure rank test's power at the reference

@@ -7,8 +7,9 @@ import importlib.util
 import pytest
 
 from kvaudit.cli import main
-from kvaudit.core.arms import ARMS, CANONICAL_ORDER, parse_arms
+from kvaudit.core.arms import ARMS, CANONICAL_ORDER
 from kvaudit.core.errors import KvauditError
+from kvaudit.runners.registry import arms_for
 
 from .conftest import EXAMPLE
 
@@ -19,14 +20,14 @@ def test_every_arm_has_a_place_in_the_canonical_order():
 
 
 def test_prefix_cache_brings_its_cold_run_first():
-    assert parse_arms("prefix_cache,reuse", "vllm") == ["recompute", "reuse", "prefix_cache_cold", "prefix_cache"]
+    assert arms_for("prefix_cache,reuse", "vllm") == ["recompute", "reuse", "prefix_cache_cold", "prefix_cache"]
 
 
 def test_engine_arms_are_refused_on_transformers():
     with pytest.raises(KvauditError, match="needs --backend vllm"):
-        parse_arms("reuse,prefix_cache", "transformers")
+        arms_for("reuse,prefix_cache", "transformers")
     with pytest.raises(KvauditError, match="unknown arm 'prefix'"):
-        parse_arms("prefix", "vllm")
+        arms_for("prefix", "vllm")
 
 
 def test_run_cli_refuses_an_engine_arm_before_loading_a_model(tmp_path, capsys):
@@ -55,10 +56,24 @@ def test_report_explains_every_arm_even_without_manifest_reasons():
 def test_in_a_group_the_arm_that_resets_the_engine_cache_runs_after_the_others():
     from kvaudit.runners.runner import _arm_order
 
-    arms = parse_arms("recompute,prefix_cache_cold,prefix_cache_flushed,prefix_cache,prefix_cache_other_tenant,"
+    arms = arms_for("recompute,prefix_cache_cold,prefix_cache_flushed,prefix_cache,prefix_cache_other_tenant,"
                       "recompute_again", "openai")
     assert _arm_order(arms, 1) == arms  # one case at a time: as given
     grouped = _arm_order(arms, 3)
     assert grouped[-1] == "prefix_cache_flushed" and sorted(grouped) == sorted(arms)
     assert grouped.index("prefix_cache_cold") < grouped.index("prefix_cache")  # warm still right after cold
     assert [a for a in ARMS if ARMS[a].resets_engine_cache] == ["prefix_cache_flushed"]
+
+
+def test_backends_declare_the_engine_arms_they_run():
+    from kvaudit.core.arms import get_arm
+    from kvaudit.runners.registry import BACKENDS, check_arms_run_on
+
+    for spec in ARMS.values():
+        runners = [b.name for b in BACKENDS.values() if b.runs(spec)]
+        assert runners == list(BACKENDS) if spec.portable else runners, spec.name
+    assert [b.name for b in BACKENDS.values() if b.runs(get_arm("prefix_cache"))] == ["vllm", "openai"]
+    assert [b.name for b in BACKENDS.values() if b.runs(get_arm("epic@16"))] == ["transformers"]
+    check_arms_run_on(["recompute", "reuse"], "a-backend-outside-the-registry")
+    with pytest.raises(KvauditError, match="needs --backend vllm or openai"):
+        check_arms_run_on(["prefix_cache"], "a-backend-outside-the-registry")

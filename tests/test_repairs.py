@@ -17,6 +17,7 @@ from kvaudit.reports.gate import judge
 from kvaudit.reports.policy import load_policy, parse_policy
 from kvaudit.reports.synthetic import make_pairs, make_run
 from kvaudit.reports.synthetic_repairs import add_oracle_pair, add_repair_arms
+from kvaudit.runners.registry import arms_for
 
 LOOSE = """arm = "{arm}"
 [[delta]]
@@ -38,8 +39,8 @@ def test_parameterised_names_resolve_in_canonical_order_and_bad_ones_are_refused
     assert parse_arms("recompute_again,epic@16,oracle,blend@0.30,reuse,blend@0.15") == [
         "recompute", "reuse", "blend@0.15", "blend@0.3", "epic@16", "oracle_recompute", "oracle", "recompute_again"]
     spec = get_arm("blend@0.15")
-    assert (spec.role, spec.repair, spec.param, spec.source, spec.backends) == (
-        "repair", "blend", 0.15, "neutral", ("transformers",))
+    assert (spec.role, spec.repair, spec.param, spec.source, spec.portable) == (
+        "repair", "blend", 0.15, "neutral", False)
     assert "15%" in spec.why and "must equal" not in spec.why
     assert "must equal reuse exactly" in get_arm("epic@0").why
     assert "must equal recompute" in get_arm("blend@1").why
@@ -49,17 +50,17 @@ def test_parameterised_names_resolve_in_canonical_order_and_bad_ones_are_refused
         with pytest.raises(KvauditError, match=msg):
             parse_arms(f"reuse,{bad}")
     with pytest.raises(KvauditError, match="needs --backend transformers"):
-        parse_arms("blend@0.15", "vllm")
+        arms_for("blend@0.15", "vllm")
 
 
 def test_the_sweep_runs_on_transformers_only_and_brings_the_oracle_reference():
-    arms = parse_arms(",".join(REPAIR_SWEEP), "transformers")
+    arms = arms_for(",".join(REPAIR_SWEEP), "transformers")
     assert arms[:2] == ["recompute", "reuse"] and arms[-1] == "recompute_again"
     assert arms.index("oracle_recompute") < arms.index("oracle")
     assert {a for a in arms if get_arm(a).repair} == {"blend@0", "blend@0.15", "blend@0.3", "blend@1",
                                                      "epic@0", "epic@16", "epic@64"}
     with pytest.raises(KvauditError, match="needs --backend transformers"):
-        parse_arms(",".join(REPAIR_SWEEP), "vllm")
+        arms_for(",".join(REPAIR_SWEEP), "vllm")
 
 
 def test_repair_count_rounds_half_up_and_caps_at_the_segment():

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvaudit.core.arms import get_arm, parse_arms, repair_count
+from kvaudit.core.arms import get_arm, repair_count
 from kvaudit.core.dataset_format import read_dataset
 from kvaudit.core.repair_log import read_repairs
 from kvaudit.core.run_format import read_pairs
 from kvaudit.runners.prompt import assemble
+from kvaudit.runners.registry import arms_for
 
 from .conftest import EXAMPLE
 
@@ -27,7 +28,7 @@ def repair_run(smollm2_backend, tmp_path_factory) -> Path:
     from kvaudit.runners.runner import RunConfig, execute
 
     out = tmp_path_factory.mktemp("repairs") / "run"
-    cfg = RunConfig(dataset=read_dataset(EXAMPLE), out=out, arms=parse_arms(ARMS, "transformers"),
+    cfg = RunConfig(dataset=read_dataset(EXAMPLE), out=out, arms=arms_for(ARMS, "transformers"),
                     model_name="smollm2", limit=3)
     execute(cfg, smollm2_backend, progress=False)
     return out

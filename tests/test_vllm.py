@@ -105,11 +105,11 @@ def dataset(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def vllm_run(backend, dataset, tmp_path_factory) -> Path:
-    from kvaudit.core.arms import parse_arms
+    from kvaudit.runners.registry import arms_for
     from kvaudit.runners.runner import RunConfig, execute
 
     out = tmp_path_factory.mktemp("vllm_run") / "run"
-    execute(RunConfig(dataset=dataset, out=out, arms=parse_arms(RUN_ARMS, "vllm"),
+    execute(RunConfig(dataset=dataset, out=out, arms=arms_for(RUN_ARMS, "vllm"),
                       model_name="smollm2"),
             backend, progress=False)
     return out
@@ -231,15 +231,15 @@ def test_a_warm_prefix_cache_arm_that_found_nothing_fails(vllm_run, tmp_path):
 
 def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset, tmp_path):
     """The cross-backend table: a transformers run of the same dataset beside the vLLM run."""
-    from kvaudit.core.arms import parse_arms
     from kvaudit.core.run_format import read_pairs
     from kvaudit.reports.report import write_report
     from kvaudit.runners.engines.transformers.backend import open_backend
+    from kvaudit.runners.registry import arms_for
     from kvaudit.runners.runner import RunConfig, execute
 
     tf_run = tmp_path / "tf"
     tb = open_backend("smollm2", max_new_tokens=8)
-    execute(RunConfig(dataset=dataset, out=tf_run, arms=parse_arms("recompute,reuse,identity", "transformers"),
+    execute(RunConfig(dataset=dataset, out=tf_run, arms=arms_for("recompute,reuse,identity", "transformers"),
                       model_name="smollm2"), tb, progress=False)
     page = write_report(vllm_run, compare=[tf_run]).read_text()
     summary = json.loads((vllm_run / "summary.json").read_text())
@@ -381,14 +381,14 @@ def test_concurrent_cases_run_each_arm_as_one_batch_audit_and_refuse_another_bat
     at once), the run audits as the one-at-a-time run does, its answers match that run's, and a
     resumption with another batching is refused (it changes the numerics)."""
     from kvaudit.audit.audit_cli import audit
-    from kvaudit.core.arms import parse_arms
     from kvaudit.core.manifest import read_manifest
     from kvaudit.core.run_format import read_pairs
     from kvaudit.reports.report import write_report
+    from kvaudit.runners.registry import arms_for
     from kvaudit.runners.runner import RunConfig, execute
 
     out = tmp_path / "run"
-    cfg = RunConfig(dataset=dataset, out=out, arms=parse_arms(RUN_ARMS, "vllm"), model_name="smollm2")
+    cfg = RunConfig(dataset=dataset, out=out, arms=arms_for(RUN_ARMS, "vllm"), model_name="smollm2")
     backend.concurrent_cases, groups, backend.max_in_flight = 3, dict(backend.groups), 0
     try:
         execute(cfg, backend, progress=False)

@@ -4,8 +4,10 @@
 floor" asks for the role (:func:`arm_for`, or the constants below), never for a name.
 ``source`` is where segment KV comes from (``None``: one full prefill of every token;
 ``"engine_prefix"``: the serving engine's own exact prefix cache); ``rerotate`` says whether
-cached keys are moved to their new positions; ``backends`` limits an arm to the backends that
-can run it; ``scores_candidates`` marks the arms whose leak-probe candidates are scored;
+cached keys are moved to their new positions; ``portable`` is false for an arm only some engines
+can run (an engine's own cache, or a repair implemented in one backend): each backend declares
+those it runs in :mod:`kvaudit.runners.registry`, and an arm says nothing about backends;
+``scores_candidates`` marks the arms whose leak-probe candidates are scored;
 ``requires`` names arms that must run before it in the same case.
 
 **Parameterised arms.** The repairs of naive reuse are families with a parameter, resolved by
@@ -59,7 +61,7 @@ class ArmSpec:
     leak_only: bool = False  # run only on cases that carry a canary
     perturbs_batch: bool = False  # run beside a filler request, so the batch differs from the reference's
     why: str = ""
-    backends: tuple[str, ...] | None = None  # None: every backend
+    portable: bool = True  # False: only the backends that declare it run it (kvaudit.runners.registry)
     requires: tuple[str, ...] = ()  # arms that must run before this one in the same case
     repair: str | None = None  # "blend" | "epic": a parameterised repair of reuse (get_arm)
     param: float | None = None  # blend: share of segment tokens recomputed; epic: tokens per segment
@@ -88,23 +90,23 @@ ARMS: dict[str, ArmSpec] = {
         ArmSpec("recompute_again", None, role="noise_floor", perturbs_batch=True, why="a second independent recompute: the noise floor"),
         ArmSpec("reuse_first_user", "first_user", role="leak_capture", scores_candidates=True, leak_only=True,
                 why="segment KV captured from the first user request (unsafe policy), for leak probes"),
-        ArmSpec("prefix_cache_cold", "engine_prefix", role="engine_prefix", backends=("vllm", "openai"),
+        ArmSpec("prefix_cache_cold", "engine_prefix", role="engine_prefix", portable=False,
                 why="vLLM's automatic prefix caching on one cache shared by the whole run, the first time "
                     "this prompt arrives: its cached tokens are what exact prefix reuse finds on this workload"),
-        ArmSpec("prefix_cache_flushed", "engine_prefix", role="engine_prefix_flushed", backends=("openai",),
+        ArmSpec("prefix_cache_flushed", "engine_prefix", role="engine_prefix_flushed", portable=False,
                 requires=("prefix_cache_cold",), resets_engine_cache=True,
                 why="the same prompt after the server's prefix-cache reset (cold again): an answer that differs "
                     "from prefix_cache_cold is the engine's own nondeterminism, not the cache"),
-        ArmSpec("prefix_cache", "engine_prefix", role="engine_prefix_warm", backends=("vllm", "openai"),
+        ArmSpec("prefix_cache", "engine_prefix", role="engine_prefix_warm", portable=False,
                 requires=("prefix_cache_cold",),
                 why="the same prompt again right after prefix_cache_cold, warm: exact KV for all but the last "
                     "block; answers that differ from the cold run are the prefix cache's own nondeterminism"),
-        ArmSpec("prefix_cache_other_tenant", None, role="tenant_probe", backends=("openai",),
+        ArmSpec("prefix_cache_other_tenant", None, role="tenant_probe", portable=False,
                 requires=("prefix_cache",),
                 why="the same prompt right after the warm prefix_cache request, under another tenant's cache "
                     "salt: it must find nothing cached (tenant isolation), and its time to first token is "
                     "the miss against which the warm request's hit is timed (the timing side channel)"),
-        ArmSpec("reuse_other_tenant", None, role="segment_tenant_probe", backends=("openai",),
+        ArmSpec("reuse_other_tenant", None, role="segment_tenant_probe", portable=False,
                 requires=("reuse",),
                 why="the case right after the reuse arm's warm-ups, under another tenant's cache salt: it must "
                     "reuse none of the warmed segments (tenant isolation of segment reuse)"),
@@ -139,7 +141,7 @@ def _repair_spec(family: str, raw: str, name: str) -> ArmSpec:
                f"segment tokens that deviate most at layer {BLEND_SELECT_LAYER} are recomputed in every "
                f"layer; the rest is reused{what}")
         return ArmSpec(canonical, "neutral", role="repair", repair="blend", param=share,
-                       backends=("transformers",), why=why)
+                       portable=False, why=why)
     if not raw.isdigit():
         raise KvauditError(f"arm {name!r}: epic@K needs a whole number of tokens K >= 0 (e.g. epic@16)")
     k = int(raw)
@@ -148,7 +150,7 @@ def _repair_spec(family: str, raw: str, name: str) -> ArmSpec:
     why = (f"EPIC-style: the first {k} tokens of every segment recomputed in context (every layer), "
            f"the rest reused{what}")
     return ArmSpec(f"epic@{k}", "neutral", role="repair", repair="epic", param=float(k),
-                   backends=("transformers",), why=why)
+                   portable=False, why=why)
 
 
 def get_arm(name: str) -> ArmSpec:
@@ -247,9 +249,10 @@ def order_key(name: str) -> tuple[float, int, float]:
     return (float(CANONICAL_ORDER.index(name)), 0, 0.0)
 
 
-def parse_arms(text: str, backend: str | None = None) -> list[str]:
-    """Parse ``--arms a,b,c`` for ``backend``; adds ``recompute`` and the arms the chosen ones
-    require, and returns the canonical order."""
+def parse_arms(text: str) -> list[str]:
+    """Parse ``--arms a,b,c``; adds ``recompute`` and the arms the chosen ones require, and
+    returns the canonical order. Which backend can run them is the backend registry's to say
+    (:func:`kvaudit.runners.registry.arms_for`)."""
     names = [a.strip() for a in text.split(",") if a.strip()]
     try:
         specs = [get_arm(a) for a in names]
@@ -257,17 +260,4 @@ def parse_arms(text: str, backend: str | None = None) -> list[str]:
         raise KvauditError(f"--arms: {e}") from None
     chosen = {s.name for s in specs} | {REFERENCE_ARM}
     chosen |= {r for a in list(chosen) for r in get_arm(a).requires}
-    if backend is not None:
-        check_backend(chosen, backend)
     return sorted(chosen, key=order_key)
-
-
-def check_backend(arms: set[str] | list[str], backend: str) -> None:
-    """Refuse arms the backend cannot run, naming the backend that can."""
-    for a in arms:
-        spec = get_arm(a)
-        if spec.backends is not None and backend not in spec.backends:
-            what = ("its selective recompute is implemented there only" if spec.repair
-                    else "it measures that engine's own cache")
-            raise KvauditError(f"--arms: arm {a!r} needs --backend {' or '.join(spec.backends)} "
-                               f"({what}), not {backend}")

@@ -114,7 +114,7 @@ def check_info(info: dict[str, Any]) -> BackendInfo:
 class Backend(ABC):
     """The engine as the runner sees it."""
 
-    name: str  # the registry name (``ArmSpec.backends`` refers to it)
+    name: str  # the registry name (its entry there declares the non-portable arms it runs)
     tok: Tokenizer  # the model's tokenizer, used by prompt assembly
     fingerprint: str  # the model weights' fingerprint
     decoding: Decoding
@@ -141,7 +141,7 @@ class Backend(ABC):
 
     def check_arms(self, arms: list[str]) -> None:
         """Refuse, before any case runs, arms this engine's configuration cannot run (by default:
-        none; :func:`kvaudit.core.arms.check_backend` has already refused arms of other engines)."""
+        none; :func:`kvaudit.runners.registry.check_arms_run_on` has already refused arms of other engines)."""
         return None
 
 

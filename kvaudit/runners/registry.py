@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvaudit.core.arms import ArmSpec, get_arm, parse_arms
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.registry import Entry, Registry
 from kvaudit.runners.backend import Backend, check_concurrent_cases
@@ -43,9 +44,14 @@ class Option:
 
 @dataclass(frozen=True)
 class BackendEntry(Entry):
-    """A backend: ``target`` is its opener (``module:function``), ``options`` its own CLI options."""
+    """A backend: ``target`` is its opener (``module:function``), ``options`` its own CLI options,
+    ``arms`` the arms beyond the portable ones it runs (a repair family as ``"blend@*"``)."""
 
     options: tuple[Option, ...] = ()
+    arms: tuple[str, ...] = ()
+
+    def runs(self, spec: ArmSpec) -> bool:
+        return spec.portable or spec.name in self.arms or f"{spec.repair}@*" in self.arms
 
     def open(self, model: str, **kwargs: Any) -> Backend:
         return self.load()(model, **kwargs)
@@ -63,7 +69,7 @@ BACKENDS: Registry[BackendEntry] = Registry("backend", (
                      Option("--device", "device", "cpu", "torch device (default cpu)", type=str),
                      Option("--threads", "threads", None, "torch CPU threads (recorded in the manifest)",
                             type=int),
-                 )),
+                 ), arms=("blend@*", "epic@*")),
     BackendEntry("vllm", "kvaudit.runners.engines.vllm.backend:open_vllm_backend",
                  "vLLM with kvaudit's KV connector (needs .venv-vllm; see docs/vllm.md)", (
                      Option("--tensor-parallel-size", "tensor_parallel_size", 1, "default 1", type=int),
@@ -74,7 +80,7 @@ BACKENDS: Registry[BackendEntry] = Registry("backend", (
                      Option("--batch-invariant", "batch_invariant", False, "set VLLM_BATCH_INVARIANT=1",
                             value=True),
                      CONCURRENT_CASES,
-                 )),
+                 ), arms=("prefix_cache_cold", "prefix_cache")),
     BackendEntry("openai", "kvaudit.runners.engines.http.backend:open_openai_backend",
                  "any OpenAI-compatible completions server over HTTP (see docs/engines.md)", (
                      Option("--base-url", "base_url", None, "the server, e.g. http://127.0.0.1:8000", type=str),
@@ -89,7 +95,8 @@ BACKENDS: Registry[BackendEntry] = Registry("backend", (
                      Option("--request-timeout", "timeout_s", 300.0, "seconds per request (default 300)",
                             type=float),
                      CONCURRENT_CASES,
-                 )),
+                 ), arms=("prefix_cache_cold", "prefix_cache_flushed", "prefix_cache",
+                          "prefix_cache_other_tenant", "reuse_other_tenant")),
 ))
 DEFAULT_BACKEND = "transformers"
 
@@ -150,3 +157,23 @@ def open_from_args(args: argparse.Namespace, **common: Any) -> Backend:
     if missing:
         raise TypeError(f"open_from_args needs {', '.join(missing)}")
     return get_backend(args.backend).open(args.model, **common, **backend_options(args))
+
+
+def check_arms_run_on(arms: list[str] | set[str], backend: str) -> None:
+    """Refuse arms ``backend`` does not run (a backend outside the registry runs the portable
+    ones), naming the backends that do."""
+    entry = BACKENDS.get(backend)
+    for a in arms:
+        spec = get_arm(a)
+        if entry.runs(spec) if entry is not None else spec.portable:
+            continue
+        able = [b.name for b in BACKENDS.values() if b.runs(spec)]
+        what = "its selective recompute is implemented there only" if spec.repair else "it measures that engine's own cache"
+        raise KvauditError(f"--arms: arm {a!r} needs --backend {' or '.join(able)} ({what}), not {backend}")
+
+
+def arms_for(text: str, backend: str) -> list[str]:
+    """``--arms`` parsed (:func:`kvaudit.core.arms.parse_arms`) and checked for ``backend``."""
+    arms = parse_arms(text)
+    check_arms_run_on(arms, backend)
+    return arms

@@ -41,17 +41,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.core.arms import parse_arms
     from kvaudit.core.attestation import attestation_key
     from kvaudit.core.dataset_format import read_dataset
     from kvaudit.core.jsonio import check_writable_dir
     from kvaudit.core.run_dir import RunDir
-    from kvaudit.runners.registry import backend_options, open_from_args
+    from kvaudit.runners.registry import arms_for, backend_options, open_from_args
     from kvaudit.runners.run_summary import print_run_summary
     from kvaudit.runners.runner import RunConfig, check_resumable, execute
 
     backend_options(args)  # refuse another backend's options before any work
-    arms = parse_arms(args.arms, args.backend)
+    arms = arms_for(args.arms, args.backend)
     dataset = read_dataset(args.dataset)
     check_writable_dir(args.out)
     attestation_key()  # a key too short to sign with is refused now, not after the run

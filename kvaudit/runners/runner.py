@@ -23,7 +23,6 @@ from kvaudit.core.arms import (
     REFERENCE_ARM,
     UNDER_TEST_ARM,
     ArmSpec,
-    check_backend,
     evidence_only,
     get_arm,
 )
@@ -42,6 +41,7 @@ from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_format import MANIFEST_FILE, PAIRS_FILE, PairRecord, flipped
 from kvaudit.runners.backend import ArmRequest, Backend, check_info, logit_diff
 from kvaudit.runners.prompt import assemble
+from kvaudit.runners.registry import check_arms_run_on
 
 # Wall time is split into the reference, the arm under test, "controls" (every other arm) and
 # one-time "caching" (building segment KV).
@@ -258,7 +258,7 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
     """Run (or resume) ``cfg`` on ``backend``, holding the run directory's writer lock; returns the
     final manifest."""
     out = cfg.out
-    check_backend(cfg.arms, backend.name)
+    check_arms_run_on(cfg.arms, backend.name)
     backend.check_arms(list(cfg.arms))  # what this engine's configuration cannot run, refused now
     if REFERENCE_ARM not in cfg.arms:
         raise KvauditError(f"the arms must include the reference arm {REFERENCE_ARM!r}: every other arm "
