@@ -145,6 +145,25 @@ class Backend(ABC):
         return None
 
 
+def capture_source(spec: ArmSpec, prompt: Prompt, capture_prompt: Prompt | None) -> Prompt | None:
+    """The prompt an arm's segment KV is captured from, the one dispatch on ``spec.source`` every
+    engine shares: ``None`` for ``neutral`` (KV from neutral warm-ups, the store's), the case's own
+    prompt for ``in_context``, the leak-capture request for ``first_user`` (which must hold the
+    case's segments). Any other source is an error here: the engines handle ``None`` (recompute)
+    and ``engine_prefix`` before asking."""
+    if spec.source == "neutral":
+        return None
+    if spec.source == "in_context":
+        return prompt
+    if spec.source == "first_user":
+        if capture_prompt is None:
+            raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
+        if capture_prompt.segment_hashes != prompt.segment_hashes:
+            raise KvauditError(f"arm {spec.name}: the capture request holds different segments")
+        return capture_prompt
+    raise KvauditError(f"unknown segment source {spec.source!r}")
+
+
 def noise_filler_ids(neutral_head: list[int], prompt: Prompt) -> list[int]:
     """The filler request the noise-floor arm runs beside (another batch shape): the neutral head
     and the first 256 segment tokens of the case."""

@@ -58,6 +58,7 @@ from kvaudit.runners.backend import (
     Backend,
     Decoding,
     build_arm_result,
+    capture_source,
     check_concurrent_cases,
     cut_at_eos,
     eos_token_ids,
@@ -413,28 +414,23 @@ class OpenAIBackend(Backend):
             # The server's own reuse path, primed under the run's tenant salt: neutral warm-ups, or
             # (the unsafe capture policy) the first user's own request.
             engine["salt"] = "tenant"
-            if spec.source == "neutral":
+            src = capture_source(spec, prompt, capture_prompt)
+            if src is None:
                 _, engine["warmup_cached_tokens"], _, build_s = self._warm_up(prompt, self.reuse_salt)
             else:
-                if capture_prompt is None:
-                    raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
-                build_s = self._send(self.client, capture_prompt.ids, salt=self.reuse_salt).total_s
+                build_s = self._send(self.client, src.ids, salt=self.reuse_salt).total_s
             gate()
             run = self._send(self.client, prompt.ids, salt=self.reuse_salt)
             ttft = run.ttft_s
             reused = hit = run.cached_tokens or 0
             score_salt = self.reuse_salt
         else:  # kvaudit protocol: cached segments through the connector
-            if spec.source == "neutral":
+            src = capture_source(spec, prompt, capture_prompt)
+            if src is None:  # neutral warm-ups
                 seg_keys, _, hit, build_s = self._warm_up(prompt, None)
                 fp_of: dict[str, str | None] = dict(self.cache.saved)
                 drop: list[str] = []
-            elif spec.source in ("in_context", "first_user"):
-                src = capture_prompt if spec.source == "first_user" else prompt
-                if src is None:
-                    raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
-                if src.segment_hashes != prompt.segment_hashes:
-                    raise KvauditError(f"arm {spec.name}: the capture request holds different segments")
+            else:
                 tag = uuid.uuid4().hex[:12]
                 seg_keys = [f"tmp:cap:{tag}:{i}" for i in range(len(src.spans))]
                 cap = self._send(self.client, src.ids, max_tokens=2, stream=False, transfer={
@@ -442,8 +438,6 @@ class OpenAIBackend(Backend):
                 build_s = cap.total_s
                 fp_of = dict(_saved_fingerprints(cap))
                 drop = list(seg_keys)
-            else:
-                raise KvauditError(f"unknown segment source {spec.source!r}")
             gate()
             head, run = self._load(prompt, seg_keys, bool(spec.rerotate), drop, save=save)
             head_s = head.total_s

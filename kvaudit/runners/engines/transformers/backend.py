@@ -30,7 +30,14 @@ import torch
 from kvaudit.core.arms import BLEND_SELECT_LAYER, ArmSpec, repair_count
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.jsonio import ids_hash
-from kvaudit.runners.backend import ArmOutput, Backend, Decoding, build_arm_result, model_shape_info
+from kvaudit.runners.backend import (
+    ArmOutput,
+    Backend,
+    Decoding,
+    build_arm_result,
+    capture_source,
+    model_shape_info,
+)
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.segment_cache import SegmentCache, SegmentKey, SegmentKV
@@ -153,18 +160,11 @@ class TransformersBackend(Backend):
     def segment_entries(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None
                         ) -> tuple[list[SegmentKV], float, int]:
         """Segment KV for ``prompt`` under ``spec``: (entries, build seconds, tokens already cached)."""
-        if spec.source == "neutral":
+        src = capture_source(spec, prompt, capture_prompt)
+        if src is None:  # neutral warm-ups
             built = self.neutral_entries(prompt)
             hit = sum(e.n_tokens for e, b in built if b == 0.0)
             return [e for e, _ in built], sum(b for _, b in built), hit
-        if spec.source == "in_context":
-            src = prompt
-        elif spec.source == "first_user":
-            if capture_prompt is None:
-                raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
-            src = capture_prompt
-        else:
-            raise KvauditError(f"unknown segment source {spec.source!r}")
         entries = self.capture(src.ids, src.spans)
         return entries, sum(e.build_s for e in entries), 0
 

@@ -54,6 +54,7 @@ from kvaudit.runners.backend import (
     Backend,
     Decoding,
     build_arm_result,
+    capture_source,
     check_concurrent_cases,
     cut_at_eos,
     eos_token_ids,
@@ -444,25 +445,17 @@ class VllmBackend(Backend):
 
         # cached-segment arms
         prompts = [r.prompt for r in reqs]
-        if spec.source == "neutral":
+        sources = [capture_source(spec, r.prompt, r.capture_prompt) for r in reqs]
+        if all(src is None for src in sources):  # neutral warm-ups
             seg_keys, build_s, hits = self.neutral_entries(prompts, extra_tokens=saved_tokens)
             drop: list[list[str]] = [[] for _ in reqs]
-        elif spec.source in ("in_context", "first_user"):
-            srcs = []
-            for r in reqs:
-                if spec.source == "first_user" and r.capture_prompt is None:
-                    raise KvauditError(f"arm {spec.name} needs a capture request (a leak-probe canary)")
-                src = r.capture_prompt if spec.source == "first_user" else r.prompt
-                if src.segment_hashes != r.prompt.segment_hashes:
-                    raise KvauditError(f"arm {spec.name}: the capture request holds different segments")
-                srcs.append(src)
+        else:
+            srcs = [src for src in sources if src is not None]
             self._fits(sum(src.tail_start for src in srcs) + saved_tokens,
                        f"arm {spec.name}" + (f" for {len(srcs)} cases at once" if len(srcs) > 1 else ""))
             seg_keys, build_s = self.captured_entries(srcs)
             hits = [0] * len(reqs)
             drop = [list(k) for k in seg_keys]
-        else:
-            raise KvauditError(f"unknown segment source {spec.source!r}")
         info = self.store_rpc("info", list(dict.fromkeys(k for keys in seg_keys for k in keys)))
         missing = [k for keys in seg_keys for k in keys if k not in info]
         if missing:
