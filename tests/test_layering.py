@@ -27,31 +27,29 @@ def test_layers_are_kept():
     assert "2 kept, 0 broken" in done.stdout
 
 
-def test_an_inverted_import_breaks_the_contract(tmp_path):
+def _lint_with(tmp_path: Path, module: str, addition: str) -> subprocess.CompletedProcess:
+    """The contracts on a copy of the package with ``addition`` appended to ``module`` (a path)."""
     shutil.copytree(ROOT / "kvaudit", tmp_path / "kvaudit")
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    records = tmp_path / "kvaudit" / "core" / "run_format.py"
-    records.write_text(records.read_text() + "\n\ndef _upward():\n    from kvaudit.reports import gate  # noqa: F401\n")
-    done = _lint(tmp_path)
+    target = tmp_path / "kvaudit" / module
+    target.write_text(target.read_text() + "\n\n" + addition + "\n")
+    return _lint(tmp_path)
+
+
+def test_an_inverted_import_breaks_the_contract(tmp_path):
+    done = _lint_with(tmp_path, "core/run_format.py", "def _upward():\n    from kvaudit.reports import gate  # noqa: F401")
     assert done.returncode != 0
     assert "kvaudit.core.run_format -> kvaudit.reports.gate" in done.stdout
 
 
 def test_an_engine_importing_another_breaks_the_rooms(tmp_path):
-    shutil.copytree(ROOT / "kvaudit", tmp_path / "kvaudit")
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    http = tmp_path / "kvaudit" / "runners" / "engines" / "http" / "backend.py"
-    http.write_text(http.read_text() + "\n\ndef _across():\n    from kvaudit.runners.engines.vllm import store  # noqa: F401\n")
-    done = _lint(tmp_path)
+    done = _lint_with(tmp_path, "runners/engines/http/backend.py",
+                      "def _across():\n    from kvaudit.runners.engines.vllm import store  # noqa: F401")
     assert done.returncode != 0
     assert "engines are rooms: no engine imports another BROKEN" in done.stdout
 
 
 def test_the_demo_may_not_import_the_cli_that_lists_it(tmp_path):
-    shutil.copytree(ROOT / "kvaudit", tmp_path / "kvaudit")
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    demo = tmp_path / "kvaudit" / "demo.py"
-    demo.write_text(demo.read_text() + "\n\ndef _cycle():\n    from kvaudit.cli import main  # noqa: F401\n")
-    done = _lint(tmp_path)
+    done = _lint_with(tmp_path, "demo.py", "def _cycle():\n    from kvaudit.cli import main  # noqa: F401")
     assert done.returncode != 0
     assert "kvaudit.demo -> kvaudit.cli" in done.stdout
