@@ -945,12 +945,12 @@ def test_fuzz_found_a_long_audit_verdict_is_echoed_cut(tmp_path):
 
     run = RunDir(make_run(tmp_path / "run", n_per_task=1, leak_probes=0))
     audit = json.loads(run.audit_file.read_text())
-    audit["verdict"] = "x" * 100000
-    run.audit_file.write_text(json.dumps(audit))
-    with pytest.raises(USER_ERRORS) as e:
-        run.read_audit()
-    check_message(str(e.value), run.audit_file)
-    assert "field 'verdict'" in str(e.value)
+    for field in ("verdict", "format"):
+        run.audit_file.write_text(json.dumps({**audit, field: "x" * 100000}))
+        with pytest.raises(USER_ERRORS) as e:
+            run.read_audit()
+        check_message(str(e.value), run.audit_file)
+        assert f"field '{field}'" in str(e.value)
 
 
 def test_fuzz_found_a_huge_integer_in_a_policy_is_not_echoed(tmp_path):

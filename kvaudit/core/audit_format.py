@@ -88,7 +88,7 @@ class AuditRecord:
         if not isinstance(obj, dict) or obj.get("format") != AUDIT_FORMAT:
             got = obj.get("format") if isinstance(obj, dict) else None
             raise RunFileError(f"{file}: not an audit of format {AUDIT_FORMAT} (field 'format' is "
-                               f"{got!r}); it was not written by this kvaudit")
+                               f"{excerpt(repr(got), 60)}); it was not written by this kvaudit")
         f = Fields(obj, file)
         inputs = f.record("inputs", lambda g: AuditInputs(
             pairs_sha256=g.string(PAIRS_FILE, required=True), manifest_sha256=g.string(MANIFEST_FILE, required=True),
