@@ -156,13 +156,50 @@ class Tap:
     def __init__(self, backend: Any):
         self.label: str | None = None  # overrides the arm name (the head-alone requests)
         self.arm: str | None = None
-        self.steps: list[tuple[str | None, list[Any]]] = []
+        self.steps: list[tuple[str | None, list[Any], dict[str, float]]] = []
         self.head_s: dict[tuple[str, str], float] = {}  # (arm, prompt ids hash) -> head request seconds
         engine, step, run_arms = backend.engine, backend.engine.step, backend.run_arms
+        # Where a step's time goes: the engine core's part (schedule, forward, update) and the
+        # output processing, timed by wrapping the two calls LLMEngine.step makes (a few
+        # perf_counter reads per step).
+        marks: dict[str, float] = {}
+        core = getattr(engine, "engine_core", None)
+        proc = getattr(engine, "output_processor", None)
+        if core is not None and hasattr(core, "get_output"):
+            get_output = core.get_output
+
+            def timed_get_output(*a: Any, **k: Any) -> Any:
+                marks["core_start"] = time.perf_counter()
+                try:
+                    return get_output(*a, **k)
+                finally:
+                    marks["core_end"] = time.perf_counter()
+
+            core.get_output = timed_get_output
+        if proc is not None and hasattr(proc, "process_outputs"):
+            process_outputs = proc.process_outputs
+
+            def timed_process_outputs(*a: Any, **k: Any) -> Any:
+                marks["proc_start"] = time.perf_counter()
+                try:
+                    return process_outputs(*a, **k)
+                finally:
+                    marks["proc_end"] = time.perf_counter()
+
+            proc.process_outputs = timed_process_outputs
 
         def tapped_step() -> list[Any]:
+            marks.clear()
+            t0 = time.perf_counter()
             outs = step()
-            self.steps.append((self.arm, outs))
+            t1 = time.perf_counter()
+            phases = {}
+            if {"core_start", "core_end", "proc_start", "proc_end"} <= marks.keys():
+                phases = {"before_core": marks["core_start"] - t0, "core": marks["core_end"] - marks["core_start"],
+                          "between": marks["proc_start"] - marks["core_end"],
+                          "process_outputs": marks["proc_end"] - marks["proc_start"],
+                          "after": t1 - marks["proc_end"], "step": t1 - t0}
+            self.steps.append((self.arm, outs, phases))
             return outs
 
         def tapped_run_arms(spec: Any, reqs: list[Any]) -> list[Any]:
@@ -183,7 +220,7 @@ class Tap:
         and length, cached tokens, and the engine's stats (numbers only)."""
         seen: set[str] = set()
         out = []
-        for arm, outs in self.steps:
+        for arm, outs, phases in self.steps:
             for o in outs:
                 if o.request_id in seen or not (o.outputs and o.outputs[0].token_ids):
                     continue
@@ -193,7 +230,7 @@ class Tap:
                 ids = list(o.prompt_token_ids or [])
                 out.append({"arm": arm, "request_id": o.request_id, "n_prompt": len(ids), "ids_hash": ids_hash(ids),
                             "num_cached_tokens": int(o.num_cached_tokens or 0), "stats": stats,
-                            "engine_ttft_s": engine_ttft(stats)})
+                            "engine_ttft_s": engine_ttft(stats), "first_step_phases_s": phases})
         self.steps.clear()
         return out
 
@@ -290,6 +327,7 @@ def bench_context(backend: Any, tap: Tap, args: argparse.Namespace, arms: list[s
             "engine_warm_ttft_s": warm and warm["engine_ttft_s"],
             "engine_warm_queued_to_first_s": warm and engine_core_s(warm["stats"], "queued_ts"),
             "engine_warm_cached_tokens": warm and warm["num_cached_tokens"],
+            "warm_first_step_phases_s": warm and warm["first_step_phases_s"],
             "engine_reuse_main_ttft_s": main and main["engine_ttft_s"],
             "engine_head_alone_ttft_s": (head_reqs.get(hp.ids_hash) or {}).get("engine_ttft_s"),
             "engine_stats": {"prefix_cache": warm and warm["stats"], "reuse": main and main["stats"]},
@@ -312,6 +350,8 @@ def summarize(context: int, cases: list[dict[str, Any]], arms: list[str], run_s:
         "reuse_head_s": _med([c["reuse_head_s"] for c in cases]),
         "reuse_main_s": _med([c["ttft_s"]["reuse"] - (c["reuse_head_s"] or 0.0) for c in cases if "reuse" in c["ttft_s"]]),
         "engine_warm_ttft_s": _med([c["engine_warm_ttft_s"] for c in cases]),
+        "warm_first_step_phases_s": {k: _med([(c["warm_first_step_phases_s"] or {}).get(k) for c in cases])
+                                     for k in ("before_core", "core", "between", "process_outputs", "after", "step")},
         "engine_reuse_main_ttft_s": _med([c["engine_reuse_main_ttft_s"] for c in cases]),
         "engine_head_alone_ttft_s": _med([c["engine_head_alone_ttft_s"] for c in cases]),
         "warm_cached_tokens": _med([c["cache_hit_tokens"].get("prefix_cache") for c in cases]),
@@ -353,6 +393,9 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
             print(f"[{mode}] {row['tokens']} tokens ({row['n_cases']} cases, {row['run_s']:.1f}s): "
                   + ", ".join(f"{a} {_ms(v)}" for a, v in row["ttft_s"].items())
                   + f"; head alone {_ms(row['head_alone_s'])} ms", flush=True)
+            ph = row["warm_first_step_phases_s"]
+            print(f"[{mode}] {row['tokens']} tokens, the warm hit's first-token step (ms): "
+                  + ", ".join(f"{k} {_ms(v, '.2f')}" for k, v in ph.items()), flush=True)
     out = {"mode": mode, "engine_start_s": start_s, "device": device, "vllm": vllm.__version__,
            "torch": torch.__version__, "arms": arms, "dropped_arms": dropped, "max_model_len": max_len,
            "bytes_per_token": backend.bytes_per_token(), "info": backend.info(),

@@ -195,12 +195,16 @@ class VllmBackend(Backend):
         # vLLM skips every cache read, the connector's included, for requests that ask for prompt
         # log-probabilities (they could not be computed for cached tokens) unless told otherwise:
         # candidate scoring would then silently run on recomputed KV instead of the arm's own.
-        # The rows of loaded positions are then uninitialised, so they must not be detokenized.
         scoring = prompt_logprobs is not None and transfer is not None
+        # No request is detokenized by vLLM: kvaudit decodes the answer ids itself
+        # (build_arm_result), and vLLM's detokenizer primes its stream with the whole prompt at the
+        # first output token, about 1 us per prompt token inside the time to first token (5.6 ms
+        # at 4K, 32 ms at 32K tokens on the H200 host: benchmarks/RESULTS.md). The rows of loaded
+        # positions in a scoring request's prompt log-probabilities are uninitialised besides.
         sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=LOGPROBS,
                             prompt_logprobs=prompt_logprobs, stop_token_ids=sorted(self.eos),
                             skip_special_tokens=True, output_kind=RequestOutputKind.CUMULATIVE,
-                            skip_reading_prefix_cache=False if scoring else None, detokenize=not scoring)
+                            skip_reading_prefix_cache=False if scoring else None, detokenize=False)
         if transfer is not None:
             sp.extra_args = {"kv_transfer_params": {"kvaudit": "run", **transfer}}
         return sp
