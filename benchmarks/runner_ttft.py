@@ -163,30 +163,24 @@ class Tap:
         # output processing, timed by wrapping the two calls LLMEngine.step makes (a few
         # perf_counter reads per step).
         marks: dict[str, float] = {}
-        core = getattr(engine, "engine_core", None)
-        proc = getattr(engine, "output_processor", None)
-        if core is not None and hasattr(core, "get_output"):
-            get_output = core.get_output
 
-            def timed_get_output(*a: Any, **k: Any) -> Any:
-                marks["core_start"] = time.perf_counter()
+        def time_calls(obj: Any, method: str, mark: str) -> None:
+            """Record ``mark``_start / ``mark``_end around every call of ``obj.method``."""
+            inner = getattr(obj, method, None)
+            if inner is None:
+                return
+
+            def timed(*a: Any, **k: Any) -> Any:
+                marks[f"{mark}_start"] = time.perf_counter()
                 try:
-                    return get_output(*a, **k)
+                    return inner(*a, **k)
                 finally:
-                    marks["core_end"] = time.perf_counter()
+                    marks[f"{mark}_end"] = time.perf_counter()
 
-            core.get_output = timed_get_output
-        if proc is not None and hasattr(proc, "process_outputs"):
-            process_outputs = proc.process_outputs
+            setattr(obj, method, timed)
 
-            def timed_process_outputs(*a: Any, **k: Any) -> Any:
-                marks["proc_start"] = time.perf_counter()
-                try:
-                    return process_outputs(*a, **k)
-                finally:
-                    marks["proc_end"] = time.perf_counter()
-
-            proc.process_outputs = timed_process_outputs
+        time_calls(getattr(engine, "engine_core", None), "get_output", "core")
+        time_calls(getattr(engine, "output_processor", None), "process_outputs", "proc")
 
         def tapped_step() -> list[Any]:
             marks.clear()

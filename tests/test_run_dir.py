@@ -93,7 +93,7 @@ OWNERS = {"core/run_format.py", "core/run_dir.py", "core/manifest.py", "core/aud
 
 def test_no_module_outside_the_run_format_builds_a_run_files_path():
     names, files = "|".join(NAMES), "|".join(re.escape(f) for f in RUN_FILES)
-    joined = re.compile(rf"/\s*(?:{names})\b|/\s*\"(?:{files})\"")
+    joined = re.compile(rf"/\s*(?:{names})\b|/\s*[\"'](?:{files})[\"']")
     offenders = []
     for path in ROOT.rglob("*.py"):
         rel = path.relative_to(ROOT).as_posix()

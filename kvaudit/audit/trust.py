@@ -16,7 +16,6 @@ that has read the run already passes its manifest and pairs, so they are not par
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,19 +29,12 @@ from kvaudit.core.audit_format import (
     AuditRecord,
 )
 from kvaudit.core.errors import USER_ERRORS
+from kvaudit.core.jsonio import file_sha256
 from kvaudit.core.manifest import Manifest, RunFileError
 from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_format import MANIFEST_FILE, PAIRS_FILE, PairRecord
 
 __all__ = ["AUDIT_FORMAT", "VERDICTS", "VerifiedAudit", "build_audit", "file_sha256", "verdict_of", "verify"]
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def verdict_of(checks: list[CheckResult]) -> str:
@@ -80,7 +72,7 @@ def build_audit(run_dir: str | Path, *, identity_tol: float | None = None,
     """Run every check on ``run_dir`` and return its :class:`AuditRecord` (not written: see
     :func:`kvaudit.core.audit_format.write_audit`)."""
     run = load_for_audit(run_dir, dataset_dir)
-    hashes = {name: file_sha256(run.path / name) for name in (PAIRS_FILE, MANIFEST_FILE)}
+    hashes = {PAIRS_FILE: file_sha256(run.files.pairs_file), MANIFEST_FILE: file_sha256(run.files.manifest_file)}
     return _audit_of(run, identity_tol, dataset_dir, hashes)
 
 
@@ -126,12 +118,13 @@ def verify(run_dir: str | Path, *, manifest: Manifest | None = None,
         return VerifiedAudit("refused", f"{file}: written by kvaudit {recorded.kvaudit_version!r}, "
                                         f"this is {_kvaudit_version()} (field 'kvaudit_version'): {rerun}")
     hashes: dict[str, str] = {}
-    for name, want in ((PAIRS_FILE, recorded.inputs.pairs_sha256), (MANIFEST_FILE, recorded.inputs.manifest_sha256)):
-        if not (path / name).is_file():
-            return VerifiedAudit("refused", f"{path / name} is missing")
-        hashes[name] = file_sha256(path / name)
+    for name, at, want in ((PAIRS_FILE, files.pairs_file, recorded.inputs.pairs_sha256),
+                           (MANIFEST_FILE, files.manifest_file, recorded.inputs.manifest_sha256)):
+        if not at.is_file():
+            return VerifiedAudit("refused", f"{at} is missing")
+        hashes[name] = file_sha256(at)
         if want != hashes[name]:
-            return VerifiedAudit("refused", f"{path / name} changed after the audit (its sha256 differs "
+            return VerifiedAudit("refused", f"{at} changed after the audit (its sha256 differs "
                                             f"from {file}, field 'inputs.{name}'): the audit is stale; {rerun}")
     params = recorded.parameters
     try:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.errors import DatasetError
-from kvaudit.core.jsonio import dump_json, read_json, write_atomic
+from kvaudit.core.jsonio import dump_json, file_sha256, read_json, write_atomic
 from kvaudit.core.run_format import ATTESTATION_FILE, MANIFEST_FILE, PAIRS_FILE
 
 ATTESTATION_FORMAT = 1
@@ -57,14 +57,6 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(b"kvaudit-key-id:" + key).hexdigest()[:16]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _mac(key: bytes, payload: dict[str, Any]) -> str:
     return hmac.new(key, dump_json(payload).encode("utf-8"), hashlib.sha256).hexdigest()
 
@@ -76,7 +68,7 @@ def attest(run_dir: str | os.PathLike, key: bytes, producer: dict[str, Any]) -> 
     payload = {
         "format": ATTESTATION_FORMAT,
         "producer": dict(producer),
-        "subject": {name: _sha256(d / name) for name in SUBJECTS},
+        "subject": {name: file_sha256(d / name) for name in SUBJECTS},
         "key_id": key_id(key),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -126,7 +118,7 @@ def verify_attestation(run_dir: str | os.PathLike, key: bytes | None) -> Attesta
         want = subject.get(name) if isinstance(subject, dict) else None
         if not (d / name).is_file():
             return Attestation("broken", f"{d / name} not found")
-        if want != _sha256(d / name):
+        if want != file_sha256(d / name):
             return Attestation("broken", f"{d / name} changed after `kvaudit run` attested it "
                                          "(its sha256 differs from the signed one)")
     producer = payload["producer"] if isinstance(payload["producer"], dict) else {}

@@ -31,6 +31,15 @@ def ids_hash(ids: Iterable[int]) -> str:
     return sha256_hex(",".join(str(int(i)) for i in ids))[:32]
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks (the audit and the attestation bind to it)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_atomic(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` via a temp file and rename, so readers never see half a file."""
     path = Path(path)

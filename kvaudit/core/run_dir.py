@@ -17,16 +17,14 @@ at a time: :meth:`RunDir.lock`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import IO, Any
 
 from kvaudit.core.audit_format import AuditRecord, read_audit, write_audit
 from kvaudit.core.errors import DatasetError, KvauditError
-from kvaudit.core.jsonio import dump_jsonl, read_json, write_atomic, write_json
+from kvaudit.core.jsonio import dump_jsonl, read_json, write_atomic, write_json, write_jsonl
 from kvaudit.core.manifest import Manifest, read_manifest, write_manifest
 from kvaudit.core.run_format import (
     ATTESTATION_FILE,
@@ -39,14 +37,10 @@ from kvaudit.core.run_format import (
     SUMMARY_FILE,
     PairRecord,
     mend_pairs_tail,
+    pair_to_dict,
     read_pairs,
 )
 from kvaudit.core.run_lock import run_lock
-
-
-def pair_line(rec: PairRecord) -> str:
-    """One ``pairs.jsonl`` line (the runner's appends and a whole-file write give the same bytes)."""
-    return json.dumps(asdict(rec), sort_keys=True, ensure_ascii=False) + "\n"
 
 
 class PairsAppender:
@@ -57,7 +51,7 @@ class PairsAppender:
         self.written = 0
 
     def append(self, rec: PairRecord) -> None:
-        self._f.write(pair_line(rec))
+        self._f.write(dump_jsonl([pair_to_dict(rec)]))  # the line write_pairs writes
         self.written += 1
 
     def flush(self) -> None:
@@ -73,9 +67,6 @@ class RunDir:
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
-
-    def __truediv__(self, name: str) -> Path:
-        return self.path / name
 
     # ------------------------------------------------------------------ the files, by name
     @property
@@ -165,7 +156,7 @@ class RunDir:
 
     def write_pairs(self, pairs: Iterable[PairRecord]) -> None:
         """Write ``pairs.jsonl`` whole, atomically (synthetic runs; the same bytes as appending)."""
-        write_atomic(self.pairs_file, "".join(pair_line(p) for p in pairs))
+        write_jsonl(self.pairs_file, (pair_to_dict(p) for p in pairs))
 
     # ------------------------------------------------------------------ audit.json
     def read_audit(self) -> AuditRecord:
@@ -194,15 +185,12 @@ class RunDir:
         write_atomic(self.report_file, html)
         return self.report_file
 
-    # ------------------------------------------------------------------ simulation.json (synthetic runs)
+    # ------------------------------------------------------------------ simulation.json
     def read_simulation(self) -> dict[str, Any] | None:
-        """A synthetic run's ground truth, or ``None`` for a real run."""
+        """The cache simulator's results put in the run (``kvaudit simulate --out RUN``), or ``None``."""
         if not self.simulation_file.exists():
             return None
         sim = read_json(self.simulation_file)
         if not isinstance(sim, dict):
             raise DatasetError(f"{self.simulation_file}: expected a JSON object")
         return sim
-
-    def write_simulation(self, simulation: dict[str, Any]) -> None:
-        write_json(self.simulation_file, simulation)

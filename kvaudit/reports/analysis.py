@@ -291,7 +291,7 @@ class Analysis:
             return fn(self.run.pairs, arm).rate
         except ValueError as e:
             field_ = "tokens_reused" if basis == "segment" else "cache_hit_tokens"
-            raise DatasetError(f"{self.run.path / 'pairs.jsonl'}: field '{field_}' of arm '{arm}': {e}") from None
+            raise DatasetError(f"{RunDir(self.run.path).pairs_file}: field '{field_}' of arm '{arm}': {e}") from None
 
     def simulated_hit_rates(self) -> dict[str, float]:
         """``"<policy> @ <capacity>" -> token hit rate`` from ``simulation.json`` (``results``)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from kvaudit.core.arms import IDENTITY_ARM, NOISE_ARM, REFERENCE_ARM
 from kvaudit.core.errors import DatasetError
+from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_format import flipped
 from kvaudit.reports.analysis import Run
 
@@ -49,12 +50,12 @@ def compare_runs(a: Run, b: Run) -> dict[str, Any]:
     """Agreement of run ``b`` with run ``a`` (both of one dataset) on the cases and arms they share."""
     ha, hb = _dataset_hash(a), _dataset_hash(b)
     if ha is None or ha != hb:
-        raise DatasetError(f"{b.path / 'manifest.json'}: field 'identity.dataset_hash' is {hb!r}, but "
+        raise DatasetError(f"{RunDir(b.path).manifest_file}: field 'identity.dataset_hash' is {hb!r}, but "
                            f"{a.path} ran dataset {ha!r}: cross-backend agreement needs the same dataset")
     pa = {p.case_id: p for p in a.pairs}
     common = [(pa[p.case_id], p) for p in b.pairs if p.case_id in pa]
     if not common:
-        raise DatasetError(f"{b.path / 'pairs.jsonl'}: no case in common with {a.path}")
+        raise DatasetError(f"{RunDir(b.path).pairs_file}: no case in common with {a.path}")
     same_ids = [(x, y) for x, y in common if x.ids_hash == y.ids_hash]
     arms_a = {n for p in a.pairs for n in p.arms}
     arms_b = {n for p in b.pairs for n in p.arms}

@@ -101,10 +101,6 @@ BACKENDS: Registry[BackendEntry] = Registry("backend", (
 DEFAULT_BACKEND = "transformers"
 
 
-def get_backend(name: str) -> BackendEntry:
-    return BACKENDS[name]
-
-
 def add_backend_arguments(p: argparse.ArgumentParser) -> None:
     """``--backend`` and one argument group of options per registered backend."""
     p.add_argument("--backend", default=DEFAULT_BACKEND, choices=list(BACKENDS),
@@ -133,7 +129,7 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
 
 def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     """The chosen backend's option values (defaults filled in); refuses another backend's options."""
-    chosen = get_backend(args.backend)
+    chosen = BACKENDS[args.backend]
     for b in BACKENDS.values():
         if b.name == chosen.name:
             continue
@@ -156,7 +152,7 @@ def open_from_args(args: argparse.Namespace, **common: Any) -> Backend:
     missing = [k for k in COMMON if k not in common]
     if missing:
         raise TypeError(f"open_from_args needs {', '.join(missing)}")
-    return get_backend(args.backend).open(args.model, **common, **backend_options(args))
+    return BACKENDS[args.backend].open(args.model, **common, **backend_options(args))
 
 
 def check_arms_run_on(arms: list[str] | set[str], backend: str) -> None:

@@ -48,7 +48,7 @@ from kvaudit.audit.checks.identity_reuse import (
 )
 from kvaudit.audit.checks.inputs import check_records, check_same_inputs
 from kvaudit.audit.checks.leaks import check_leak_probes
-from kvaudit.audit.checks.loading import LoadedRun, load_for_audit, read_run_pairs
+from kvaudit.audit.checks.loading import LoadedRun, load_for_audit
 from kvaudit.audit.checks.noise import check_noise_floor, check_prefix_cache_control, noise_floor
 from kvaudit.core.arms import NOISE_ARM
 
@@ -80,5 +80,5 @@ __all__ = [
     "check_history_independence", "check_identity", "check_leak_probes", "check_noise_floor",
     "check_prefix_cache_control", "check_records", "check_reuse_happened", "check_same_inputs",
     "deterministic_backend", "identity_tolerance", "is_reuse_arm", "load_for_audit", "noise_floor",
-    "read_run_pairs", "registered", "run_checks",
+    "registered", "run_checks",
 ]

@@ -30,11 +30,6 @@ class LoadedRun:
         return RunDir(self.path)
 
 
-def read_run_pairs(run_dir: Path) -> list[PairRecord]:
-    """``pairs.jsonl``, validated (:meth:`kvaudit.core.run_dir.RunDir.read_pairs`); no record is an error."""
-    return RunDir(run_dir).read_pairs(required=True)
-
-
 def load_for_audit(run_dir: str | Path, dataset_dir: str | Path | None = None, *,
              manifest: Manifest | None = None, pairs: list[PairRecord] | None = None) -> LoadedRun:
     """Read a run directory (and its dataset: ``dataset_dir``, else the manifest's path if found).
