@@ -77,3 +77,18 @@ def test_backends_declare_the_engine_arms_they_run():
     check_arms_run_on(["recompute", "reuse"], "a-backend-outside-the-registry")
     with pytest.raises(KvauditError, match="needs --backend vllm or openai"):
         check_arms_run_on(["prefix_cache"], "a-backend-outside-the-registry")
+
+
+def test_an_arm_copied_with_its_role_is_refused_by_name(monkeypatch):
+    """The code asks for arms by role: two arms of one role must fail loudly, naming both."""
+    import dataclasses
+
+    from kvaudit.core import arms
+
+    copy = dataclasses.replace(arms.ARMS["reuse"], name="reuse_again")
+    monkeypatch.setitem(arms.ARMS, "reuse_again", copy)
+    with pytest.raises(ValueError, match=r"'under_test' must belong to exactly one arm.*reuse_again"):
+        arms.arm_for("under_test")
+    monkeypatch.setitem(arms.ARMS, "reuse_again", dataclasses.replace(copy, role="no_such_role"))
+    with pytest.raises(ValueError, match="has no line in ROLES"):
+        arms._check_registry()

@@ -238,3 +238,34 @@ def test_a_malformed_audit_is_refused_naming_file_and_field(tmp_path, edit, mess
     v = verify(run)
     assert v.state == "refused" and message in v.reason and v.verdict is None
     assert report_load_run(run).audit.state == "refused"
+
+
+def test_pair_reader_types_come_from_the_dataclasses():
+    """The reader's checks follow the dataclass annotations: a new field typed there is checked
+    with no second declaration, and an element is named by its path."""
+    from dataclasses import dataclass, field
+
+    from kvaudit.core.errors import DatasetError
+    from kvaudit.core.typed_json import check_fields
+
+    @dataclass
+    class Rec:
+        name: str
+        spans: list[tuple[int, int]]
+        scores: dict[str, float] = field(default_factory=dict)
+        note: str | None = None
+        count: int = 0
+
+    check_fields({"name": "a", "spans": [[0, 1]], "scores": {"x": 1, "y": 0.5}, "note": None}, Rec, "f")
+    bad = [
+        ({"spans": []}, "missing field 'name'"),
+        ({"name": "a", "spans": [[0, 1], [2, True]]}, "field 'spans[1]' must be [int, int], got list"),
+        ({"name": "a", "spans": [], "scores": {"x": "1"}}, "field 'scores.x' must be int/float, got str"),
+        ({"name": "a", "spans": [], "count": None}, "field 'count' must be int, got null"),
+        ({"name": "a", "spans": [], "count": True}, "field 'count' must be int, got bool"),
+        ({"name": "a", "spans": [], "note": 3}, "field 'note' must be str or null, got int"),
+    ]
+    for obj, message in bad:
+        with pytest.raises(DatasetError) as e:
+            check_fields(obj, Rec, "f, line 1")
+        assert str(e.value) == f"f, line 1: {message}"

@@ -41,6 +41,9 @@ ROLES = {
     "leak_capture": "an unsafe capture policy, for leak probes only",
     "engine_prefix": "the serving engine's own exact prefix cache, first arrival",
     "engine_prefix_warm": "the engine's prefix cache again, warm",
+    "engine_prefix_flushed": "the engine's prefix cache after a reset, cold again: the engine's own nondeterminism",
+    "tenant_probe": "the prompt under another tenant's cache salt: must find nothing cached",
+    "segment_tenant_probe": "the case under another tenant's salt after reuse's warm-ups: must reuse nothing",
     "repair": "a repair of naive reuse (selective recompute from the same neutral segment KV)",
     "oracle_reference": "the reference on the evidence-only prompt: what the oracle is compared with",
     "oracle": "reuse on the evidence-only prompt: splits reuse's loss into distractors and missing "
@@ -211,8 +214,20 @@ def arm_for(role: str) -> str:
     """The name of the one arm with ``role``."""
     if role not in ROLES:
         raise KeyError(f"unknown arm role {role!r}")
-    (name,) = [a.name for a in ARMS.values() if a.role == role]
-    return name
+    names = [a.name for a in ARMS.values() if a.role == role]
+    if len(names) != 1:
+        raise ValueError(f"arm role {role!r} must belong to exactly one arm, not {names}: the code asks "
+                         "for an arm by its role (give a new arm a role of its own, with a line in ROLES)")
+    return names[0]
+
+
+def _check_registry() -> None:
+    """Every arm's role is described in ROLES and every arm has a place in CANONICAL_ORDER."""
+    for a in ARMS.values():
+        if a.role not in ROLES:
+            raise ValueError(f"arm {a.name!r}: role {a.role!r} has no line in ROLES")
+        if a.name not in CANONICAL_ORDER:
+            raise ValueError(f"arm {a.name!r} has no place in CANONICAL_ORDER")
 
 
 def arms_where(**flags: object) -> tuple[str, ...]:
@@ -233,6 +248,7 @@ DEFAULT_ARMS = (REFERENCE_ARM, UNDER_TEST_ARM, IDENTITY_ARM)
 CANONICAL_ORDER = ("recompute", "reuse", "reuse_other_tenant", "identity", "reuse_norope", "reuse_first_user",
                    "prefix_cache_cold", "prefix_cache_flushed", "prefix_cache", "prefix_cache_other_tenant",
                    "oracle_recompute", "oracle", "recompute_again")
+_check_registry()
 # The arms a routing frontier compares: the policy under test and its repairs.
 FRONTIER_ROLES = ("under_test", "repair")
 # The repairs' frontier sweep (`kvaudit demo --repairs`, docs/repairs.md): the reference, reuse, its

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -57,6 +58,21 @@ class PairsAppender:
     def flush(self) -> None:
         self._f.flush()
         os.fsync(self._f.fileno())
+
+
+@dataclass
+class RunRecords:
+    """What every reader of a finished run shares: where it is, its manifest and its pair records.
+    The audit's :class:`~kvaudit.audit.checks.loading.LoadedRun` adds the dataset, the report's
+    :class:`~kvaudit.reports.analysis.Run` the verified audit and what the report shows."""
+
+    path: Path
+    manifest: Manifest
+    pairs: list[PairRecord]
+
+    @property
+    def files(self) -> RunDir:
+        return RunDir(self.path)
 
 
 class RunDir:

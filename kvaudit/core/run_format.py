@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.errors import DatasetError, excerpt
-from kvaudit.core.jsonio import iter_jsonl, parse_json, read_bytes, type_name, write_atomic
+from kvaudit.core.jsonio import iter_jsonl, parse_json, read_bytes, write_atomic
+from kvaudit.core.typed_json import check_fields
 
 MANIFEST_FILE = "manifest.json"
 PAIRS_FILE = "pairs.jsonl"
@@ -140,79 +141,14 @@ def pair_from_dict(d: dict[str, Any]) -> PairRecord:
 
 
 # The one reader of pairs.jsonl (the audit, the report and a resumed run all read through it):
-# every field a reader relies on is type-checked here, so a malformed record is a DatasetError
-# naming the file, line and field, never a KeyError or a wrong number further on.
-_PAIR_TYPES: dict[str, type | tuple] = {
-    "case_id": str, "task": str, "strata": dict, "ids_hash": str, "segment_ids": list,
-    "segment_hashes": list, "segment_spans": list, "truncation": dict, "decoding": dict,
-    "arm_order": list, "arms": dict, "n_prompt_tokens": int,
-}
-_ARM_TYPES: dict[str, type | tuple] = {
-    "arm": str, "answer": str, "ids_hash": str, "segment_hashes": list, "truncation": dict,
-    "decoding": dict, "tokens_reused": int, "tokens_computed": int, "margin": (int, float),
-    "ttft_s": (int, float), "top_k": list,
-}
-_ARM_OPTIONAL: dict[str, type | tuple] = {
-    "logit_diff_vs_recompute": (int, float), "segment_kv_fingerprints": dict, "canary_logprobs": dict,
-    "engine": dict, "repair": dict, "cache_hit_tokens": int, "decode_s": (int, float), "answer_ids": list,
-}
-
-
-def _validate(obj: dict, where: str, types: dict, optional: dict | None = None) -> None:
-    for name, typ in types.items():
-        if name not in obj:
-            raise DatasetError(f"{where}: missing field '{name}'")
-        v = obj[name]
-        if isinstance(v, bool) or not isinstance(v, typ):
-            raise DatasetError(f"{where}: field '{name}' must be {type_name(typ)}, got {type(v).__name__}")
-    for name, typ in (optional or {}).items():
-        v = obj.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, typ)):
-            raise DatasetError(f"{where}: field '{name}' must be {type_name(typ)} or null, "
-                               f"got {type(v).__name__}")
-
-
-def _str_lists(obj: dict, names: tuple[str, ...], where: str) -> None:
-    for name in names:
-        if not all(isinstance(x, str) for x in obj.get(name, [])):
-            raise DatasetError(f"{where}: field '{name}' must be a list of strings")
-
-
+# every field is type-checked against the dataclasses above (their annotations are the one
+# declaration of the types), so a malformed record is a DatasetError naming the file, line and
+# field, never a KeyError or a wrong number further on.
 def validate_pair(obj: dict, where: str) -> None:
     """Type-check one raw ``pairs.jsonl`` object; ``where`` (file and line) starts every message."""
-    _validate(obj, where, _PAIR_TYPES)
-    for span in obj["segment_spans"]:
-        if (not isinstance(span, list) or len(span) != 2
-                or not all(isinstance(x, int) and not isinstance(x, bool) for x in span)):
-            raise DatasetError(f"{where}: field 'segment_spans' must hold [start, end] integer pairs")
-    for name in ("evidence", "answers"):
-        if not isinstance(obj.get(name, []), list):
-            raise DatasetError(f"{where}: field '{name}' must be a list of strings")
-    _str_lists(obj, ("segment_ids", "segment_hashes", "arm_order", "evidence", "answers"), where)
-    if not isinstance(obj.get("metric", "em"), str):
-        raise DatasetError(f"{where}: field 'metric' must be str")
-    if obj.get("canary") is not None and not isinstance(obj["canary"], dict):
-        raise DatasetError(f"{where}: field 'canary' must be an object or null")
+    check_fields(obj, PairRecord, where)
     for name, arm in obj["arms"].items():
-        if not isinstance(arm, dict):
-            raise DatasetError(f"{where}: field 'arms.{excerpt(name, 40)}' must be an object")
-        arm_where = f"{where}, arm '{excerpt(name, 40)}'"
-        _validate(arm, arm_where, _ARM_TYPES, _ARM_OPTIONAL)
-        _str_lists(arm, ("segment_hashes",), arm_where)
-        for key in ("segment_kv_fingerprints", "cache_hit_tokens", "decode_s"):  # optional, never null
-            if key in arm and arm[key] is None:
-                raise DatasetError(f"{arm_where}: field '{key}' must be {type_name(_ARM_OPTIONAL[key])}, got null")
-        if "answer_ids" not in arm:
-            raise DatasetError(f"{arm_where}: missing field 'answer_ids'")
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in arm["answer_ids"] or []):
-            raise DatasetError(f"{arm_where}: field 'answer_ids' must be a list of integers")
-        if not all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) and not isinstance(e[0], bool)
-                   and isinstance(e[1], (int, float)) and not isinstance(e[1], bool) for e in arm["top_k"]):
-            raise DatasetError(f"{arm_where}: field 'top_k' must hold [token id, logit] pairs")
-        for key, kind in (("segment_kv_fingerprints", str), ("canary_logprobs", (int, float))):
-            values = (arm.get(key) or {}).values()
-            if any(isinstance(v, bool) or not isinstance(v, kind) for v in values):
-                raise DatasetError(f"{arm_where}: field '{key}' must map names to {type_name(kind)}")
+        check_fields(arm, ArmResult, f"{where}, arm '{excerpt(name, 40)}'")
 
 
 def read_pairs(run_dir: str | os.PathLike) -> list[PairRecord]:

@@ -36,7 +36,7 @@ from kvaudit.core.dataset_format import CASES_FILE
 from kvaudit.core.errors import DatasetError
 from kvaudit.core.jsonio import iter_jsonl
 from kvaudit.core.manifest import Manifest, run_dataset_dir
-from kvaudit.core.run_dir import RunDir
+from kvaudit.core.run_dir import RunDir, RunRecords
 from kvaudit.core.run_format import PairRecord
 from kvaudit.reports import scoring
 from kvaudit.stats import paired as stats
@@ -51,14 +51,11 @@ def arm_reason(arm: str) -> str:
 
 
 @dataclass
-class Run:
-    """A run directory as read: ``audit`` is the verified state of its audit
+class Run(RunRecords):
+    """A run directory as the report reads it: ``audit`` is the verified state of its audit
     (:func:`kvaudit.audit.trust.verify`); ``missing_cases`` the cases the manifest says the run
     was to hold that ``pairs.jsonl`` lacks (ids from the dataset when it is still on disk)."""
 
-    path: Path
-    manifest: Manifest
-    pairs: list[PairRecord]
     audit: VerifiedAudit
     simulation: dict[str, Any] | None = None
     questions: dict[str, str] = field(default_factory=dict)

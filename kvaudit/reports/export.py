@@ -33,7 +33,7 @@ from kvaudit.core.manifest import Manifest
 from kvaudit.reports.analysis import Analysis
 from kvaudit.reports.scoring import SCORE_METRICS, normalize_answer, references
 
-SCORE_KEYS = ("score", "em", "f1", "rouge_l", "contains")  # a sample row's metrics, as the exporters list them
+SCORE_KEYS = ("score", *SCORE_METRICS)  # a sample row's metrics, as the exporters list them
 
 
 def doc_hash(segment_ids: list[str]) -> str:

@@ -13,21 +13,16 @@ from pathlib import Path
 from kvaudit.core.dataset_format import Dataset, read_dataset
 from kvaudit.core.errors import DatasetError, KvauditError
 from kvaudit.core.manifest import Manifest, run_dataset_dir
-from kvaudit.core.run_dir import RunDir
+from kvaudit.core.run_dir import RunDir, RunRecords
 from kvaudit.core.run_format import PairRecord
 
 
 @dataclass
-class LoadedRun:
-    path: Path
-    manifest: Manifest
-    pairs: list[PairRecord]
+class LoadedRun(RunRecords):
+    """A run as the audit reads it: its records and, when found, the dataset it was run from."""
+
     dataset: Dataset | None = None
     dataset_note: str = ""  # why no dataset was loaded (for the coverage check)
-
-    @property
-    def files(self) -> RunDir:
-        return RunDir(self.path)
 
 
 def load_for_audit(run_dir: str | Path, dataset_dir: str | Path | None = None, *,
