@@ -23,6 +23,8 @@ COMMANDS: Registry[Entry] = Registry("command", (
     Entry("export", "kvaudit.reports.export_cli", "write a run as an inspect-ai eval log or lm-eval results"),
     Entry("compare", "kvaudit.reports.compare_cli", "runs side by side: compare.html and compare.json per dataset"),
     Entry("simulate", "kvaudit.simulator.simulate_cli", "prefix vs segment cache hit rates on a workload"),
+    Entry("replay", "kvaudit.replay.replay_cli", "serve a workload under one cache policy and a KV budget: "
+          "TTFT percentiles and hit rates beside the simulator's"),
     Entry("demo", "kvaudit.demo", "full audit of the default model and dataset, ending in an HTML report"),
 ), requires=("add_arguments", "run"))
 

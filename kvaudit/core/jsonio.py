@@ -218,3 +218,24 @@ def iter_jsonl(path: str | os.PathLike, *, tolerate_torn_tail: bool = False,
 def type_name(typ: type | tuple) -> str:
     """A Python type, or a tuple of them, as a message names it (``int/float``)."""
     return typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+
+
+def mend_jsonl_tail(path: str | os.PathLike) -> None:
+    """Make an appended JSONL file end at a record boundary before more records are appended.
+
+    A last line without its newline is either a complete record (killed between the write and the
+    newline, or saved by an editor): it gets its newline and is kept; or a torn one (killed
+    mid-line): it is cut, and its record is made again.
+    """
+    path = Path(path)
+    if not path.exists():
+        return
+    raw = read_bytes(path)
+    if not raw or raw.endswith(b"\n"):
+        return
+    cut = raw.rfind(b"\n") + 1
+    try:
+        complete = isinstance(parse_json(raw[cut:], str(path)), dict)
+    except DatasetError:
+        complete = False
+    write_atomic(path, (raw + b"\n" if complete else raw[:cut]).decode("utf-8", errors="strict"))

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.errors import DatasetError, excerpt
-from kvaudit.core.jsonio import iter_jsonl, parse_json, read_bytes, write_atomic
+from kvaudit.core.jsonio import iter_jsonl, mend_jsonl_tail
 from kvaudit.core.typed_json import check_fields
 
 MANIFEST_FILE = "manifest.json"
@@ -32,11 +32,16 @@ REPORT_FILE = "report.html"
 ATTESTATION_FILE = "attestation.json"
 SAMPLES_FILE = "samples.jsonl"  # the report's per-case table (kvaudit report)
 SIMULATION_FILE = "simulation.json"  # the cache simulator's results, where `kvaudit simulate --out RUN` put them
+# A replay directory (`kvaudit replay`, kvaudit.core.replay_format): its configuration, one record
+# per served request (appended, resumable like pairs.jsonl) and the replay's summary.
+REPLAY_CONFIG_FILE = "replay_config.json"
+REPLAY_REQUESTS_FILE = "requests.jsonl"
+REPLAY_FILE = "replay.json"
 LOCK_FILE = ".kvaudit.lock"
 # Files a command writes in a run directory: each must be a regular file of the directory (a
 # symbolic link would make an append land outside it).
 WRITTEN_FILES = (MANIFEST_FILE, PAIRS_FILE, AUDIT_FILE, SUMMARY_FILE, REPORT_FILE, SAMPLES_FILE, ATTESTATION_FILE,
-                 SIMULATION_FILE)
+                 SIMULATION_FILE, REPLAY_CONFIG_FILE, REPLAY_REQUESTS_FILE, REPLAY_FILE)
 
 
 @dataclass
@@ -171,21 +176,6 @@ def read_pairs(run_dir: str | os.PathLike) -> list[PairRecord]:
 
 
 def mend_pairs_tail(run_dir: str | os.PathLike) -> None:
-    """Make ``pairs.jsonl`` end at a record boundary before records are appended to it.
-
-    A last line without its newline is either a complete record (killed between the write and the
-    newline, or saved by an editor): it gets its newline and is kept; or a torn one (killed
-    mid-line): it is cut, and its case runs again.
-    """
-    path = Path(run_dir) / PAIRS_FILE
-    if not path.exists():
-        return
-    raw = read_bytes(path)
-    if not raw or raw.endswith(b"\n"):
-        return
-    cut = raw.rfind(b"\n") + 1
-    try:
-        complete = isinstance(parse_json(raw[cut:], str(path)), dict)
-    except DatasetError:
-        complete = False
-    write_atomic(path, (raw + b"\n" if complete else raw[:cut]).decode("utf-8", errors="strict"))
+    """Make ``pairs.jsonl`` end at a record boundary before records are appended to it
+    (:func:`kvaudit.core.jsonio.mend_jsonl_tail`)."""
+    mend_jsonl_tail(Path(run_dir) / PAIRS_FILE)

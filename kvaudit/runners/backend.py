@@ -122,6 +122,10 @@ class Backend(ABC):
     max_prompt_tokens: int  # prompts are truncated to this once, before every arm
     cache: SegmentCacheView
     concurrent_cases: int = 1  # cases handed to run_arms together
+    # True where the head's KV is kept in the segment store by its ids and loaded when held (vLLM's
+    # connector loads only a prompt prefix, so the head is stored like a prefix-cache entry): its
+    # hits are store hits, and it shares the store's budget (``kvaudit replay``, the simulator).
+    stores_heads: bool = False
 
     @abstractmethod
     def info(self) -> BackendInfo:

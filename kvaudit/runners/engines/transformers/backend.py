@@ -147,15 +147,26 @@ class TransformersBackend(Backend):
         entry = self.cache.get(key)
         if entry is not None:
             return entry, 0.0
+        return self._build_neutral(key, unit_ids)
+
+    def _build_neutral(self, key: SegmentKey, unit_ids: list[int]) -> tuple[SegmentKV, float]:
+        """Warm one segment unit up after the neutral head and store its KV; (entry, build seconds)."""
         h = len(self.neutral_head)
         (entry,) = self.capture(self.neutral_head + list(unit_ids), [(h, h + len(unit_ids))])
         self.cache.put(key, entry)
         return entry, entry.build_s
 
     def neutral_entries(self, prompt: Prompt) -> list[tuple[SegmentKV, float]]:
-        """Each segment's neutral entry and its build time (0.0: it was already cached)."""
-        return [self.neutral_entry(prompt.unit_ids(i), prompt.segment_hashes[i])
+        """Each segment's neutral entry and its build time (0.0: it was already cached).
+
+        Every segment the prompt needs is looked up (and so marked recently used) before any missing
+        one is built and stored: a warm-up's eviction never takes a document this same prompt was
+        about to hit (the vLLM backend and the simulator look up the same way)."""
+        keys = [SegmentKey(self.fingerprint, prompt.segment_hashes[i], self.neutral_hash, "neutral")
                 for i in range(len(prompt.spans))]
+        held = [self.cache.get(k) for k in keys]
+        return [(e, 0.0) if e is not None else self._build_neutral(k, prompt.unit_ids(i))
+                for i, (k, e) in enumerate(zip(keys, held))]
 
     def segment_entries(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None
                         ) -> tuple[list[SegmentKV], float, int]:

@@ -89,6 +89,7 @@ class _Run:
 
 class VllmBackend(Backend):
     name = "vllm"
+    stores_heads = True  # head_entries
 
     def __init__(self, llm: Any, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,
                  decoding: Decoding | None = None, cache_bytes: int = 2 << 30,
@@ -159,6 +160,12 @@ class VllmBackend(Backend):
             },
             **model_shape_info(cfg, self.rope, self.max_prompt_tokens, self.neutral_hash),
         }
+
+    def kv_cache_tokens(self) -> int:
+        """Tokens of KV the engine's own paged cache holds (all its blocks: what its prefix cache can
+        keep once no request is in flight)."""
+        blocks = int(self.engine.vllm_config.cache_config.num_gpu_blocks or 0)
+        return max(0, blocks - 1) * int(self.engine_opts.get("block_size", 16))  # one block is vLLM's null block
 
     def store_rpc(self, op: str, keys: list[str] | None = None, value: Any = None) -> Any:
         """The connector's store on every worker (see connector.store_rpc), their replies merged

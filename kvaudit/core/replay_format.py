@@ -1,0 +1,197 @@
+"""The replay directory (``kvaudit replay``): its configuration, one record per served request, and
+:class:`ReplayDir`, the one reader and writer of its files.
+
+A replay directory holds ``replay_config.json`` (:class:`ReplayConfig`: what a resumed replay must
+share with the one it resumes), ``requests.jsonl`` (one :class:`RequestRecord` per served request,
+appended a wave at a time and fsynced, so a killed replay resumes without losing or repeating a
+request) and ``replay.json`` (the summary: percentiles, hit rates, throughput and the simulator's
+prediction, :mod:`kvaudit.replay.summary`). The file names live in :mod:`kvaudit.core.run_format`
+with every other run file's. One process writes a replay directory at a time (the run lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from kvaudit.core.errors import DatasetError, KvauditError, excerpt
+from kvaudit.core.jsonio import dump_jsonl, iter_jsonl, mend_jsonl_tail, read_json, write_json
+from kvaudit.core.run_format import REPLAY_CONFIG_FILE, REPLAY_FILE, REPLAY_REQUESTS_FILE
+from kvaudit.core.run_lock import run_lock
+from kvaudit.core.typed_json import check_fields
+
+REPLAY_FORMAT = 1
+POLICIES = ("recompute", "prefix", "segment")
+
+
+@dataclass
+class ReplayConfig:
+    """What a replay is: the same workload file, policy, budget, model and serving shape, or a
+    resumed replay is refused."""
+
+    workload: str
+    workload_hash: str
+    policy: str
+    budget_bytes: int
+    model: str
+    backend: str
+    concurrency: int
+    max_new_tokens: int
+    n_requests: int
+    format_version: int = REPLAY_FORMAT
+
+    def identity(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("workload")  # the file may move; its hash is what must not change
+        return d
+
+
+@dataclass
+class RequestRecord:
+    """One served request (one line of ``requests.jsonl``).
+
+    ``ttft_s`` is the time to first token as the request's client saw it, including everything
+    kvaudit did on the request path for it: neutral warm-ups of missed documents (``warmup_s``,
+    segment policy), the head's own prefill (``head_s``) and queueing behind the other requests of
+    its wave (``queue_s``: submitted together, served by one engine). ``prefix_cache_tokens`` are
+    prompt tokens the engine's own prefix cache served; ``segment_hit_tokens`` those the segment
+    store served that were already held before this request (the simulator's hit definition:
+    a document warmed up for this request is a miss, ``warmup_tokens``); ``tokens_computed`` the
+    prompt tokens prefilled for the request itself; ``evictions`` the store entries evicted while
+    serving it (its wave's, shared evenly)."""
+
+    index: int
+    request_id: str
+    wave: int
+    session: int  # 0 for the first `kvaudit replay` of this directory, 1 for its first resume...
+    n_prompt_tokens: int
+    head_tokens: int
+    segment_tokens: int
+    ttft_s: float
+    warmup_s: float
+    head_s: float
+    queue_s: float
+    prefix_cache_tokens: int
+    segment_hit_tokens: int
+    warmup_tokens: int
+    tokens_computed: int
+    evictions: float
+    wall_s: float  # the wave's wall time (first submission to last first token), for throughput
+    ids_hash: str
+    piece_ids: list[str] = field(default_factory=list)  # head, documents, question: for the simulator
+    piece_tokens: list[int] = field(default_factory=list)
+    piece_kinds: list[str] = field(default_factory=list)
+    truncated: bool = False
+
+
+class ReplayDir:
+    """A replay directory at ``path`` (which need not exist yet)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+
+    @property
+    def config_file(self) -> Path:
+        return self.path / REPLAY_CONFIG_FILE
+
+    @property
+    def requests_file(self) -> Path:
+        return self.path / REPLAY_REQUESTS_FILE
+
+    @property
+    def summary_file(self) -> Path:
+        return self.path / REPLAY_FILE
+
+    def lock(self, command: str = "replay", *, create: bool = False) -> contextlib.AbstractContextManager[None]:
+        return run_lock(self.path, command, create=create)
+
+    def is_replay(self) -> bool:
+        return self.config_file.is_file()
+
+    # ------------------------------------------------------------------ replay_config.json
+    def read_config(self) -> ReplayConfig:
+        obj = read_json(self.config_file)
+        where = str(self.config_file)
+        if not isinstance(obj, dict):
+            raise DatasetError(f"{where}: expected a JSON object")
+        version = obj.get("format_version", REPLAY_FORMAT)
+        if not isinstance(version, int) or isinstance(version, bool) or version > REPLAY_FORMAT:
+            raise DatasetError(f"{where}: field 'format_version' is {excerpt(repr(version), 40)}: this kvaudit "
+                               f"reads replay format {REPLAY_FORMAT}; upgrade kvaudit to read this replay")
+        check_fields(obj, ReplayConfig, where)
+        return ReplayConfig(**{k: obj[k] for k in ReplayConfig.__dataclass_fields__ if k in obj})
+
+    def write_config(self, config: ReplayConfig) -> None:
+        write_json(self.config_file, asdict(config))
+
+    def check_resumable(self, config: ReplayConfig) -> None:
+        """Refuse to append to a replay of something else (another workload, policy, budget...)."""
+        if not self.config_file.exists():
+            if self.requests_file.exists():
+                raise KvauditError(f"{self.requests_file}: exists without {REPLAY_CONFIG_FILE}; "
+                                   "use a new --out directory")
+            return
+        old = self.read_config().identity()
+        new = config.identity()
+        diff = [k for k in new if old.get(k) != new[k]]
+        if diff:
+            k = diff[0]
+            raise KvauditError(f"{self.path} holds a replay with {k}={old.get(k)!r}, not {new[k]!r}; "
+                               "use a new --out directory to replay something else")
+
+    # ------------------------------------------------------------------ requests.jsonl
+    def read_requests(self) -> list[RequestRecord]:
+        """Every request record, validated (a torn last line from a killed replay is skipped)."""
+        out = []
+        if not self.requests_file.exists():
+            return out
+        for n, obj in iter_jsonl(self.requests_file, tolerate_torn_tail=True):
+            where = f"{self.requests_file}, line {n}"
+            check_fields(obj, RequestRecord, where)
+            out.append(RequestRecord(**{k: obj[k] for k in RequestRecord.__dataclass_fields__ if k in obj}))
+        return out
+
+    def finished(self) -> list[RequestRecord]:
+        """The requests served so far, after mending the file's tail for appending."""
+        mend_jsonl_tail(self.requests_file)
+        return self.read_requests()
+
+    @contextlib.contextmanager
+    def appending_requests(self) -> Iterator[RequestAppender]:
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.requests_file, "a", encoding="utf-8") as f:
+            appender = RequestAppender(f)
+            try:
+                yield appender
+            finally:
+                appender.flush()
+
+    # ------------------------------------------------------------------ replay.json
+    def read_summary(self) -> dict[str, Any]:
+        obj = read_json(self.summary_file)
+        if not isinstance(obj, dict):
+            raise DatasetError(f"{self.summary_file}: expected a JSON object")
+        return obj
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        write_json(self.summary_file, summary)
+
+
+class RequestAppender:
+    """Appends whole request records to ``requests.jsonl``; :meth:`flush` makes them durable."""
+
+    def __init__(self, f: IO[str]) -> None:
+        self._f = f
+        self.written = 0
+
+    def append(self, rec: RequestRecord) -> None:
+        self._f.write(dump_jsonl([asdict(rec)]))
+        self.written += 1
+
+    def flush(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())

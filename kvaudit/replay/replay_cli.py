@@ -1,0 +1,167 @@
+"""``kvaudit replay``: serve a workload through a backend under one cache policy and a KV budget.
+
+    kvaudit replay --workload W.jsonl --policy segment --budget 200MB --out runs/replay-segment
+
+Writes ``replay_config.json``, ``requests.jsonl`` (one record per request, resumable: rerun the
+same command after a kill) and ``replay.json`` (:mod:`kvaudit.replay.summary`), and prints the
+TTFT percentiles and the measured hit rate beside the simulator's. docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from kvaudit.core.arg_types import positive_int
+from kvaudit.core.errors import KvauditError
+from kvaudit.runners.registry import add_backend_arguments
+
+POLICIES = ("recompute", "prefix", "segment")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from kvaudit.simulator.kv_bytes import parse_capacity
+
+    def capacity(text: str) -> int:
+        try:
+            return parse_capacity(text)
+        except KvauditError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    p.add_argument("--workload", required=True, type=Path, help="workload JSONL (kvaudit generate workload)")
+    p.add_argument("--policy", required=True, choices=POLICIES,
+                   help="recompute (nothing cached), prefix (the engine's own prefix cache; --backend vllm) "
+                        "or segment (kvaudit's segment store with neutral warm-ups)")
+    p.add_argument("--budget", required=True, type=capacity,
+                   help="KV bytes the policy may keep cached between requests, e.g. 200MB or 2GiB")
+    p.add_argument("--out", required=True, type=Path, help="replay directory (rerun the same command to resume)")
+    p.add_argument("--concurrency", type=positive_int, default=1,
+                   help="requests submitted together in each wave (closed loop; default 1)")
+    p.add_argument("--model", default="smollm2", help="'smollm2' (default) or a local checkpoint directory")
+    add_backend_arguments(p)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--limit", type=positive_int, default=None, help="replay only the first N requests")
+    p.add_argument("--max-new-tokens", type=positive_int, default=1,
+                   help="tokens generated per request (default 1: the replay measures the time to first token)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _engine_facts(backend: Any, dtype: str, model: str) -> dict[str, Any]:
+    from kvaudit.models import resolve_model_dir
+    from kvaudit.simulator.kv_bytes import resolve_model
+
+    info = backend.info()
+    engine = info.get("engine") or {}
+    if hasattr(backend, "bytes_per_token"):
+        bpt = int(backend.bytes_per_token())
+    else:
+        bpt = resolve_model(str(resolve_model_dir(model)), dtype).bytes_per_token
+    return {
+        "backend": info["backend"],
+        "device": info.get("device", "cpu"),
+        "dtype": info["dtype"],
+        "block_size": int(engine.get("block_size", 16)),
+        "bytes_per_token": bpt,
+        "kv_tokens": int(backend.kv_cache_tokens()) if hasattr(backend, "kv_cache_tokens") else None,
+        "stores_heads": bool(getattr(backend, "stores_heads", False)),
+        "max_prompt_tokens": int(backend.max_prompt_tokens),
+    }
+
+
+def _print_summary(s: dict[str, Any], out: Path) -> None:
+    t = s["ttft_s"]
+    hr = s["hit_rate"]
+
+    def ms(v: dict[str, Any]) -> str:
+        lo = "?" if v["low"] is None else f"{1e3 * v['low']:.1f}"
+        hi = "?" if v["high"] is None else f"{1e3 * v['high']:.1f}"
+        return f"{1e3 * v['value']:.1f} ms [{lo}, {hi}]"
+
+    c = s["config"]
+    print(f"\nreplay {c['policy']} at budget {c['budget_bytes']:,} B: {s['requests']} requests "
+          f"({s['sessions']} session(s)) in {out}")
+    print(f"  TTFT p50 {ms(t['p50'])}  p95 {ms(t['p95'])}  p99 {ms(t['p99'])}")
+    m, p = hr["measured"]["token_hit_rate"], hr["simulated"]["token_hit_rate"]
+    note = "" if hr["simulator_agrees"] else "  <- the simulator disagrees by more than 2 points (docs/replay.md)"
+    print(f"  token hit rate measured {100 * m:.1f}%  simulated {100 * p:.1f}%  gap {hr['gap_points']:+.1f} points{note}")
+    th = s["throughput"]
+    if th["requests_per_s"]:
+        print(f"  throughput {th['requests_per_s']:.2f} requests/s, {th['prompt_tokens_per_s']:,.0f} prompt tokens/s")
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvaudit.core.jsonio import check_writable_dir, file_sha256
+    from kvaudit.core.progress import progress_bar
+    from kvaudit.core.replay_format import ReplayConfig, ReplayDir
+    from kvaudit.replay.serve import POLICY_ARM, engine_kv_bytes, prompt_maker, replay
+    from kvaudit.replay.summary import summarise
+    from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases
+    from kvaudit.runners.registry import BACKENDS, backend_options, check_arms_run_on
+
+    opts = backend_options(args)  # refuse another backend's options before any work
+    check_arms_run_on([POLICY_ARM[args.policy]], args.backend)
+    if args.policy == "prefix" and args.backend != "vllm":
+        raise KvauditError("--policy prefix holds the engine's own prefix cache to --budget; that needs "
+                           "--backend vllm (in process)")
+    if "concurrent_cases" in opts:
+        opts["concurrent_cases"] = args.concurrency
+    check_writable_dir(args.out)
+    requests = read_workload(args.workload)
+    if args.limit:
+        requests = requests[: args.limit]
+    config = ReplayConfig(workload=str(args.workload), workload_hash=file_sha256(args.workload), policy=args.policy,
+                          budget_bytes=args.budget, model=args.model, backend=args.backend,
+                          concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
+                          n_requests=len(requests))
+    out = ReplayDir(args.out)
+    with out.lock("replay", create=True):
+        out.check_resumable(config)
+        done = {r.index for r in out.finished()}
+        todo_requests = [r for r in requests if r.index not in done]
+        if not todo_requests and out.summary_file.is_file():  # nothing left to serve: the summary stands
+            _print_summary(out.read_summary(), args.out)
+            return 0
+        common: dict[str, Any] = {"dtype": args.dtype, "max_new_tokens": args.max_new_tokens,
+                                  "cache_bytes": args.budget}
+        if args.policy == "prefix":
+            from kvaudit.models import resolve_model_dir
+            from kvaudit.simulator.kv_bytes import resolve_model
+
+            bpt = resolve_model(str(resolve_model_dir(args.model)), args.dtype).bytes_per_token
+            longest = max(sum(p.tokens for p in r.pieces) for r in requests) + 64  # + the chat template
+            opts["kv_cache_bytes"] = engine_kv_bytes(args.budget, args.concurrency, longest, bpt, 32)
+        backend = BACKENDS[args.backend].open(args.model, **common, **opts)
+        try:
+            engine = _engine_facts(backend, args.dtype, args.model)
+            if args.policy == "segment":
+                worst = max(requests, key=lambda r: sum(p.tokens for p in r.pieces if p.kind != "question"))
+                need = sum(p.tokens for p in worst.pieces if p.kind != "question") * engine["bytes_per_token"]
+                if need > args.budget:
+                    raise KvauditError(f"--budget {args.budget:,} B cannot hold the documents of request {worst.id!r} "
+                                       f"({need:,} B at {engine['bytes_per_token']} B per token): segment reuse needs "
+                                       "one request's documents in the store at once")
+            out.write_config(config)
+            hf_tok = backend.tok.tok
+            synth = None if all(p.text is not None for r in todo_requests for p in r.pieces) else SyntheticText(hf_tok)
+            from kvaudit.core.dataset_format import DEFAULT_SYSTEM
+
+            template_len = len(backend.tok.head_ids(DEFAULT_SYSTEM, ""))
+            todo = [(r.index, r.id, prompt_maker(case, segs, backend))
+                    for r, (case, segs) in zip(todo_requests, request_cases(todo_requests, synth), strict=True)]
+            bar = progress_bar(total=len(todo), desc=f"replay {args.policy}", unit="request",
+                               enabled=not args.no_progress)
+            t0 = time.perf_counter()
+            replay(backend, args.policy, todo, out, concurrency=args.concurrency, template_len=template_len,
+                   on_wave=bar.update)
+            bar.close()
+            engine["wall_s_last_session"] = time.perf_counter() - t0
+        finally:
+            close = getattr(backend, "close", None)
+            if close is not None:
+                close()
+        summary = summarise(out.read_requests(), config, engine)
+        out.write_summary(summary)
+    _print_summary(summary, args.out)
+    return 0

@@ -1,0 +1,138 @@
+"""Serve a workload through a backend under one cache policy, one record per request.
+
+The policies run the arms ``kvaudit run`` runs, so a replay's TTFT is measured by the same code
+as an audit's:
+
+``recompute``  the ``recompute`` arm: a full prefill of every prompt, nothing cached.
+``prefix``     the ``prefix_cache_cold`` arm: the engine's own exact prefix cache on one cache
+               shared by the whole replay. The engine is opened with KV space for the budget plus
+               what the requests in flight need (:func:`engine_kv_bytes`), so what it can keep
+               cached between requests is the budget (vLLM in process only).
+``segment``    the ``reuse`` arm: documents from kvaudit's segment store, LRU within the budget,
+               keys re-rotated; a document the store misses is warmed up with the neutral head
+               *on the request path*, before the request's own prefill, and its time is in the
+               request's TTFT (``warmup_s``); so is the head's own prefill where the engine needs it.
+
+Requests go in file order in waves of ``concurrency`` (closed loop: a wave is submitted together
+and the next one starts when every request of it has its answer). A resumed replay starts its
+session with an empty cache; records carry their session so the simulator is held to the same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvaudit.core.arms import ARMS
+from kvaudit.core.dataset_format import Case, Segment
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.jsonio import ids_hash
+from kvaudit.core.replay_format import ReplayDir, RequestRecord
+from kvaudit.runners.backend import ArmRequest, Backend
+from kvaudit.runners.prompt import Prompt, assemble
+
+POLICY_ARM = {"recompute": "recompute", "prefix": "prefix_cache_cold", "segment": "reuse"}
+
+
+def engine_kv_bytes(budget_bytes: int, concurrency: int, max_request_tokens: int, bytes_per_token: int,
+                    block_size: int) -> int:
+    """KV space for the ``prefix`` policy: the budget plus the blocks ``concurrency`` requests of
+    ``max_request_tokens`` hold while in flight (each rounded up to whole blocks, plus one)."""
+    blocks = -(-max_request_tokens // block_size) + 1
+    return budget_bytes + concurrency * blocks * block_size * bytes_per_token
+
+
+@dataclass
+class Served:
+    """One request as served: its prompt and record."""
+
+    prompt: Prompt
+    record: RequestRecord
+
+
+def _pieces(prompt: Prompt, request_id: str, template_len: int) -> tuple[list[str], list[int], list[str]]:
+    """The prompt as the simulator sees it: the template start all requests share, the rest of
+    the head, each document unit (by its ids hash), and the tail."""
+    ids, kinds, toks = [], [], []
+    head = prompt.ids[: prompt.head_len]
+    cut = template_len if 0 < template_len <= prompt.head_len else 0
+    for name, part in (("tmpl", head[:cut]), ("head", head[cut:])):
+        if part:
+            ids.append(f"{name}:{ids_hash(part)}")
+            kinds.append("prefix")
+            toks.append(len(part))
+    for (s, e), h in zip(prompt.spans, prompt.segment_hashes, strict=True):
+        ids.append(f"seg:{h}")
+        kinds.append("document")
+        toks.append(e - s)
+    tail = len(prompt.ids) - prompt.tail_start
+    if tail:
+        ids.append(f"tail:{request_id}")
+        kinds.append("question")
+        toks.append(tail)
+    return ids, toks, kinds
+
+
+def serve_wave(backend: Backend, policy: str, prompts: list[Prompt], request_ids: list[str], indices: list[int],
+               wave: int, session: int, template_len: int) -> list[RequestRecord]:
+    """Serve ``prompts`` together under ``policy``; one record each."""
+    spec = ARMS[POLICY_ARM[policy]]
+    ev0 = backend.cache.stats.evictions
+    t0 = time.perf_counter()
+    outs = backend.run_arms(spec, [ArmRequest(p) for p in prompts])
+    wall = time.perf_counter() - t0
+    evictions = (backend.cache.stats.evictions - ev0) / len(prompts)
+    warmup_s = sum(o.build_s for o in outs)  # the wave's warm-ups, one batch before any request of it
+    head_s = max(o.head_s for o in outs)  # the wave's head prefills, one batch
+    stores_heads = getattr(backend, "stores_heads", False)
+    records = []
+    for p, rid, idx, out in zip(prompts, request_ids, indices, outs, strict=True):
+        res = out.result
+        seg_tokens = p.tail_start - p.head_len
+        prefix_hit = res.tokens_reused if policy == "prefix" else 0
+        seg_hit = 0
+        warm_tokens = 0
+        if policy == "segment":
+            seg_hit = res.cache_hit_tokens + (p.head_len if stores_heads and out.head_s == 0 else 0)
+            warm_tokens = seg_tokens - res.cache_hit_tokens
+        ids, toks, kinds = _pieces(p, rid, template_len)
+        records.append(RequestRecord(
+            index=idx, request_id=rid, wave=wave, session=session, n_prompt_tokens=len(p.ids),
+            head_tokens=p.head_len, segment_tokens=seg_tokens,
+            ttft_s=warmup_s + head_s + (res.ttft_s - out.head_s), warmup_s=warmup_s, head_s=head_s,
+            queue_s=warmup_s + head_s, prefix_cache_tokens=int(prefix_hit), segment_hit_tokens=int(seg_hit),
+            warmup_tokens=int(warm_tokens), tokens_computed=len(p.ids) - int(prefix_hit) - int(seg_hit),
+            evictions=evictions, wall_s=wall, ids_hash=p.ids_hash, piece_ids=ids, piece_tokens=toks,
+            piece_kinds=kinds, truncated=bool(p.truncation.get("truncated"))))
+    return records
+
+
+def replay(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[], Prompt]]], out: ReplayDir, *,
+           concurrency: int, template_len: int, on_wave: Callable[[int], None] | None = None) -> int:
+    """Serve ``todo`` (index, request id, prompt maker) in waves, appending each wave's records
+    (flushed and fsynced) before the next; returns the number served."""
+    if policy not in POLICY_ARM:
+        raise KvauditError(f"--policy must be one of {', '.join(POLICY_ARM)}, got {policy!r}")
+    done = out.finished()
+    session = max((r.session for r in done), default=-1) + 1
+    wave = max((r.wave for r in done), default=-1) + 1
+    served = 0
+    with out.appending_requests() as app:
+        for k in range(0, len(todo), concurrency):
+            chunk = todo[k: k + concurrency]
+            prompts = [make() for _, _, make in chunk]
+            for rec in serve_wave(backend, policy, prompts, [rid for _, rid, _ in chunk], [i for i, _, _ in chunk],
+                                  wave, session, template_len):
+                app.append(rec)
+            app.flush()
+            served += len(chunk)
+            wave += 1
+            if on_wave is not None:
+                on_wave(len(chunk))
+    return served
+
+
+def prompt_maker(case: Case, segments: dict[str, Segment], backend: Backend) -> Callable[[], Prompt]:
+    """Assemble the case's prompt when its wave comes (a long workload's prompts are never all held)."""
+    return lambda: assemble(case, segments, backend.tok, backend.max_prompt_tokens)

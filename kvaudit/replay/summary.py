@@ -1,0 +1,145 @@
+"""A replay's numbers (``replay.json``): TTFT percentiles with intervals, TTFT against prompt length,
+token hit rate overall and over time, throughput, and the cache simulator's prediction for the
+same served prompts, budget and block size beside the measured hit rate.
+
+Percentile intervals are distribution-free (the binomial order-statistic interval of
+``scipy.stats.quantile_test``): they assume only independent requests, and their coverage is
+checked in ``benchmarks/replay_percentiles.py`` (a fast slice in the tests). A percentile whose
+interval has no upper order statistic in the sample (p99 of fewer than about 300 requests) gets
+``null`` for that end: the sample cannot bound it.
+
+The simulator is run on the prompts the engine was actually served (token counts after the chat
+template, documents as the units the store keys), session by session (a resumed replay starts
+its cache empty, so does the simulation), with the capacity the engine had: the segment store's
+budget in tokens, or the engine's whole KV space for the prefix policy (vLLM keeps every freed
+block cached until it needs the space).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy.stats import quantile_test
+
+from kvaudit.core.hit_rate import token_hit_rate, windowed
+from kvaudit.core.replay_format import ReplayConfig, RequestRecord
+from kvaudit.core.trace import Trace, trace_from_requests
+from kvaudit.simulator.prefix_cache import simulate_prefix
+from kvaudit.simulator.segment_cache import simulate_segment
+
+PERCENTILES = (0.5, 0.95, 0.99)
+CONFIDENCE = 0.95
+SIM_GAP_POINTS = 2.0  # a measured-vs-simulated gap above this is reported as a disagreement
+
+
+def percentile_interval(x: np.ndarray, q: float, confidence: float = CONFIDENCE) -> dict[str, float | None]:
+    """The ``q`` quantile of ``x`` and its distribution-free interval (``None`` for an end the
+    sample cannot bound)."""
+    x = np.asarray(x, np.float64)
+    value = float(np.quantile(x, q, method="inverted_cdf"))
+    if len(x) < 2:
+        return {"value": value, "low": None, "high": None}
+    ci = quantile_test(x, q=value, p=q).confidence_interval(confidence)
+    return {"value": value,
+            "low": float(ci.low) if math.isfinite(ci.low) else None,
+            "high": float(ci.high) if math.isfinite(ci.high) else None}
+
+
+def _session_traces(records: list[RequestRecord], merge_head: bool) -> list[tuple[list[int], Trace]]:
+    """Per session: the positions of its records and their prompts as a trace."""
+    out = []
+    for s in sorted({r.session for r in records}):
+        pos = [i for i, r in enumerate(records) if r.session == s]
+        reqs = []
+        for i in pos:
+            r = records[i]
+            pieces = list(zip(r.piece_kinds, r.piece_ids, r.piece_tokens, strict=True))
+            if merge_head:  # the engine keeps the whole head as one store entry
+                heads = [p for p in pieces if p[0] == "prefix"]
+                rest = [p for p in pieces if p[0] != "prefix"]
+                if heads:
+                    pieces = [("prefix", "|".join(p[1] for p in heads), sum(p[2] for p in heads))] + rest
+            reqs.append(pieces)
+        out.append((pos, trace_from_requests(reqs)))
+    return out
+
+
+def simulated_hits(records: list[RequestRecord], policy: str, capacity_tokens: int, block_size: int,
+                   stores_heads: bool) -> np.ndarray:
+    """Hit tokens per record the simulator predicts for the same prompts and capacity."""
+    hits = np.zeros(len(records), np.int64)
+    if policy == "recompute":
+        return hits
+    for pos, trace in _session_traces(records, merge_head=policy == "segment"):
+        if policy == "prefix":
+            h = simulate_prefix(trace, capacity_tokens, block_size)
+        else:
+            kinds = ("document", "prefix") if stores_heads else ("document",)
+            h, _ = simulate_segment(trace, capacity_tokens, "neutral", kinds)
+        hits[pos] = h
+    return hits
+
+
+def _length_bins(n_tokens: np.ndarray, ttft: np.ndarray, bins: int = 5) -> list[dict[str, Any]]:
+    """Median TTFT per prompt-length bin (bins by quantiles of length; equal lengths share one)."""
+    edges = np.unique(np.quantile(n_tokens, np.linspace(0, 1, bins + 1)))
+    out = []
+    for k, (a, b) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
+        sel = (n_tokens >= a) & ((n_tokens <= b) if k == len(edges) - 2 else (n_tokens < b))
+        if sel.any():
+            out.append({"tokens_low": int(a), "tokens_high": int(b), "requests": int(sel.sum()),
+                        "ttft_p50_s": float(np.median(ttft[sel]))})
+    return out
+
+
+def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[str, Any], *,
+              windows: int = 10) -> dict[str, Any]:
+    """``replay.json``: what one replay of one policy measured, beside the simulator's prediction.
+    ``engine`` holds what the capacity depends on: ``block_size``, ``bytes_per_token``,
+    ``kv_tokens`` (the engine's whole KV space in tokens), ``stores_heads``."""
+    records = sorted(records, key=lambda r: r.index)
+    ttft = np.array([r.ttft_s for r in records])
+    prompt = np.array([r.n_prompt_tokens for r in records], np.int64)
+    hits = np.array([r.prefix_cache_tokens + r.segment_hit_tokens for r in records], np.int64)
+    measured = token_hit_rate(hits, prompt)
+    if config.policy == "segment":
+        capacity = config.budget_bytes // max(1, int(engine["bytes_per_token"]))
+    else:
+        capacity = int(engine.get("kv_tokens") or 0)
+    sim = simulated_hits(records, config.policy, capacity, int(engine.get("block_size", 16)),
+                         bool(engine.get("stores_heads")))
+    predicted = token_hit_rate(sim, prompt)
+    gap = 100 * (measured.rate - predicted.rate)
+    waves = {r.wave: r.wall_s for r in records}
+    busy = sum(waves.values())
+    return {
+        "config": {**config.identity(), "workload": config.workload},
+        "engine": engine,
+        "requests": len(records),
+        "sessions": len({r.session for r in records}),
+        "truncated_requests": sum(r.truncated for r in records),
+        "ttft_s": {f"p{round(q * 100)}": percentile_interval(ttft, q) for q in PERCENTILES},
+        "ttft_mean_s": float(ttft.mean()),
+        "warmup_s_total": float(sum({r.wave: r.warmup_s for r in records}.values())),
+        "ttft_by_length": _length_bins(prompt, ttft),
+        "hit_rate": {
+            "measured": measured.to_dict(),
+            "prefix_cache_tokens": int(sum(r.prefix_cache_tokens for r in records)),
+            "segment_hit_tokens": int(sum(r.segment_hit_tokens for r in records)),
+            "warmup_tokens": int(sum(r.warmup_tokens for r in records)),
+            "over_time": windowed(hits, prompt, windows),
+            "simulated": predicted.to_dict(),
+            "simulated_over_time": windowed(sim, prompt, windows),
+            "simulator_capacity_tokens": capacity,
+            "gap_points": gap,
+            "simulator_agrees": abs(gap) <= SIM_GAP_POINTS,
+        },
+        "throughput": {
+            "busy_s": busy,
+            "requests_per_s": len(records) / busy if busy > 0 else None,
+            "prompt_tokens_per_s": float(prompt.sum()) / busy if busy > 0 else None,
+        },
+        "evictions": float(sum(r.evictions for r in records)),
+    }
