@@ -86,6 +86,10 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
     m, p = hr["measured"]["token_hit_rate"], hr["simulated"]["token_hit_rate"]
     note = "" if hr["simulator_agrees"] else "  <- the simulator disagrees by more than 2 points (docs/replay.md)"
     print(f"  token hit rate measured {100 * m:.1f}%  simulated {100 * p:.1f}%  gap {hr['gap_points']:+.1f} points{note}")
+    if hr.get("simulated_engine_order"):
+        print(f"  simulated with the store's operations in the engine's order: "
+              f"{100 * hr['simulated_engine_order']['token_hit_rate']:.1f}% "
+              f"(gap {hr['gap_points_engine_order']:+.1f} points)")
     th = s["throughput"]
     if th["requests_per_s"]:
         print(f"  throughput {th['requests_per_s']:.2f} requests/s, {th['prompt_tokens_per_s']:,.0f} prompt tokens/s")
@@ -131,7 +135,12 @@ def run(args: argparse.Namespace) -> int:
 
             bpt = resolve_model(str(resolve_model_dir(args.model)), args.dtype).bytes_per_token
             longest = max(sum(p.tokens for p in r.pieces) for r in requests) + 64  # + the chat template
-            opts["kv_cache_bytes"] = engine_kv_bytes(args.budget, args.concurrency, longest, bpt, 32)
+            block = int(opts.get("block_size", 32))
+            opts["kv_cache_bytes"] = engine_kv_bytes(args.budget, args.concurrency, longest, bpt, block)
+            # vLLM refuses a KV space smaller than one request of max_model_len: the replay's longest
+            # request (and its answer) is what it must fit, so the engine is opened for that.
+            fit = -(-(longest + args.max_new_tokens) // block) * block
+            opts["max_model_len"] = min(int(opts.get("max_model_len", fit)), fit)
         backend = BACKENDS[args.backend].open(args.model, **common, **opts)
         try:
             engine = _engine_facts(backend, args.dtype, args.model)

@@ -70,3 +70,56 @@ def simulate_segment(trace: Trace, capacity_tokens: int, capture: str = "neutral
         while used > capacity_tokens:
             used -= pop(last=False)[1]
     return np.array(hits, np.int64), np.array(warm, np.int64)
+
+
+def simulate_segment_store(trace: Trace, capacity_tokens: int, *, kinds: tuple[str, ...] = ("document",),
+                           stored_after: tuple[str, ...] = (), touch_on_load: bool = False) -> np.ndarray:
+    """Hit tokens per request when the store's operations are replayed in an engine's own order:
+    the request's held pieces are marked used, its missing pieces are stored one by one in prompt
+    order (each evicting least recently used entries until it fits, as
+    :class:`~kvaudit.runners.kvstore.ByteLRU` does), then the pieces of ``stored_after`` kinds (the
+    head, which vLLM's backend stores after the documents' warm-ups) are hit or stored the same
+    way, and with ``touch_on_load`` every cached piece is marked used again in prompt order (the
+    connector's load). :func:`simulate_segment` evicts once per request instead; the two differ
+    only in which entries a full store gives up (``kvaudit replay`` reports both)."""
+    wanted = {KINDS.index(k) for k in kinds} | {KINDS.index(k) for k in stored_after}
+    late = {KINDS.index(k) for k in stored_after}
+    lru: OrderedDict[int, int] = OrderedDict()
+    used = 0
+    hits = np.zeros(trace.n_requests, np.int64)
+    offs = trace.offsets.tolist()
+    kind, content, tokens = trace.kind.tolist(), trace.content.tolist(), trace.tokens.tolist()
+
+    def put(c: int, t: int) -> None:
+        nonlocal used
+        if t > capacity_tokens:
+            return
+        while used + t > capacity_tokens:
+            used -= lru.popitem(last=False)[1]
+        lru[c] = t
+        used += t
+
+    for r in range(trace.n_requests):
+        mine = [i for i in range(offs[r], offs[r + 1]) if kind[i] in wanted]
+        first = [i for i in mine if kind[i] not in late]
+        hit = 0
+        for i in first:
+            if content[i] in lru:
+                lru.move_to_end(content[i])
+                hit += tokens[i]
+        for i in first:
+            if content[i] not in lru:
+                put(content[i], tokens[i])
+        for i in mine:
+            if kind[i] in late:
+                if content[i] in lru:
+                    lru.move_to_end(content[i])
+                    hit += tokens[i]
+                else:
+                    put(content[i], tokens[i])
+        if touch_on_load:
+            for i in mine:
+                if content[i] in lru:
+                    lru.move_to_end(content[i])
+        hits[r] = hit
+    return hits

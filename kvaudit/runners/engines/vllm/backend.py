@@ -307,6 +307,12 @@ class VllmBackend(Backend):
                 else:
                     hits[p] += e[1]
             keys.append(mine)
+        held = [k for k in units if k not in missing]
+        if held:
+            # Mark the held ones used in the workers' stores too (the index's lookup is the
+            # frontend's view only): the warm-ups below and the heads' entries then evict older
+            # entries, never a segment this group is about to load.
+            self.store_rpc("lookup", held)
         if not missing:
             return keys, 0.0, hits
         self._fits(sum(units.values()) + extra_tokens, "this group's segments" if len(prompts) > 1
@@ -345,7 +351,7 @@ class VllmBackend(Backend):
         ids, and prefilled by its own request (timed in TTFT) only the first time; the group's
         missing heads are prefilled in one batch, each charged to the first prompt that needs it."""
         keys = [f"head:{self.fingerprint[:16]}:{ids_hash(p.ids[: p.head_len])}" for p in prompts]
-        held = self.store_rpc("info", list(dict.fromkeys(keys)))
+        held = self.store_rpc("lookup", list(dict.fromkeys(keys)))  # held heads marked used, like segments
         first: dict[str, int] = {}
         for i, key in enumerate(keys):
             if key not in held:
@@ -458,7 +464,9 @@ class VllmBackend(Backend):
         prompts = [r.prompt for r in reqs]
         sources = [capture_source(spec, r.prompt, r.capture_prompt) for r in reqs]
         if all(src is None for src in sources):  # neutral warm-ups
-            seg_keys, build_s, hits = self.neutral_entries(prompts, extra_tokens=saved_tokens)
+            # the heads join the store after the segments: room for them is checked with the segments'
+            seg_keys, build_s, hits = self.neutral_entries(
+                prompts, extra_tokens=saved_tokens + sum(p.head_len for p in prompts))
             drop: list[list[str]] = [[] for _ in reqs]
         else:
             srcs = [src for src in sources if src is not None]
