@@ -34,7 +34,7 @@ test: setup browser setup-vllm
 	$(PY) -m ruff check kvaudit tests benchmarks
 	$(PY) -m pytest -q
 	$(VLLM_PY) -m pytest -q tests/test_vllm.py tests/test_gpu_paged_kv.py tests/test_backend_contract.py \
-	  tests/test_http_backend.py tests/test_http_prefix_server.py
+	  tests/test_http_backend.py tests/test_http_prefix_server.py tests/test_replay_vllm.py
 
 bench: setup
 	$(PY) benchmarks/ttft.py

@@ -47,6 +47,7 @@ class ReplayConfig:
     def identity(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("workload")  # the file may move; its hash is what must not change
+        d.pop("n_requests")  # a replay of the first N (--limit) may be extended by a later session
         return d
 
 

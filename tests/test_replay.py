@@ -1,0 +1,154 @@
+"""`kvaudit replay`: the replay directory's records and resume, the percentile intervals' coverage
+(a fast slice of benchmarks/replay_percentiles.py), the engine-order simulator, and a real
+SmolLM2 replay on the transformers backend held to the simulator.
+
+The vLLM replays (prefix caching under a budget, the segment store on vLLM's connector) are in
+tests/test_replay_vllm.py, run in .venv-vllm.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvaudit.cli import main
+from kvaudit.core.errors import DatasetError, KvauditError
+from kvaudit.core.replay_format import ReplayConfig, ReplayDir
+from kvaudit.core.trace import trace_from_requests
+from kvaudit.simulator.segment_cache import simulate_segment, simulate_segment_store
+from tests.conftest import load_benchmark
+
+
+def _config(**kw) -> ReplayConfig:
+    base = dict(workload="w.jsonl", workload_hash="h", policy="segment", budget_bytes=10, model="smollm2",
+                backend="transformers", concurrency=1, max_new_tokens=1, n_requests=3)
+    return ReplayConfig(**{**base, **kw})
+
+
+def test_a_replay_of_something_else_is_refused(tmp_path):
+    d = ReplayDir(tmp_path / "r")
+    d.path.mkdir()
+    d.write_config(_config())
+    d.check_resumable(_config(workload="moved/w.jsonl"))  # the file may move; its hash may not
+    for change, field in ((dict(policy="prefix"), "policy"), (dict(budget_bytes=11), "budget_bytes"),
+                          (dict(workload_hash="other"), "workload_hash")):
+        with pytest.raises(KvauditError, match=f"holds a replay with {field}="):
+            d.check_resumable(_config(**change))
+
+
+def test_request_records_are_read_typed_and_a_torn_tail_is_mended(tmp_path):
+    d = ReplayDir(tmp_path)
+    rec = dict(index=0, request_id="r0", wave=0, session=0, n_prompt_tokens=10, head_tokens=2, segment_tokens=6,
+               ttft_s=0.1, warmup_s=0.0, head_s=0.0, queue_s=0.0, prefix_cache_tokens=0, segment_hit_tokens=6,
+               warmup_tokens=0, tokens_computed=4, evictions=0.0, wall_s=0.1, ids_hash="x")
+    d.requests_file.write_text(json.dumps(rec) + "\n" + json.dumps({**rec, "index": 1})[:40])
+    assert [r.index for r in d.finished()] == [0]  # the torn second line is cut, to be served again
+    assert d.requests_file.read_text().endswith("\n")
+    d.requests_file.write_text(json.dumps({**rec, "ttft_s": "fast"}) + "\n")
+    with pytest.raises(DatasetError, match=r"requests.jsonl, line 1: field 'ttft_s' must be int/float, got str"):
+        d.read_requests()
+
+
+def test_percentile_intervals_cover_at_the_stated_level():
+    bench = load_benchmark("replay_percentiles")
+    rows = bench.coverage_grid(reps=300, seed=1, sizes=(60, 400), quantiles=(0.5, 0.95))
+    for row in rows:
+        # covered, or undecided (an end the sample cannot bound counts as covering on that side)
+        assert row["coverage"] >= 0.95 - 3 * row["mc_se"], row
+
+
+def test_engine_order_store_differs_from_end_of_request_eviction_only_when_full():
+    # A: 4, B: 4, C: 4 tokens; capacity 8. Request 2 holds B and C: at the end of request 1 the
+    # store has A, B; request 2 hits B, stores C (evicting A).
+    reqs = [[("document", "A", 4), ("document", "B", 4)], [("document", "B", 4), ("document", "C", 4)],
+            [("document", "A", 4), ("document", "B", 4)]]
+    tr = trace_from_requests(reqs)
+    in_order = simulate_segment_store(tr, 8)
+    at_end, _ = simulate_segment(tr, 8)
+    assert in_order.tolist() == [0, 4, 4] == at_end.tolist()
+    big = trace_from_requests([[("document", "A", 6)], [("document", "B", 6)], [("document", "A", 6)]])
+    assert simulate_segment_store(big, 10).tolist() == [0, 0, 0]  # B evicted A before it was back
+    assert simulate_segment_store(big, 12).tolist() == [0, 0, 6]
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wl") / "w.jsonl"
+    assert main(["generate", "workload", "--out", str(out), "--requests", "14", "--documents", "8",
+                 "--queries", "5", "--docs-per-request", "2", "--doc-tokens", "uniform:30:70",
+                 "--prefix-tokens", "12", "--question-tokens", "fixed:6", "--no-progress"]) == 0
+    return out
+
+
+@pytest.mark.model
+def test_segment_replay_is_held_to_the_simulator_and_resumes_without_loss(workload, tmp_path, capsys):
+    out = tmp_path / "seg"
+    args = ["replay", "--workload", str(workload), "--policy", "segment", "--budget", "10MB",
+            "--out", str(out), "--no-progress"]
+    assert main(args + ["--limit", "6"]) == 0
+    assert [r.index for r in ReplayDir(out).read_requests()] == list(range(6))
+    assert main(args + ["--budget", "20MB"]) == 2  # another budget is another replay
+    assert "holds a replay with budget_bytes=10000000" in capsys.readouterr().err
+    assert main(args) == 0  # the rest, in a second session that starts with an empty store
+    out2 = out
+    d = ReplayDir(out2)
+    recs = d.read_requests()
+    assert sorted(r.index for r in recs) == list(range(14))
+    assert [r.session for r in recs] == [0] * 6 + [1] * 8
+    s = d.read_summary()
+    hr = s["hit_rate"]
+    assert hr["measured"]["hit_tokens"] > 0  # the budget (217 tokens) holds a few documents
+    assert s["evictions"] > 0  # and is small enough to evict
+    assert hr["gap_points_engine_order"] == pytest.approx(0.0, abs=1e-9)
+    assert abs(hr["gap_points"]) <= 10
+    assert s["ttft_s"]["p50"]["low"] <= s["ttft_s"]["p50"]["value"] <= s["ttft_s"]["p50"]["high"]
+    # every warm-up is on the request path: a request that warmed documents up paid for it
+    assert all(r.ttft_s >= r.warmup_s > 0 for r in recs if r.warmup_tokens > 0)
+
+
+@pytest.mark.model
+def test_a_killed_replay_resumes_without_losing_or_repeating_a_request(workload, tmp_path):
+    out = tmp_path / "rec"
+    args = ["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",
+            "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    d = ReplayDir(out)
+    lines = d.requests_file.read_text().splitlines(keepends=True)
+    # as a kill leaves it: 9 whole records and a torn tenth
+    d.requests_file.write_text("".join(lines[:9]) + lines[9][:25])
+    d.summary_file.unlink()
+    assert main(args) == 0
+    recs = d.read_requests()
+    assert sorted(r.index for r in recs) == list(range(14))
+    assert {r.session for r in recs if r.index < 9} == {0} and {r.session for r in recs if r.index >= 9} == {1}
+    s = d.read_summary()
+    assert s["sessions"] == 2 and s["hit_rate"]["measured"]["hit_tokens"] == 0
+
+
+def test_prefix_policy_needs_the_in_process_vllm_engine(workload, tmp_path, capsys):
+    code = main(["replay", "--workload", str(workload), "--policy", "prefix", "--budget", "1MB",
+                 "--out", str(tmp_path / "p"), "--no-progress"])
+    assert code == 2
+    assert "--backend vllm" in capsys.readouterr().err
+    assert not (tmp_path / "p").exists()
+
+
+def test_a_bad_workload_is_named_by_line(tmp_path, capsys):
+    bad = tmp_path / "w.jsonl"
+    bad.write_text('{"id": "a", "pieces": [{"kind": "document", "id": "d", "tokens": 3}]}\n'
+                   '{"id": "b", "pieces": [{"kind": "document", "id": "d", "tokens": "x"}]}\n')
+    code = main(["replay", "--workload", str(bad), "--policy", "segment", "--budget", "1MB",
+                 "--out", str(tmp_path / "r"), "--no-progress"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "tokens" in err and "Traceback" not in err
+
+
+def test_percentile_interval_of_a_tiny_sample_is_open():
+    from kvaudit.replay.summary import percentile_interval
+
+    p = percentile_interval(np.array([0.1, 0.2, 0.3]), 0.99)
+    assert p["value"] == 0.3 and p["high"] is None
