@@ -152,3 +152,23 @@ def test_percentile_interval_of_a_tiny_sample_is_open():
 
     p = percentile_interval(np.array([0.1, 0.2, 0.3]), 0.99)
     assert p["value"] == 0.3 and p["high"] is None
+
+
+@pytest.mark.model
+def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
+    from kvaudit.models import load_tokenizer
+
+    log = tmp_path / "chat.jsonl"
+    doc = "Doc: the refund policy is thirty days from delivery."
+    rows = [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": doc},
+                          {"role": "user", "content": q}]} for q in ("How long?", "Refunds?", "Thirty?")]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    wl = tmp_path / "w.jsonl"
+    assert main(["generate", "workload", "--from-log", str(log), "--keep-text", "--out", str(wl)]) == 0
+    assert main(["replay", "--workload", str(wl), "--policy", "segment", "--budget", "50MB",
+                 "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    recs = ReplayDir(tmp_path / "r").read_requests()
+    tok = load_tokenizer("smollm2")
+    doc_unit = len(tok(doc, add_special_tokens=False)["input_ids"]) + len(tok("\n\n", add_special_tokens=False)["input_ids"])
+    assert [r.segment_tokens for r in recs] == [doc_unit] * 3  # the logged document, not synthetic text
+    assert [r.segment_hit_tokens for r in recs] == [0, doc_unit, doc_unit]

@@ -248,6 +248,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="reshuffle popularity every N requests (bursts that decay); 0 = never")
     a("--rate", type=float, default=d.rate, help=f"arrivals per second for timestamps (default {d.rate})")
     a("--seed", type=non_negative_int, default=d.seed)
+    g = parser.add_argument_group("from a request log (the generator's options above are then unused)")
+    g.add_argument("--from-log", type=Path, default=None, metavar="FILE",
+                   help="a JSONL request log: chat-completions requests (messages, also Batch API lines), "
+                        "completions requests (prompt) or plain prompts (text, or JSON strings); docs/simulator.md")
+    g.add_argument("--split", default="messages",
+                   help="how a prompt is cut into pieces: messages (default), delimiter:STRING or regex:PATTERN")
+    g.add_argument("--tokenizer", default="smollm2",
+                   help="token counts from this model's tokenizer: smollm2 (default) or a local checkpoint directory")
+    g.add_argument("--keep-text", action="store_true",
+                   help="write each piece's text too (logs hold user data: off by default); kvaudit replay "
+                        "then serves the logged text")
+    g.add_argument("--strict", action="store_true", help="refuse the log at its first unreadable line "
+                                                         "(default: skip it and name it)")
     add_progress_argument(parser)
 
 
@@ -255,11 +268,47 @@ def params_from_args(args: argparse.Namespace) -> WorkloadParams:
     return WorkloadParams(**{f.name: getattr(args, f.name) for f in fields(WorkloadParams)})
 
 
+def card_path(out: Path) -> Path:
+    """Where an imported log's card goes: ``w.jsonl`` -> ``w.card.json``."""
+    return out.with_name(out.stem + ".card.json")
+
+
+def run_from_log(args: argparse.Namespace, out: Path) -> int:
+    import sys
+
+    from kvaudit.core.jsonio import write_atomic, write_json
+    from kvaudit.generators.workload_log import import_log, iter_lines, parse_split
+    from kvaudit.models import load_tokenizer
+
+    parse_split(args.split)  # a bad --split is refused before the tokenizer loads
+    tok = load_tokenizer(args.tokenizer)
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    result = import_log(args.from_log, args.split, count, keep_text=args.keep_text, strict=args.strict)
+    write_atomic(out, "".join(iter_lines(result)))
+    card = {**result.card, "tokenizer": args.tokenizer, "skipped": result.skipped}
+    write_json(card_path(out), card)
+    for s in result.skipped[:20]:
+        print(f"{args.from_log}, line {s['line']}: skipped: {s['reason']}", file=sys.stderr)
+    if len(result.skipped) > 20:
+        print(f"... {len(result.skipped) - 20} more skipped lines in {card_path(out)}", file=sys.stderr)
+    c = result.card
+    print(f"wrote {out}: {c['requests']} requests from {args.from_log} ({c['skipped_lines']} lines skipped), "
+          f"{c['prompt_tokens']} prompt tokens; card {card_path(out)}")
+    print(f"repeated content: {100 * c['repeated_share']:.1f}% of prompt tokens; "
+          f"{100 * c['non_prefix_share_of_repeated']:.1f}% of it at positions an exact prefix cache cannot reach")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise KvauditError(f"--out {out}: is a directory; the workload is one JSONL file (e.g. {out / 'workload.jsonl'})")
     check_writable_dir(out.parent, "--out")
+    if args.from_log is not None:
+        return run_from_log(args, out)
     params = params_from_args(args)
     trace = generate(params)
     write_workload(args.out, trace, params, progress=not args.no_progress)
