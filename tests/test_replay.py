@@ -172,3 +172,43 @@ def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
     doc_unit = len(tok(doc, add_special_tokens=False)["input_ids"]) + len(tok("\n\n", add_special_tokens=False)["input_ids"])
     assert [r.segment_tokens for r in recs] == [doc_unit] * 3  # the logged document, not synthetic text
     assert [r.segment_hit_tokens for r in recs] == [0, doc_unit, doc_unit]
+
+
+def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int) -> None:
+    from kvaudit.core.replay_format import RequestRecord
+    from kvaudit.replay.summary import summarise
+
+    rng = np.random.default_rng(seed)
+    d = ReplayDir(path)
+    cfg = _config(policy=policy, workload_hash="same", n_requests=40)
+    d.path.mkdir(parents=True)
+    d.write_config(cfg)
+    recs = []
+    with d.appending_requests() as app:
+        for i in range(40):
+            hit = 60 if policy == "segment" and i % 2 else 0
+            rec = RequestRecord(index=i, request_id=f"r{i}", wave=i, session=0, n_prompt_tokens=100 + i, head_tokens=10,
+                                segment_tokens=80, ttft_s=float(ttft * rng.lognormal(0, 0.2)), warmup_s=0.0, head_s=0.0,
+                                queue_s=0.0, prefix_cache_tokens=0, segment_hit_tokens=hit, warmup_tokens=80 - hit,
+                                tokens_computed=100 + i - hit, evictions=0.0, wall_s=ttft, ids_hash=f"h{i}",
+                                piece_ids=["tmpl:x", f"seg:{i % 4}", f"tail:{i}"], piece_tokens=[10, 80, 10 + i],
+                                piece_kinds=["prefix", "document", "question"])
+            app.append(rec)
+            recs.append(rec)
+    d.write_summary(summarise(recs, cfg, {"block_size": 16, "bytes_per_token": 1, "kv_tokens": 1000,
+                                           "stores_heads": False}))
+
+
+def test_compare_puts_replays_side_by_side_and_refuses_a_mix(tmp_path, capsys):
+    _synthetic_replay(tmp_path / "seg", "segment", 0.05, 0)
+    _synthetic_replay(tmp_path / "rec", "recompute", 0.2, 1)
+    assert main(["compare", str(tmp_path / "rec"), str(tmp_path / "seg"), "--out", str(tmp_path / "cmp")]) == 0
+    page = (tmp_path / "cmp" / "replays.html").read_text()
+    assert "segment @ 0 MB" in page and "recompute @ 0 MB" in page and "<script" not in page
+    rows = json.loads((tmp_path / "cmp" / "replays.json").read_text())["rows"]
+    assert [r["summary"]["config"]["policy"] for r in rows] == ["recompute", "segment"]
+    assert rows[1]["summary"]["hit_rate"]["measured"]["hit_tokens"] == 20 * 60
+    assert main(["report", str(tmp_path / "seg")]) == 0 and (tmp_path / "seg" / "replays.html").is_file()
+    (tmp_path / "run").mkdir()
+    assert main(["compare", str(tmp_path / "seg"), str(tmp_path / "run"), "--out", str(tmp_path / "c2")]) == 2
+    assert "not a replay directory" in capsys.readouterr().err

@@ -12,8 +12,10 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directories (manifest.json, pairs.jsonl)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="write compare.html and compare.json here")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run directories (manifest.json, pairs.jsonl), or replay directories (kvaudit replay)")
+    parser.add_argument("--out", required=True, metavar="DIR",
+                        help="write compare.html and compare.json here (replays: replays.html and replays.json)")
     parser.add_argument("--policy", metavar="FILE",
                         help="policy TOML for the verdicts and routing margins (default: the shipped policy)")
     parser.add_argument("--arm", action="append", default=[], metavar="ARM",
@@ -21,7 +23,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.core.errors import KvauditError
+    from kvaudit.reports import replay_report
     from kvaudit.reports.compare import write_comparison
+
+    replays = [r for r in args.runs if replay_report.is_replay(r)]
+    if replays:  # replays side by side (kvaudit replay): replays.json and replays.html
+        if len(replays) != len(args.runs):
+            other = next(r for r in args.runs if r not in replays)
+            raise KvauditError(f"{other}: not a replay directory; compare replays with replays and runs with runs")
+        for path in replay_report.write(replays, args.out):
+            print(path)
+        return 0
 
     json_path, html_path = write_comparison(args.runs, args.out, policy_path=args.policy,
                                             arms=args.arm or None)
