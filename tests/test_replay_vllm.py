@@ -55,3 +55,6 @@ def test_prefix_cache_under_a_budget_is_held_to_the_simulator(workload, tmp_path
     assert abs(hr["gap_points"]) <= 2.0, hr
     # exact prefix caching finds little on RAG prompts: documents sit behind per-request prefixes
     assert hr["measured"]["token_hit_rate"] < 0.15
+    # vLLM's own first-token time is recorded beside the client's for every request
+    co = s["client_overhead_s"]
+    assert co["requests"] == 30 and abs(co["p50"]) < 0.005

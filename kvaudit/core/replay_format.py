@@ -87,6 +87,10 @@ class RequestRecord:
     piece_tokens: list[int] = field(default_factory=list)
     piece_kinds: list[str] = field(default_factory=list)
     truncated: bool = False
+    # the engine's own first-token latency for the request's main prefill (vLLM's request stats),
+    # and the client's time to first token for that same request: their difference is kvaudit's overhead
+    engine_ttft_s: float | None = None
+    client_request_ttft_s: float | None = None
 
 
 class ReplayDir:

@@ -90,6 +90,10 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
         print(f"  simulated with the store's operations in the engine's order: "
               f"{100 * hr['simulated_engine_order']['token_hit_rate']:.1f}% "
               f"(gap {hr['gap_points_engine_order']:+.1f} points)")
+    co = s.get("client_overhead_s")
+    if co:
+        print(f"  kvaudit's client over the engine's own first-token time: median {1e3 * co['p50']:.2f} ms, "
+              f"p95 {1e3 * co['p95']:.2f} ms ({co['requests']} requests)")
     th = s["throughput"]
     if th["requests_per_s"]:
         print(f"  throughput {th['requests_per_s']:.2f} requests/s, {th['prompt_tokens_per_s']:,.0f} prompt tokens/s")
@@ -111,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
                            "--backend vllm (in process)")
     if "concurrent_cases" in opts:
         opts["concurrent_cases"] = args.concurrency
+    if args.backend == "vllm":
+        opts["disable_log_stats"] = False  # vLLM's per-request stats: its own TTFT beside the client's
     check_writable_dir(args.out)
     requests = read_workload(args.workload)
     if args.limit:

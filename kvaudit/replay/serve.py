@@ -104,7 +104,8 @@ def serve_wave(backend: Backend, policy: str, prompts: list[Prompt], request_ids
             queue_s=warmup_s + head_s, prefix_cache_tokens=int(prefix_hit), segment_hit_tokens=int(seg_hit),
             warmup_tokens=int(warm_tokens), tokens_computed=len(p.ids) - int(prefix_hit) - int(seg_hit),
             evictions=evictions, wall_s=wall, ids_hash=p.ids_hash, piece_ids=ids, piece_tokens=toks,
-            piece_kinds=kinds, truncated=bool(p.truncation.get("truncated"))))
+            piece_kinds=kinds, truncated=bool(p.truncation.get("truncated")),
+            engine_ttft_s=out.engine_ttft_s, client_request_ttft_s=res.ttft_s - out.head_s))
     return records
 
 

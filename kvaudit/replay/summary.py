@@ -155,4 +155,17 @@ def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[s
             "prompt_tokens_per_s": float(prompt.sum()) / busy if busy > 0 else None,
         },
         "evictions": float(sum(r.evictions for r in records)),
+        "client_overhead_s": _client_overhead(records),
     }
+
+
+def _client_overhead(records: list[RequestRecord]) -> dict[str, Any] | None:
+    """kvaudit's client time on each request's own prefill: the TTFT the client measured for it
+    minus the first-token latency the engine recorded for it (vLLM request stats; None where the
+    engine keeps none)."""
+    d = np.array([r.client_request_ttft_s - r.engine_ttft_s for r in records
+                  if r.engine_ttft_s is not None and r.client_request_ttft_s is not None])
+    if not len(d):
+        return None
+    return {"requests": int(len(d)), "p50": float(np.median(d)), "p95": float(np.quantile(d, 0.95)),
+            "max": float(d.max())}

@@ -64,6 +64,9 @@ class ArmOutput:
     # A repair arm's account (positions recomputed, counts, selection and recompute seconds): the
     # runner records it as the arm's ArmResult.repair.
     detail: dict[str, Any] | None = None
+    # The engine's own time to first token for the arm's main request, where it keeps one (vLLM
+    # opened with request stats): beside the client's ``result.ttft_s``, the client's overhead.
+    engine_ttft_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,15 @@ class _Run:
     total_s: float
     num_cached_tokens: int
     prompt_logprobs: list[Any] | None = None
+    engine_ttft_s: float | None = None  # vLLM's own first-token latency (engines opened with log stats)
+
+
+def engine_ttft(metrics: Any) -> float | None:
+    """vLLM's own time to first token for a request (``RequestStateStats.first_token_latency``:
+    its first-token iteration minus its arrival), or None where the engine keeps no request stats
+    (``disable_log_stats``, the default of ``vllm.LLM``)."""
+    v = getattr(metrics, "first_token_latency", None)
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
 
 
 class VllmBackend(Backend):
@@ -250,7 +259,8 @@ class VllmBackend(Backend):
             runs[rid] = _Run(token_ids=list(comp.token_ids), first_lp={int(k): float(v.logprob) for k, v in lps.items()},
                              ttft_s=first.get(rid, total), total_s=total,
                              num_cached_tokens=int(out.num_cached_tokens or 0),
-                             prompt_logprobs=out.prompt_logprobs or plps.get(rid))
+                             prompt_logprobs=out.prompt_logprobs or plps.get(rid),
+                             engine_ttft_s=engine_ttft(getattr(out, "metrics", None)))
         return runs
 
     def _one(self, ids: list[int], *, transfer: dict[str, Any] | None = None, max_tokens: int | None = None,
@@ -457,7 +467,8 @@ class VllmBackend(Backend):
                                 for r, save in zip(reqs, saves)], reverse=spec.perturbs_batch, filler=filler)
             canaries = self._score(reqs, arm_keys)
             return [ArmOutput(result=self._result(spec, r.prompt, run, run.ttft_s, 0, 0, {}, c),
-                              first_logits=self._first_logits(run.first_lp), build_s=0.0)
+                              first_logits=self._first_logits(run.first_lp), build_s=0.0,
+                              engine_ttft_s=run.engine_ttft_s)
                     for r, run, c in zip(reqs, runs, canaries)]
 
         # cached-segment arms
@@ -499,7 +510,7 @@ class VllmBackend(Backend):
             fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, keys)}
             res = self._result(spec, prompt, run, hs + run.ttft_s, prompt.tail_start - prompt.head_len, hit, fps, c)
             outs.append(ArmOutput(result=res, first_logits=self._first_logits(run.first_lp),
-                                  build_s=build_s / len(reqs), head_s=hs))
+                                  build_s=build_s / len(reqs), head_s=hs, engine_ttft_s=run.engine_ttft_s))
         return outs
 
     def _score(self, reqs: list[ArmRequest], arm_keys: list[str | None]) -> list[dict[str, float] | None]:
@@ -519,7 +530,8 @@ class VllmBackend(Backend):
         for r, run in zip(reqs, runs):
             cached = run.num_cached_tokens
             res = self._result(spec, r.prompt, run, run.ttft_s, cached, cached, {}, None)
-            outs.append(ArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0))
+            outs.append(ArmOutput(result=res, first_logits=self._first_logits(run.first_lp), build_s=0.0,
+                                  engine_ttft_s=run.engine_ttft_s))
         return outs
 
     def close(self) -> None:
