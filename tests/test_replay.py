@@ -92,8 +92,14 @@ def test_segment_replay_is_held_to_the_simulator_and_resumes_without_loss(worklo
     assert [r.index for r in ReplayDir(out).read_requests()] == list(range(6))
     assert main(args + ["--budget", "20MB"]) == 2  # another budget is another replay
     assert "holds a replay with budget_bytes=10000000" in capsys.readouterr().err
-    assert main(args) == 0  # the rest, in a second session that starts with an empty store
+    # the rest, in a second session that starts with an empty store; with an audit sample
+    assert main(args + ["--audit-sample", "4"]) == 0
     out2 = out
+    from kvaudit.core.dataset_format import read_dataset
+
+    ds = read_dataset(out / "audit_dataset")
+    assert [c.id for c in ds.cases] == ["r0000000", "r0000004", "r0000009", "r0000013"]
+    assert all(c.metric == "agreement" and c.segment_ids for c in ds.cases)
     d = ReplayDir(out2)
     recs = d.read_requests()
     assert sorted(r.index for r in recs) == list(range(14))

@@ -45,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--limit", type=positive_int, default=None, help="replay only the first N requests")
     p.add_argument("--max-new-tokens", type=positive_int, default=1,
                    help="tokens generated per request (default 1: the replay measures the time to first token)")
+    p.add_argument("--audit-sample", type=positive_int, default=None, metavar="K",
+                   help="also write K of the replayed requests, evenly spaced over the workload, as a dataset "
+                        "(documents as segments, metric 'agreement' with recompute's answer) for `kvaudit run`: "
+                        "the quality cost on the traffic whose speed was measured")
+    p.add_argument("--audit-dataset", type=Path, default=None, metavar="DIR",
+                   help="where --audit-sample writes the dataset (default OUT/audit_dataset)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -179,4 +185,31 @@ def run(args: argparse.Namespace) -> int:
         summary = summarise(out.read_requests(), config, engine)
         out.write_summary(summary)
     _print_summary(summary, args.out)
+    if args.audit_sample:
+        write_audit_sample(requests, args.audit_sample, args.audit_dataset or Path(args.out) / "audit_dataset",
+                           synth, args)
     return 0
+
+
+def write_audit_sample(requests: list[Any], k: int, out: Path, synth: Any, args: argparse.Namespace) -> None:
+    """K requests, evenly spaced over the workload, as a dataset with the texts the replay served.
+    The replay's requests carry no gold answers: the cases' metric is ``agreement`` (an arm's
+    answer scored against recompute's on the same ids), so the quality cost is what reuse changes."""
+    from kvaudit.generators.writing import finish
+    from kvaudit.replay.workload_text import request_cases
+
+    k = min(k, len(requests))
+    picked = [requests[round(i * (len(requests) - 1) / max(1, k - 1))] for i in range(k)] if k > 1 else requests[:1]
+    picked = list({r.index: r for r in picked}.values())
+    segments: dict[str, Any] = {}
+    cases = []
+    for case, segs in request_cases(picked, synth):
+        case.metric = "agreement"
+        case.answers = []
+        case.evidence = list(case.segment_ids)
+        segments.update(segs)
+        cases.append(case)
+    finish(out, generator="replay-sample", seed=None,
+           params={"workload": str(args.workload), "policy": args.policy, "audit_sample": k},
+           segments=segments, cases=cases, quiet=True)
+    print(f"  audit sample: {len(cases)} requests as a dataset in {out} (kvaudit run --dataset {out} ...)")

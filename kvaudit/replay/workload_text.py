@@ -8,7 +8,7 @@ that are one token each with their leading space, so a piece tokenized on its ow
 :func:`kvaudit.runners.prompt.assemble` tokenizes it) has exactly that many tokens.
 
 A request becomes a :class:`Case`: its prefix pieces are the case's prefix (the user turn's start,
-after the chat template's head), its documents the case's segments, its question pieces the
+after the chat template's head; ended with a newline, as a dataset's prefix is), its documents the case's segments, its question pieces the
 question; the prompt is assembled exactly as ``kvaudit run`` assembles it.
 """
 
@@ -113,6 +113,8 @@ def request_cases(requests: list[WorkloadRequest], synth: SyntheticText | None) 
 
     for r in requests:
         prefix = "".join(text_of(p) for p in r.pieces if p.kind == "prefix")
+        if prefix and not prefix.endswith("\n"):
+            prefix += "\n"  # a case's prefix is whole lines (the dataset format's rule)
         docs = [p for p in r.pieces if p.kind == "document"]
         question = "".join(text_of(p) for p in r.pieces if p.kind == "question").strip() or "?"
         segments = {p.id: Segment(id=p.id, text=text_of(p)) for p in docs}
