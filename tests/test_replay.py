@@ -218,3 +218,35 @@ def test_compare_puts_replays_side_by_side_and_refuses_a_mix(tmp_path, capsys):
     (tmp_path / "run").mkdir()
     assert main(["compare", str(tmp_path / "seg"), str(tmp_path / "run"), "--out", str(tmp_path / "c2")]) == 2
     assert "not a replay directory" in capsys.readouterr().err
+
+
+def test_open_loop_waves_take_what_has_arrived_when_the_engine_is_free():
+    from kvaudit.replay.serve import _waves
+
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    arrivals = [0.0, 0.1, 0.2, 5.0, 5.0, 5.0]
+    waves = []
+    for pos, started in _waves(6, 2, arrivals, lambda: now[0], sleep):
+        waves.append((pos, started))
+        now[0] += 1.0  # each wave takes a second
+    # request 0 alone at 0; 1 and 2 arrived while it ran; then idle until 5.0; 3 and 4, then 5
+    assert waves == [([0], 0.0), ([1, 2], 1.0), ([3, 4], 5.0), ([5], 6.0)]
+    closed = [pos for pos, _ in _waves(5, 2, None, lambda: 0.0, sleep)]
+    assert closed == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.model
+def test_an_open_loop_replay_counts_the_wait_in_ttft(workload, tmp_path):
+    out = tmp_path / "open"
+    assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",
+                 "--out", str(out), "--rate", "40", "--limit", "8", "--no-progress"]) == 0
+    d = ReplayDir(out)
+    recs = d.read_requests()
+    assert d.read_config().arrivals == "poisson:40.0:0"
+    assert all(r.arrival_s is not None and r.ttft_s >= r.queue_s for r in recs)
+    assert max(r.queue_s for r in recs) > 0  # 40 a second on a CPU that serves a few: requests wait
+    assert d.read_summary()["queue_s"]["p95"] > 0

@@ -42,6 +42,7 @@ class ReplayConfig:
     concurrency: int
     max_new_tokens: int
     n_requests: int
+    arrivals: str = "closed"  # closed | timestamps | poisson:RATE:SEED
     format_version: int = REPLAY_FORMAT
 
     def identity(self) -> dict[str, Any]:
@@ -91,6 +92,7 @@ class RequestRecord:
     # and the client's time to first token for that same request: their difference is kvaudit's overhead
     engine_ttft_s: float | None = None
     client_request_ttft_s: float | None = None
+    arrival_s: float | None = None  # open loop: the request's arrival, seconds from its session's start
 
 
 class ReplayDir:

@@ -38,7 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="KV bytes the policy may keep cached between requests, e.g. 200MB or 2GiB")
     p.add_argument("--out", required=True, type=Path, help="replay directory (rerun the same command to resume)")
     p.add_argument("--concurrency", type=positive_int, default=1,
-                   help="requests submitted together in each wave (closed loop; default 1)")
+                   help="the most requests served together in one wave (default 1)")
+    loop = p.add_mutually_exclusive_group()
+    loop.add_argument("--rate", type=float, default=None, metavar="R",
+                      help="open loop: Poisson arrivals at R requests per second (seeded by --seed)")
+    loop.add_argument("--timestamps", action="store_true",
+                      help="open loop: arrivals at the workload's own timestamps (relative to the first request)")
+    p.add_argument("--seed", type=int, default=0, help="seed of --rate's arrivals (default 0)")
     p.add_argument("--model", default="smollm2", help="'smollm2' (default) or a local checkpoint directory")
     add_backend_arguments(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -52,6 +58,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--audit-dataset", type=Path, default=None, metavar="DIR",
                    help="where --audit-sample writes the dataset (default OUT/audit_dataset)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _arrivals(args: argparse.Namespace, requests: list[Any]) -> tuple[str, list[float] | None]:
+    """The arrival spec recorded in the replay's config, and one arrival time per workload request
+    (seconds from the first), or None for the closed loop."""
+    from kvaudit.replay.serve import poisson_arrivals
+
+    if args.rate is not None:
+        if not args.rate > 0 or args.rate == float("inf"):
+            raise KvauditError(f"--rate must be a positive number of requests per second, got {args.rate}")
+        return f"poisson:{args.rate}:{args.seed}", poisson_arrivals(len(requests), args.rate, args.seed)
+    if args.timestamps:
+        missing = [r for r in requests if r.timestamp is None]
+        if missing:
+            raise KvauditError(f"--timestamps: request {missing[0].id!r} of {args.workload} has no timestamp "
+                               f"({len(missing)} of {len(requests)} have none)")
+        times = [r.timestamp for r in requests]
+        back = next((i for i in range(1, len(times)) if times[i] < times[i - 1]), None)
+        if back is not None:
+            raise KvauditError(f"--timestamps: request {requests[back].id!r} of {args.workload} arrives before "
+                               "the one above it; the replay serves requests in file order")
+        return "timestamps", [t - times[0] for t in times]
+    return "closed", None
 
 
 def _engine_facts(backend: Any, dtype: str, model: str) -> dict[str, Any]:
@@ -127,10 +156,11 @@ def run(args: argparse.Namespace) -> int:
     requests = read_workload(args.workload)
     if args.limit:
         requests = requests[: args.limit]
+    arrivals_spec, arrivals = _arrivals(args, requests)
     config = ReplayConfig(workload=str(args.workload), workload_hash=file_sha256(args.workload), policy=args.policy,
                           budget_bytes=args.budget, model=args.model, backend=args.backend,
                           concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
-                          n_requests=len(requests))
+                          n_requests=len(requests), arrivals=arrivals_spec)
     out = ReplayDir(args.out)
     with out.lock("replay", create=True):
         out.check_resumable(config)
@@ -174,8 +204,11 @@ def run(args: argparse.Namespace) -> int:
             bar = progress_bar(total=len(todo), desc=f"replay {args.policy}", unit="request",
                                enabled=not args.no_progress)
             t0 = time.perf_counter()
+            if arrivals is not None:  # a resumed session starts its clock at its first request's arrival
+                times = [arrivals[r.index] for r in todo_requests]
+                arrivals = [t - times[0] for t in times] if times else []
             replay(backend, args.policy, todo, out, concurrency=args.concurrency, template_len=template_len,
-                   on_wave=bar.update)
+                   on_wave=bar.update, arrivals=arrivals)
             bar.close()
             engine["wall_s_last_session"] = time.perf_counter() - t0
         finally:

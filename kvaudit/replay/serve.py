@@ -13,15 +13,19 @@ as an audit's:
                *on the request path*, before the request's own prefill, and its time is in the
                request's TTFT (``warmup_s``); so is the head's own prefill where the engine needs it.
 
-Requests go in file order in waves of ``concurrency`` (closed loop: a wave is submitted together
-and the next one starts when every request of it has its answer). A resumed replay starts its
+Requests go in file order in waves. Closed loop: ``concurrency`` at a time, the next wave when every
+request of the last has its answer. Open loop (arrival times: the workload's timestamps, or
+Poisson at a rate): when the engine is free, the requests that have arrived by then (at most
+``concurrency``) go as one wave, and each request's wait since its arrival is in its TTFT. A
+wave is one engine batch: arrivals during a wave wait for the next one, which is coarser than
+vLLM's own per-iteration scheduling (a request never joins a batch already running). A resumed replay starts its
 session with an empty cache; records carry their session so the simulator is held to the same.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kvaudit.core.arms import ARMS
@@ -109,22 +113,54 @@ def serve_wave(backend: Backend, policy: str, prompts: list[Prompt], request_ids
     return records
 
 
+def _waves(n: int, concurrency: int, arrivals: list[float] | None,
+           clock: Callable[[], float], sleep: Callable[[float], None]) -> Iterator[tuple[list[int], float]]:
+    """Positions of each wave and the session time it starts at. Closed loop (no ``arrivals``):
+    ``concurrency`` at a time, back to back. Open loop: when the engine is free, every request that
+    has arrived by then (at most ``concurrency``) goes together; with none arrived, wait for the next."""
+    k = 0
+    while k < n:
+        if arrivals is None:
+            yield list(range(k, min(n, k + concurrency))), clock()
+            k += concurrency
+            continue
+        now = clock()
+        if arrivals[k] > now:
+            sleep(arrivals[k] - now)
+            now = clock()
+        end = k
+        while end < n and end - k < concurrency and arrivals[end] <= now:
+            end += 1
+        yield list(range(k, end)), now
+        k = end
+
+
 def replay(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[], Prompt]]], out: ReplayDir, *,
-           concurrency: int, template_len: int, on_wave: Callable[[int], None] | None = None) -> int:
+           concurrency: int, template_len: int, on_wave: Callable[[int], None] | None = None,
+           arrivals: list[float] | None = None) -> int:
     """Serve ``todo`` (index, request id, prompt maker) in waves, appending each wave's records
-    (flushed and fsynced) before the next; returns the number served."""
+    (flushed and fsynced) before the next; returns the number served. ``arrivals`` (seconds from
+    the session's start, one per request, non-decreasing) makes it open loop: a request's TTFT
+    then includes its wait from arrival until its wave started (``queue_s``)."""
     if policy not in POLICY_ARM:
         raise KvauditError(f"--policy must be one of {', '.join(POLICY_ARM)}, got {policy!r}")
     done = out.finished()
     session = max((r.session for r in done), default=-1) + 1
     wave = max((r.wave for r in done), default=-1) + 1
     served = 0
+    t0 = time.perf_counter()
     with out.appending_requests() as app:
-        for k in range(0, len(todo), concurrency):
-            chunk = todo[k: k + concurrency]
+        for pos, started in _waves(len(todo), concurrency, arrivals, lambda: time.perf_counter() - t0, time.sleep):
+            chunk = [todo[i] for i in pos]
             prompts = [make() for _, _, make in chunk]
-            for rec in serve_wave(backend, policy, prompts, [rid for _, rid, _ in chunk], [i for i, _, _ in chunk],
-                                  wave, session, template_len):
+            records = serve_wave(backend, policy, prompts, [rid for _, rid, _ in chunk], [i for i, _, _ in chunk],
+                                 wave, session, template_len)
+            for i, rec in zip(pos, records, strict=True):
+                if arrivals is not None:
+                    waited = max(0.0, started - arrivals[i])
+                    rec.queue_s += waited
+                    rec.ttft_s += waited
+                    rec.arrival_s = arrivals[i]
                 app.append(rec)
             app.flush()
             served += len(chunk)
@@ -132,6 +168,13 @@ def replay(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[]
             if on_wave is not None:
                 on_wave(len(chunk))
     return served
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """``n`` Poisson arrival times at ``rate`` per second (seeded: the same replay, the same times)."""
+    import numpy as np
+
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n)).tolist()
 
 
 def prompt_maker(case: Case, segments: dict[str, Segment], backend: Backend) -> Callable[[], Prompt]:

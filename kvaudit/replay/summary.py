@@ -131,6 +131,8 @@ def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[s
         "truncated_requests": sum(r.truncated for r in records),
         "ttft_s": {f"p{round(q * 100)}": percentile_interval(ttft, q) for q in PERCENTILES},
         "ttft_mean_s": float(ttft.mean()),
+        "queue_s": {"p50": float(np.median([r.queue_s for r in records])),
+                    "p95": float(np.quantile([r.queue_s for r in records], 0.95))},
         "warmup_s_total": float(sum({r.wave: r.warmup_s for r in records}.values())),
         "ttft_by_length": _length_bins(prompt, ttft),
         "hit_rate": {
