@@ -43,7 +43,8 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
     fit = -(-(longest + 1) // block) * block
     kv = engine_kv_bytes(args.budget, args.concurrency, longest, bpt, block) if policy == "prefix" \
         else max(fit * bpt * args.concurrency * 2, 8 << 30)
-    opts = {"load_format": "dummy", "block_size": block, "gpu_memory_utilization": 0.92}
+    opts = {"load_format": "dummy", "block_size": block, "gpu_memory_utilization": 0.92,
+            "disable_log_stats": False}  # vLLM's request stats: its own first-token time beside the client's
     if not args.eager:
         opts.update(max_num_seqs=16, compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16]})
     t0 = time.perf_counter()
@@ -103,6 +104,10 @@ def main() -> None:
               f"sim {100 * h['simulated']['token_hit_rate']:.1f}% (gap {h['gap_points']:+.1f}"
               f"{'' if eo is None else f', engine order {eo:+.1f}'})  open {s['engine']['open_s']:.0f}s "
               f"wall {s['engine']['wall_s']:.0f}s", flush=True)
+        co = s.get("client_overhead_s")
+        if co:
+            print(f"{'':<10} client over vLLM's own first-token time: median {1e3 * co['p50']:.2f} ms, "
+                  f"p95 {1e3 * co['p95']:.2f} ms, max {1e3 * co['max']:.2f} ms", flush=True)
     if "prefix" in results and "segment" in results:
         print("\nmedian TTFT by request length (ms): prefix vs segment")
         for a, b in zip(results["prefix"]["ttft_by_length"], results["segment"]["ttft_by_length"], strict=False):

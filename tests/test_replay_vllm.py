@@ -48,6 +48,15 @@ def test_segment_store_on_vllm_is_held_to_the_simulator(workload, tmp_path):
     assert abs(hr["gap_points"]) <= 10  # simulate's once-per-request eviction: close, not exact
 
 
+def test_prefix_cache_under_a_budget_smaller_than_one_request_keeps_only_the_last_one(workload, tmp_path):
+    # 1 MB holds 21 tokens: the engine has room for the request in flight and nothing more, so
+    # what a request finds is what the request just before it left (vLLM frees blocks cached).
+    s = _replay(workload, tmp_path / "tiny", "prefix", "1MB")
+    hr = s["hit_rate"]
+    assert abs(hr["gap_points"]) <= 2.0, hr
+    assert hr["measured"]["token_hit_rate"] <= 0.05
+
+
 def test_prefix_cache_under_a_budget_is_held_to_the_simulator(workload, tmp_path):
     s = _replay(workload, tmp_path / "prefix", "prefix", "20MB")
     hr = s["hit_rate"]
