@@ -233,9 +233,11 @@ class VllmBackend(Backend):
         self.engine.add_request(rid, prompt, params)  # outputs carry this id (the engine may suffix its own)
         return rid
 
-    def _drain(self, watch: list[str]) -> dict[str, _Run]:
-        """Step the engine until every request finishes; time each watched one's first token."""
-        t0 = time.perf_counter()
+    def _drain(self, watch: list[str], t0: float | None = None) -> dict[str, _Run]:
+        """Step the engine until every request finishes; time each watched one's first token from
+        ``t0`` (the moment before the requests were submitted: vLLM's input processing in
+        ``add_request`` is part of a request's TTFT, as the engine's own first-token latency counts it)."""
+        t0 = time.perf_counter() if t0 is None else t0
         first: dict[str, float] = {}
         final: dict[str, Any] = {}
         plps: dict[str, Any] = {}  # prompt log-probabilities as first returned (an output may carry them once)
@@ -274,12 +276,13 @@ class VllmBackend(Backend):
         submits them last first, ``filler`` adds a one-token request: another batch shape."""
         order = list(range(len(items)))[::-1] if reverse else list(range(len(items)))
         rids: dict[int, str] = {}
+        t0 = time.perf_counter()
         for i in order:
             ids, params, salt = items[i]
             rids[i] = self._submit(ids, params, salt)
         if filler is not None:
             self._submit(filler, self._params(max_tokens=1))
-        runs = self._drain(list(rids.values()))
+        runs = self._drain(list(rids.values()), t0)
         return [runs[rids[i]] for i in range(len(items))]
 
     # ------------------------------------------------------------------ segment stores
