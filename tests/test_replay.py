@@ -250,3 +250,11 @@ def test_an_open_loop_replay_counts_the_wait_in_ttft(workload, tmp_path):
     assert all(r.arrival_s is not None and r.ttft_s >= r.queue_s for r in recs)
     assert max(r.queue_s for r in recs) > 0  # 40 a second on a CPU that serves a few: requests wait
     assert d.read_summary()["queue_s"]["p95"] > 0
+
+
+def test_segment_policy_over_http_is_refused_before_any_request(workload, tmp_path, capsys):
+    code = main(["replay", "--backend", "openai", "--base-url", "http://127.0.0.1:9", "--workload", str(workload),
+                 "--policy", "segment", "--budget", "1MB", "--out", str(tmp_path / "h"), "--no-progress"])
+    assert code == 2
+    assert "needs kvaudit's own segment store" in capsys.readouterr().err
+    assert not (tmp_path / "h").exists()

@@ -148,6 +148,12 @@ def run(args: argparse.Namespace) -> int:
     if args.policy == "prefix" and args.backend != "vllm":
         raise KvauditError("--policy prefix holds the engine's own prefix cache to --budget; that needs "
                            "--backend vllm (in process)")
+    if args.policy == "segment" and args.backend not in ("transformers", "vllm"):
+        # Over HTTP, a stock server's "reuse" is its own prefix cache primed by warm-ups (measured here:
+        # 12% hit where the segment store would hold 42%), and a connector server's store budget is
+        # set when the server starts, out of the replay's reach: neither is the segment policy at --budget.
+        raise KvauditError(f"--policy segment needs kvaudit's own segment store under --budget: --backend vllm "
+                           f"or transformers (in process), not {args.backend}")
     if "concurrent_cases" in opts:
         opts["concurrent_cases"] = args.concurrency
     if args.backend == "vllm":
