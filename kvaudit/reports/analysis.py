@@ -224,6 +224,21 @@ class Analysis:
         out.update(arm=arm, group=group, reference=ref)
         return out
 
+    def sequential_decision(self, arm: str, group: str, margin_points: float, plan: Any, look: int) -> Any:
+        """The sequential design's decision (:func:`kvaudit.stats.sequential.decide_at_look`) for
+        ``arm`` on a group at look ``look``, margin in points."""
+        from kvaudit.stats.sequential import decide_at_look
+
+        ids = self.select(group)
+        ref = reference_of(arm)
+        if arm in self._wide.columns and ref in self._wide.columns:
+            both = self._wide.loc[ids, [ref, arm]].dropna()
+        else:
+            both = pd.DataFrame(columns=[ref, arm])
+        d = both[arm].to_numpy(float) - both[ref].to_numpy(float)
+        return decide_at_look(d, self._docs.loc[both.index].tolist(), margin_points / stats.SCALE, plan, look,
+                              min_icc=self.min_icc)
+
     def flip_excess(self, arm: str, noise_arm: str = NOISE_ARM) -> dict[str, Any] | None:
         """``arm``'s flip rate minus the noise floor's on the same cases (points), with the
         paired interval of :func:`stats.paired_delta` (flips as 0/1 scores)."""

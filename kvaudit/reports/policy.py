@@ -405,6 +405,9 @@ def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = N
         return ThresholdResult(name, "delta", "error", f"delta {d['delta']:+.1f} pts, no bound", thr,
                                f"cannot judge: {d['reason']}" + (f"; about {need} cases needed "
                                                              "(`kvaudit plan` simulates it)" if need else ""))
+    sequential = an.run.manifest.extra.get("sequential")
+    if sequential is not None:
+        return _sequential_delta_result(check, an, arm, sequential, name, thr, d)
     # Three outcomes: pass when the whole interval clears the margin; fail when the whole interval
     # lies below it (a loss beyond the margin, confirmed); cannot judge when it straddles the
     # margin (the run is too small to tell), so that a fail is a decision the gate can rank first.
@@ -420,6 +423,42 @@ def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = N
                   + (f"; about {need} cases would be needed to pass a true delta of 0" if need and need > d["n"]
                      else ""))
     return ThresholdResult(name, "delta", status, f"lower bound {d['lower_bound']:+.1f} pts", thr, detail)
+
+
+def _sequential_delta_result(check: Check, an: Analysis, arm: str, recorded: Any, name: str, thr: str,
+                             d: dict[str, Any]) -> ThresholdResult:
+    """A run made with ``kvaudit run --until-decided`` is judged by the boundary of the look it
+    stopped at, never by the fixed-sample bound (that would spend alpha at every look and inflate
+    the false-pass rate); a run whose case count is not one of its planned looks (extended past its
+    design, or cut short between looks) cannot pass."""
+    from kvaudit.stats.sequential import design_from_dict
+
+    try:
+        if not isinstance(recorded, dict):
+            raise ValueError("the manifest's 'sequential' entry is not an object")
+        plan = design_from_dict(recorded)
+        if abs(plan.alpha - (1 - an.confidence) / 2) > 1e-9:
+            raise ValueError(f"the run was designed at one-sided alpha {plan.alpha:g}, the policy asks for "
+                             f"{(1 - an.confidence) / 2:g} (confidence {an.confidence:g})")
+    except ValueError as e:
+        return ThresholdResult(name, "delta", "error", "sequential design unreadable", thr, f"cannot judge: {e}")
+    n = len(an.run.pairs)
+    look = plan.look_of(n)
+    if look is None:
+        why = (f"{n} cases, past the design's maximum of {plan.max_cases}" if n > plan.max_cases
+               else f"{n} cases is not one of the design's looks ({', '.join(map(str, plan.looks))})")
+        return ThresholdResult(name, "delta", "error", f"delta {d['delta']:+.1f} pts at no planned look", thr,
+                               f"cannot judge: a sequential run is judged only at a planned look: {why}")
+    margin = check.params["min_lower_bound"]
+    res = an.sequential_decision(arm, check.params["group"], margin, plan, look)
+    status = {"pass": "pass", "fail": "fail"}.get(res.decision, "error")
+    lo = "–" if res.lower is None else f"{100 * res.lower:+.1f}"
+    hi = "–" if res.upper is None else f"{100 * res.upper:+.1f}"
+    detail = (f"sequential design, look {look + 1} of {len(plan.looks)} at {n} cases: delta {d['delta']:+.1f} pts, "
+              f"lower bound {lo} pts at one-sided {res.nominal_alpha:.2g}, upper {hi} pts (fail rule)"
+              + (f"; {res.reason}" if res.reason else "")
+              + ("; not decided at this look: run on to the next" if res.decision == "continue" else ""))
+    return ThresholdResult(name, "delta", status, f"lower bound {lo} pts (look {look + 1})", thr, detail)
 
 
 def cases_needed(delta: dict[str, Any], margin_points: float, *,

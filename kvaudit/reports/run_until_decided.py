@@ -1,0 +1,131 @@
+"""``kvaudit run``, and ``kvaudit run --until-decided``: a run that stops as soon as the gate is decided.
+
+Without ``--until-decided`` this is ``kvaudit run`` (:mod:`kvaudit.runners.run_cli`). With it, the
+dataset's cases are shuffled by ``--order-seed`` (so no block of cases is biased by how the
+dataset was written) and run in blocks of ``--look-every`` up to ``--max-cases``; after each block
+every delta threshold of ``--policy`` is judged with the group-sequential design of
+:mod:`kvaudit.stats.sequential`, and the run stops when each one has passed or failed, or at
+``--max-cases``. The design (looks, spending, boundaries, the order seed) is recorded in the
+manifest's ``sequential`` entry, with where the run stopped and why; ``kvaudit gate`` and
+``kvaudit report`` judge the run by the boundary of the look it stopped at (a run extended past
+its design cannot pass). Rerunning the same command resumes. The decision lives here, above the
+runner, because it needs the policy and the scores (docs/reports.md, "Sequential runs").
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from kvaudit.core.arg_types import positive_int
+from kvaudit.core.errors import KvauditError
+from kvaudit.runners import run_cli
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    run_cli.add_arguments(p)
+    g = p.add_argument_group("sequential run (stop as soon as the gate is decided; docs/reports.md)")
+    g.add_argument("--until-decided", action="store_true",
+                   help="run in blocks and stop when every delta threshold of --policy has passed or failed")
+    g.add_argument("--policy", type=Path, default=None, metavar="FILE",
+                   help="the gate's policy TOML (default: the shipped policy)")
+    g.add_argument("--max-cases", type=positive_int, default=None, metavar="N",
+                   help="the most cases the run may take (required with --until-decided)")
+    g.add_argument("--look-every", type=positive_int, default=None, metavar="K",
+                   help="cases between looks (default: a tenth of --max-cases)")
+    g.add_argument("--order-seed", type=int, default=0, help="seed of the cases' shuffled order (default 0)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.until_decided:
+        given = [f for f, v in (("--policy", args.policy), ("--max-cases", args.max_cases),
+                                ("--look-every", args.look_every)) if v is not None]
+        if given:
+            raise KvauditError(f"{given[0]} belongs to a sequential run: add --until-decided")
+        return run_cli.run(args)
+    return run_until_decided(args)
+
+
+def _shuffled(dataset: Any, seed: int) -> Any:
+    cases = list(dataset.cases)
+    random.Random(f"kvaudit-order:{seed}").shuffle(cases)
+    return replace(dataset, cases=cases)
+
+
+def run_until_decided(args: argparse.Namespace) -> int:
+    from kvaudit.core.attestation import attest, attestation_key
+    from kvaudit.core.dataset_format import read_dataset
+    from kvaudit.core.jsonio import check_writable_dir
+    from kvaudit.core.run_dir import RunDir
+    from kvaudit.reports.analysis import Analysis, load_run
+    from kvaudit.reports.policy import evaluate_check, load_policy
+    from kvaudit.runners.registry import arms_for, backend_options, open_from_args
+    from kvaudit.runners.runner import RunConfig, check_resumable, execute
+    from kvaudit.stats.sequential import design
+
+    if args.max_cases is None:
+        raise KvauditError("--until-decided needs --max-cases N (the most cases the run may take)")
+    if args.limit is not None:
+        raise KvauditError("--limit and --until-decided both bound the run: give --max-cases only")
+    backend_options(args)
+    policy = load_policy(args.policy)
+    deltas = [c for c in policy.checks if c.kind == "delta"]
+    if not deltas:
+        raise KvauditError(f"{policy.source}: no delta threshold: nothing for a sequential run to decide")
+    arms = arms_for(args.arms, args.backend)
+    if policy.arm not in arms:
+        raise KvauditError(f"--arms must include the policy's arm {policy.arm!r} ({policy.source})")
+    dataset = read_dataset(args.dataset)
+    if args.max_cases > len(dataset.cases):
+        raise KvauditError(f"--max-cases {args.max_cases}: the dataset {args.dataset} has {len(dataset.cases)} cases")
+    look_every = args.look_every or max(1, args.max_cases // 10)
+    try:
+        plan = design(args.max_cases, look_every, (1 - policy.confidence) / 2)
+    except ValueError as e:
+        raise KvauditError(f"--max-cases/--look-every: {e}") from None
+    record = {**plan.to_dict(), "order": "shuffled", "order_seed": args.order_seed, "policy": str(policy.source),
+              "thresholds": [c.name for c in deltas]}
+    check_writable_dir(args.out)
+    attestation_key()
+    run = RunDir(args.out)
+    with run.lock("run", create=True):
+        if run.manifest_file.is_file():
+            old = run.read_manifest().extra.get("sequential")
+            mine = {k: record[k] for k in ("max_cases", "look_every", "alpha", "order_seed")}
+            if not isinstance(old, dict) or {k: old.get(k) for k in mine} != mine:
+                raise KvauditError(f"{args.out} holds a run made {'without --until-decided' if not isinstance(old, dict) else 'with another sequential design'}; "
+                                   "use a new --out directory")
+            if old.get("stopped"):
+                print(f"{args.out}: already stopped at {old['stopped']['cases']} cases ({old['stopped']['why']})")
+                return 0
+        check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
+        backend = open_from_args(args, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
+                                 cache_bytes=args.cache_budget)
+        ordered = _shuffled(dataset, args.order_seed)
+        stopped = None
+        for k, n in enumerate(plan.looks):
+            cfg = RunConfig(dataset=ordered, out=args.out, arms=arms, model_name=args.model, limit=n,
+                            extra_manifest={"sequential": record})
+            execute(cfg, backend, progress=not args.no_progress)
+            an = Analysis(load_run(args.out), confidence=policy.confidence, min_icc=policy.min_icc)
+            results = [evaluate_check(c, an, policy.arm) for c in deltas]
+            line = ", ".join(f"{r.name} {r.status}" for r in results)
+            print(f"look {k + 1}/{len(plan.looks)} at {n} cases: {line}", flush=True)
+            if all(r.status in ("pass", "fail") for r in results):
+                stopped = {"cases": n, "look": k + 1, "why": "every delta threshold decided: " + line}
+                break
+        if stopped is None:
+            stopped = {"cases": plan.looks[-1], "look": len(plan.looks), "why": "--max-cases reached: " + line}
+        manifest = run.read_manifest()
+        manifest.extra["sequential"] = {**record, "stopped": stopped}
+        run.write_manifest(manifest)
+        key = attestation_key()
+        if key is not None:  # the manifest changed after the runner signed it
+            attest(args.out, key, {"tool": "kvaudit run --until-decided", "kvaudit_version": manifest.kvaudit_version,
+                                   "git_revision": manifest.git_revision})
+    print(f"stopped at {stopped['cases']} of at most {plan.max_cases} cases (look {stopped['look']}): {stopped['why']}")
+    print(f"judge it with: kvaudit gate {args.out}" + (f" --policy {args.policy}" if args.policy else ""))
+    return 0

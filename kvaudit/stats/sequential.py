@@ -1,0 +1,259 @@
+"""A gate that stops as soon as it is decided: a group-sequential design over the paired bound.
+
+The run is looked at after every ``look_every`` cases, up to ``max_cases``. At look ``k`` (``n_k``
+cases, information fraction ``t_k = n_k / max_cases``) the non-inferiority bound of
+:mod:`kvaudit.stats.noninferiority` (score interval, document design effect, Student-t quantile)
+is computed at a *nominal* one-sided level ``alpha_k`` instead of the fixed design's ``alpha``:
+
+* **pass** when the lower bound at ``alpha_k`` clears the margin;
+* **fail** when the upper bound at ``alpha_k`` is below the margin (the loss is decided), and at
+  the last look whenever it has not passed;
+* otherwise **continue**.
+
+The ``alpha_k`` come from Lan-DeMets alpha spending with the O'Brien-Fleming-type function
+``alpha(t) = 2 - 2 Phi(z_{1 - alpha/2} / sqrt(t))`` (Lan and DeMets 1983): the chance of passing at
+or before look ``k`` when the true difference sits exactly at the margin is ``alpha(t_k)``, so over
+the whole run it is ``alpha``, the fixed design's false-pass rate. The boundaries are computed for
+the canonical joint distribution of the standardised statistics (independent increments, Brownian
+in information), by numerical integration of the continuation density on a grid (Jennison and
+Turnbull, *Group Sequential Methods*, ch. 19). Early looks spend almost nothing (the first look of
+ten at ``alpha = 0.025`` passes only beyond z = 6.1), so a run that is clearly fine or clearly
+broken stops early and a close call costs about what the fixed design does.
+
+The fail rule is non-binding: stopping to fail can only remove passes, never add one, so the
+false-pass rate holds whatever it does. It spends its own ``alpha`` Pocock-wise (nearly the same
+nominal level at every look, about z = 2.6 for ten looks at 0.025), so a clear loss fails at an
+early look, while a reuse exactly at the margin is failed before the end in at most ``alpha`` of
+runs (one that is truly fine far less).
+
+Information here is counted in cases; with documents shared unevenly the true information
+fraction differs a little. What that does to the false-pass rate is measured, not assumed:
+``benchmarks/sequential_calibration.py`` (a fast slice runs in the tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from kvaudit.stats.noninferiority import (
+    DEFAULT_MIN_ICC,
+    MIN_CLUSTERS,
+    MIN_EFFECTIVE_N,
+    _score_lower,
+    design_effect,
+)
+
+SPENDING = "lan-demets-obrien-fleming"
+DESIGN_KIND = "group-sequential"
+
+
+def obf_spent(t: float, alpha: float) -> float:
+    """Alpha spent by information fraction ``t`` (O'Brien-Fleming-type Lan-DeMets)."""
+    from scipy.stats import norm
+
+    if t <= 0:
+        return 0.0
+    return float(min(alpha, 2 - 2 * norm.cdf(norm.ppf(1 - alpha / 2) / np.sqrt(min(t, 1.0)))))
+
+
+def pocock_spent(t: float, alpha: float) -> float:
+    """Alpha spent by information fraction ``t`` (Pocock-type Lan-DeMets: nearly equal nominal
+    levels at every look)."""
+    if t <= 0:
+        return 0.0
+    return float(alpha * np.log(1 + (np.e - 1) * min(t, 1.0)))
+
+
+SPENDERS = {"obrien-fleming": obf_spent, "pocock": pocock_spent}
+
+
+@lru_cache(maxsize=256)
+def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str = "obrien-fleming",
+                grid: int = 1201) -> tuple[float, ...]:
+    """Upper z boundaries ``c_k`` with P0(first crossing at look k) = alpha(t_k) - alpha(t_{k-1})."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    spent = SPENDERS[spending]
+    out: list[float] = []
+    spent_before = 0.0
+    # continuation density of the score S = Z sqrt(t) on a grid (None before the first look)
+    s_grid: np.ndarray | None = None
+    dens: np.ndarray | None = None
+    t_prev = 0.0
+    for t in fractions:
+        target = spent(t, alpha) - spent_before
+        dt = t - t_prev
+        if dens is None:
+            c = float(norm.isf(target)) if target > 0 else np.inf
+        else:
+            sd = np.sqrt(dt)
+            w = _weights(s_grid)
+
+            def cross(c: float, s_grid=s_grid, dens=dens, sd=sd, w=w, t=t, target=target) -> float:
+                return float(np.sum(w * dens * norm.sf((c * np.sqrt(t) - s_grid) / sd))) - target
+
+            c = float(brentq(cross, -10.0, 40.0, xtol=1e-10)) if target > 1e-15 else np.inf
+        out.append(c)
+        spent_before += max(target, 0.0)
+        # the continuation density after this look: S_k below c_k sqrt(t_k)
+        top = c * np.sqrt(t) if np.isfinite(c) else 10.0 * np.sqrt(t) + 10.0
+        new_grid = np.linspace(-10.0 * np.sqrt(t) - 2.0, top, grid)
+        if dens is None:
+            new_dens = norm.pdf(new_grid / np.sqrt(t)) / np.sqrt(t)
+        else:
+            sd = np.sqrt(dt)
+            kern = norm.pdf((new_grid[:, None] - s_grid[None, :]) / sd) / sd
+            new_dens = kern @ (_weights(s_grid) * dens)
+        s_grid, dens, t_prev = new_grid, new_dens, t
+    return tuple(out)
+
+
+def _weights(x: np.ndarray) -> np.ndarray:
+    """Trapezoid weights of a uniform grid."""
+    h = x[1] - x[0]
+    w = np.full(len(x), h)
+    w[0] = w[-1] = h / 2
+    return w
+
+
+@dataclass(frozen=True)
+class SequentialDesign:
+    """Looks at ``looks`` cases (the last is ``max_cases``), one-sided ``alpha`` spent by
+    :func:`obf_spent`; ``z`` the boundaries and ``nominal_alpha`` the one-sided level of the bound
+    used at each look."""
+
+    max_cases: int
+    look_every: int
+    alpha: float
+    looks: tuple[int, ...]
+    z: tuple[float, ...]
+    nominal_alpha: tuple[float, ...]
+    fail_nominal_alpha: tuple[float, ...] = ()  # the fail rule's one-sided level per look
+    spending: str = SPENDING
+    fail_spending: str = "lan-demets-pocock (non-binding)"
+    kind: str = DESIGN_KIND
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("looks", "z", "nominal_alpha", "fail_nominal_alpha"):
+            d[k] = list(d[k])
+        return d
+
+    def look_of(self, n: int) -> int | None:
+        """The index of the look at ``n`` cases, or None when ``n`` is not a planned look."""
+        try:
+            return self.looks.index(n)
+        except ValueError:
+            return None
+
+
+def design_from_dict(d: dict[str, Any]) -> SequentialDesign:
+    """The design a run recorded (its manifest's ``sequential`` entry), rebuilt and checked: the
+    boundaries are recomputed from ``max_cases``, ``look_every`` and ``alpha``, so a manifest edited
+    to loosen them is caught."""
+    try:
+        plan = design(int(d["max_cases"]), int(d["look_every"]), float(d["alpha"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"the sequential design is malformed ({e})") from None
+    if list(plan.looks) != list(d.get("looks", plan.looks)):
+        raise ValueError("the sequential design's looks do not follow from its max_cases and look_every")
+    return plan
+
+
+def design(max_cases: int, look_every: int, alpha: float) -> SequentialDesign:
+    """Looks every ``look_every`` cases (and at ``max_cases``), alpha spent O'Brien-Fleming-wise."""
+    from scipy.stats import norm
+
+    if max_cases < 1 or look_every < 1:
+        raise ValueError("max_cases and look_every must be positive")
+    if not 0 < alpha < 0.5:
+        raise ValueError(f"alpha must be a one-sided level in (0, 0.5), got {alpha!r}")
+    looks = tuple(sorted({*range(look_every, max_cases, look_every), max_cases}))
+    if len(looks) > 50:
+        raise ValueError(f"{len(looks)} looks: at most 50 (raise --look-every)")
+    fractions = tuple(n / max_cases for n in looks)
+    z = _boundaries(fractions, float(alpha))
+    nominal = tuple(float(norm.sf(c)) if np.isfinite(c) else 0.0 for c in z)
+    fail = tuple(float(norm.sf(c)) if np.isfinite(c) else 0.0 for c in _boundaries(fractions, float(alpha), "pocock"))
+    return SequentialDesign(max_cases, look_every, float(alpha), looks, tuple(float(c) for c in z), nominal, fail)
+
+
+@dataclass(frozen=True)
+class LookResult:
+    """One look: ``decision`` pass, fail or continue (with ``reason`` when undecidable)."""
+
+    n: int
+    look: int
+    decision: str
+    lower: float | None
+    upper: float | None
+    nominal_alpha: float
+    reason: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def evaluate_look(diffs: Sequence[float], memberships: Sequence[Sequence[str]], margin: float,
+                  plan: SequentialDesign, look: int, *, min_clusters: int = MIN_CLUSTERS,
+                  min_effective_n: float = MIN_EFFECTIVE_N, min_icc: float = DEFAULT_MIN_ICC) -> LookResult:
+    """The decision at look ``look`` on the first ``plan.looks[look]`` cases' differences."""
+    n = plan.looks[look]
+    if len(diffs) < n:
+        raise ValueError(f"look {look} needs {n} cases, got {len(diffs)}")
+    return decide_at_look(diffs[:n], memberships[:n], margin, plan, look, min_clusters=min_clusters,
+                          min_effective_n=min_effective_n, min_icc=min_icc)
+
+
+def decide_at_look(diffs: Sequence[float], memberships: Sequence[Sequence[str]], margin: float,
+                   plan: SequentialDesign, look: int, *, min_clusters: int = MIN_CLUSTERS,
+                   min_effective_n: float = MIN_EFFECTIVE_N, min_icc: float = DEFAULT_MIN_ICC) -> LookResult:
+    """The decision at look ``look`` on these cases (all of a group's cases seen by that look: a
+    task family's threshold is judged at the run's look with its own cases)."""
+    from scipy.stats import t as student_t
+
+    d = np.clip(np.asarray(diffs, dtype=float), -1.0, 1.0)
+    members = list(memberships)
+    n = len(d)
+    last = look == len(plan.looks) - 1
+    a = plan.nominal_alpha[look]
+    if n == 0:
+        return LookResult(0, look, "fail" if last else "continue", None, None, a, "no cases")
+    deff, g = design_effect(d, members, min_icc=min_icc)
+    if g < min_clusters or n / deff < min_effective_n:
+        why = (f"{n} cases on {g} documents" if g < min_clusters
+               else f"effective sample size {n / deff:.1f}")
+        return LookResult(n, look, "fail" if last else "continue", None, None, a,
+                          f"not decidable yet ({why})" + ("; the last look fails" if last else ""))
+    if a <= 0:
+        return LookResult(n, look, "fail" if last else "continue", None, None, a, "no alpha spent at this look")
+    df = max(g - 1, 1)
+    lower = _score_lower(d, float(student_t.isf(a, df)), deff)
+    fa = plan.fail_nominal_alpha[look] if plan.fail_nominal_alpha else a
+    upper = -_score_lower(-d, float(student_t.isf(fa, df)), deff) if fa > 0 else 1.0
+    if lower > margin:
+        decision = "pass"
+    elif upper < margin or last:
+        decision = "fail"
+    else:
+        decision = "continue"
+    return LookResult(n, look, decision, lower, upper, a)
+
+
+def run_sequential(diffs: Sequence[float], memberships: Sequence[Sequence[str]], margin: float,
+                   plan: SequentialDesign, **kw: Any) -> LookResult:
+    """Look at each planned point in turn; the first pass or fail, else the last look's decision."""
+    res = None
+    for k in range(len(plan.looks)):
+        if plan.looks[k] > len(diffs):
+            break
+        res = evaluate_look(diffs, memberships, margin, plan, k, **kw)
+        if res.decision != "continue":
+            return res
+    if res is None:
+        raise ValueError(f"fewer cases ({len(diffs)}) than the first look ({plan.looks[0]})")
+    return res
