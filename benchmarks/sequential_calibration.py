@@ -27,13 +27,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvaudit.stats.calibration import Design, mc_se, simulate_diffs  # noqa: E402
-from kvaudit.stats.noninferiority import paired_bound  # noqa: E402
-from kvaudit.stats.sequential import design, run_sequential  # noqa: E402
+from kvaudit.stats.calibration import Design, mc_se  # noqa: E402
+from kvaudit.stats.sequential import design, simulate  # noqa: E402
 
 ALPHA = 0.025  # the default policy's one-sided level (two-sided 95%)
 CLEAR_LOSS = 0.08  # points below the margin that count as a clear loss
@@ -64,18 +61,8 @@ def grid(fast: bool = False) -> list[Row]:
 def _one(job: tuple[Row, float, int, int]) -> dict:
     row, delta, reps, seed = job
     plan = design(row.design.n, max(1, row.design.n // 10), ALPHA)
-    rng = np.random.default_rng(seed)
-    passes = fixed_passes = 0
-    ns = []
-    for _ in range(reps):
-        d, members = simulate_diffs(row.design, delta, rng)
-        res = run_sequential(d, members, row.margin, plan)
-        passes += res.decision == "pass"
-        ns.append(res.n)
-        b = paired_bound(d, members, confidence=1 - 2 * ALPHA)
-        fixed_passes += bool(b.decidable and b.lower is not None and b.lower > row.margin)
-    return {"delta": delta, "pass": passes / reps, "fixed_pass": fixed_passes / reps,
-            "mean_n": float(np.mean(ns)), "reps": reps}
+    r = simulate(row.design, row.margin, plan, delta, reps=reps, seed=seed)
+    return {"delta": delta, "pass": r.passed, "fixed_pass": r.fixed_passed, "mean_n": r.mean_cases, "reps": reps}
 
 
 def characterise(row: Row, reps: int, seed: int = 0, jobs: int = 1) -> dict[str, dict]:

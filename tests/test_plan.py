@@ -52,6 +52,10 @@ def test_plan_explicit_design(tmp_path: Path, capsys) -> None:
     assert row["cases"] == 400 and row["design"]["base_accuracy"] == 0.7
     assert row["false_pass"] <= 0.15 and row["power"] > 0.5  # -5 pts at 400 cases: easy
     assert row["cases_for_80_power"] <= 400
+    seq = row["sequential"]  # the sequential design at the fixed design's size: fewer cases on average
+    assert seq["max_cases"] == row["cases_for_80_power"]
+    assert seq["clear_loss"]["mean_cases"] < seq["zero"]["mean_cases"] <= seq["max_cases"]
+    assert seq["clear_loss"]["passed"] == 0.0
 
 
 def test_plan_task_group_without_cases(pilot: Path, tmp_path: Path, capsys) -> None:

@@ -5,7 +5,9 @@ and base accuracy; or a pilot run to take them from), simulate the shipped gate 
 :mod:`kvaudit.stats.calibration` and report, for each ``[[delta]]`` threshold: its group and
 margin, the cases in the design, the false-pass rate when the true delta is exactly the margin,
 the power (pass rate) when the true delta is 0, and the fewest cases (same cluster size and mix)
-that give 80% power. Rates carry their Monte Carlo standard error. :func:`plan` computes it as a
+that give 80% power, and beside it the sequential design at that maximum (``kvaudit run
+--until-decided``): the cases it is expected to use at a true delta of 0, at the margin and under
+a clear loss, and how often it passes. Rates carry their Monte Carlo standard error. :func:`plan` computes it as a
 JSON-able dict, :func:`render` writes it as text; ``kvaudit plan`` (:mod:`kvaudit.reports.plan_cli`)
 parses and checks the options and calls them. Error messages name the command's options.
 
@@ -139,8 +141,10 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         needed = cal.cases_for_power(design, margin, target=POWER_TARGET, reps=args.reps,
                                      seed=args.seed, confidence=confidence, max_n=MAX_CASES,
                                      statistic=gate)
+        seq = _sequential(design, margin, needed, confidence, args.reps, args.seed, policy.min_icc)
         rows.append({
             **row, "cases": design.n, "design": {**asdict(design), "n_documents": design.n_documents},
+            "sequential": seq,
             "false_pass": c.at_margin.passed, "false_pass_se": c.at_margin.passed_se,
             "coverage": c.at_margin.covered, "coverage_se": c.at_margin.covered_se,
             "undecidable": c.at_margin.undecidable,
@@ -152,6 +156,32 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             "one_sided_level": (1 + confidence) / 2,
             "source": f"pilot run {args.from_run}" if args.from_run else "the command line",
             "reps": args.reps, "seed": args.seed, "power_target": POWER_TARGET, "thresholds": rows}
+
+
+CLEAR_LOSS = 0.08  # a clear loss: this far below the margin (on [-1, 1])
+
+
+def _sequential(design: Any, margin: float, needed: int | None, confidence: float, reps: int, seed: int,
+                min_icc: float) -> dict[str, Any] | None:
+    """``kvaudit run --until-decided`` with ``--max-cases`` at the fixed design's size for 80% power
+    (looks every tenth): its power and expected cases at delta 0, at the margin and under a clear loss."""
+    from kvaudit.stats.sequential import design as seq_design
+    from kvaudit.stats.sequential import simulate
+
+    if needed is None:
+        return None
+    plan = seq_design(needed, max(1, needed // 10), (1 - confidence) / 2)
+    d = replace(design, n=needed)
+    out: dict[str, Any] = {"max_cases": needed, "look_every": plan.look_every}
+    for label, delta in (("zero", 0.0), ("margin", margin), ("clear_loss", margin - CLEAR_LOSS)):
+        try:
+            d.loss_rate(delta)
+        except ValueError:
+            out[label] = None
+            continue
+        r = simulate(d, margin, plan, delta, reps=reps, seed=seed, min_icc=min_icc)
+        out[label] = {"delta_points": 100 * delta, "passed": r.passed, "mean_cases": r.mean_cases}
+    return out
 
 
 def _se(x: float | None, se: float | None) -> str:
@@ -178,5 +208,11 @@ def render(p: dict[str, Any]) -> str:
         lines.append("  cases for 80% power:           "
                      + (f"{needed} (same cases per document and mix; bisection on simulated power, ±5%)"
                         if needed is not None else f"more than {MAX_CASES}"))
+        seq = r.get("sequential")
+        if seq:
+            parts = [f"{k.replace('_', ' ')} ({v['delta_points']:+.0f} pts) {v['mean_cases']:.0f} cases, passes {v['passed']:.2f}"
+                     for k, v in ((k, seq[k]) for k in ("zero", "margin", "clear_loss")) if v]
+            lines.append(f"  sequential (--until-decided --max-cases {seq['max_cases']} --look-every {seq['look_every']}): "
+                         "expected " + "; ".join(parts))
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

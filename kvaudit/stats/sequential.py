@@ -257,3 +257,38 @@ def run_sequential(diffs: Sequence[float], memberships: Sequence[Sequence[str]],
     if res is None:
         raise ValueError(f"fewer cases ({len(diffs)}) than the first look ({plan.looks[0]})")
     return res
+
+
+@dataclass(frozen=True)
+class SequentialRates:
+    """``reps`` simulated sequential runs at one true delta: how often they passed, how many cases
+    they used on average, and how often the fixed design on the maximum passed the same runs."""
+
+    delta: float
+    passed: float
+    mean_cases: float
+    fixed_passed: float
+    reps: int
+
+
+def simulate(design_: Any, margin: float, plan: SequentialDesign, delta: float, *, reps: int = 300,
+             seed: int = 0, min_icc: float = DEFAULT_MIN_ICC) -> SequentialRates:
+    """Simulated runs of ``design_`` (a :class:`kvaudit.stats.calibration.Design` with
+    ``n = plan.max_cases``) at a true ``delta``, in shuffled order, judged by the sequential design
+    and, for comparison, by the fixed bound on all ``max_cases``."""
+    from kvaudit.stats.calibration import simulate_diffs
+    from kvaudit.stats.noninferiority import paired_bound
+
+    if design_.n != plan.max_cases:
+        raise ValueError(f"the design has {design_.n} cases, the sequential plan {plan.max_cases}")
+    rng = np.random.default_rng(seed)
+    passes = fixed = 0
+    used = []
+    for _ in range(reps):
+        d, members = simulate_diffs(design_, delta, rng)
+        res = run_sequential(d, members, margin, plan, min_icc=min_icc)
+        passes += res.decision == "pass"
+        used.append(res.n)
+        b = paired_bound(d, members, confidence=1 - 2 * plan.alpha, min_icc=min_icc)
+        fixed += bool(b.decidable and b.lower is not None and b.lower > margin)
+    return SequentialRates(delta, passes / reps, float(np.mean(used)), fixed / reps, reps)
