@@ -16,6 +16,7 @@ from typing import Any
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.jsonio import write_atomic, write_json
 from kvaudit.core.replay_format import ReplayDir
+from kvaudit.core.run_format import REPLAYS_HTML, REPLAYS_JSON
 from kvaudit.reports.plots import _figure, _rc, _svg, ttft_svg
 
 TEMPLATE = "replays.html.j2"
@@ -104,7 +105,7 @@ def write(paths: Sequence[str | Path], out_dir: str | Path) -> tuple[Path, Path]
     comparison = build(paths)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    json_path, html_path = out / "replays.json", out / "replays.html"
+    json_path, html_path = out / REPLAYS_JSON, out / REPLAYS_HTML
     write_json(json_path, {k: comparison[k] for k in ("rows", "same_workload")})
     write_atomic(html_path, render(comparison))
     return json_path, html_path

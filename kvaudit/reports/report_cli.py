@@ -28,7 +28,10 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.reports import replay_report
 
     if replay_report.is_replay(args.run_dir):  # a replay directory: its page beside its replay.json
-        _, path = replay_report.write([args.run_dir], args.run_dir)
+        from kvaudit.core.replay_format import ReplayDir
+
+        with ReplayDir(args.run_dir).lock("report"):
+            _, path = replay_report.write([args.run_dir], args.run_dir)
         print(path)
         return 0
     path = write_report(args.run_dir, policy_path=args.policy, near_tie=args.near_tie,

@@ -612,11 +612,16 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
         "batch_invariant": batch_invariant, **engine_opts,
     }
     llm_opts = {k: v for k, v in opts.items() if k != "batch_invariant"}
-    llm = LLM(model=str(path), tokenizer=str(path),
-              kv_transfer_config=KVTransferConfig(kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE,
-                                                  kv_role="kv_both", kv_connector_extra_config={"store": store,
-                                                                             "capacity_bytes": store_bytes}),
-              **llm_opts)
+    try:
+        llm = LLM(model=str(path), tokenizer=str(path),
+                  kv_transfer_config=KVTransferConfig(kv_connector=CONNECTOR_CLASS,
+                                                      kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both",
+                                                      kv_connector_extra_config={"store": store,
+                                                                                 "capacity_bytes": store_bytes}),
+                  **llm_opts)
+    except ValueError as e:  # vLLM refuses a configuration (e.g. KV space below one max_model_len request)
+        raise KvauditError(f"vLLM could not start with {', '.join(f'{k}={v!r}' for k, v in sorted(llm_opts.items()) if k in ('max_model_len', 'kv_cache_memory_bytes', 'block_size', 'dtype'))}: "
+                           f"{str(e)[:400]}") from None
     fp = model_fingerprint(path, dummy=opts.get("load_format") == "dummy")
     backend = VllmBackend(llm, AutoTokenizer.from_pretrained(path), path, fp,
                           decoding=Decoding(max_new_tokens=max_new_tokens), cache_bytes=cache_bytes,
