@@ -14,6 +14,7 @@ from pathlib import Path
 from kvaudit.commands import run_command
 from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.arms import ARMS, REPAIR_SWEEP
+from kvaudit.core.dataset_format import read_dataset
 from kvaudit.core.run_dir import RunDir
 from kvaudit.runners.registry import BACKENDS, DEFAULT_BACKEND
 
@@ -43,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run this dataset instead of generating Boxoffice cases")
     p.add_argument("--repairs", action="store_true",
                    help=f"run the repairs' frontier sweep ({','.join(REPAIR_SWEEP)}) instead of every arm")
+    p.add_argument("--no-sequential", action="store_true",
+                   help="leave out the sequential run (recompute and reuse until the gate is decided)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -78,8 +81,23 @@ def run(args: argparse.Namespace) -> int:
         return code
     _step("gate")
     gate_code = run_command(["gate", str(run_dir)])
+    seq_line = None
+    if not (args.no_sequential or args.repairs):
+        seq_dir = out / "sequential"
+        n_cases = len(read_dataset(dataset).cases)
+        look = max(10, n_cases // 5)
+        _step(f"sequential run: recompute and reuse, a look every {look} cases, until the gate is decided -> {seq_dir}")
+        seq_args = ["run", "--dataset", str(dataset), "--out", str(seq_dir), "--arms", "recompute,reuse",
+                    "--model", args.model, "--backend", args.backend, "--until-decided", "--max-cases",
+                    str(n_cases), "--look-every", str(look)] + (["--no-progress"] if args.no_progress else [])
+        if run_command(seq_args) == 0:
+            stopped = RunDir(seq_dir).read_manifest().extra["sequential"]["stopped"]
+            seq_line = (f"sequential run stopped at {stopped['cases']} of {n_cases} cases: {stopped['why']} "
+                        f"(`kvaudit gate {seq_dir}` judges it at that look)")
     report = RunDir(run_dir).report_file.resolve()
     print(f"\nHTML report: {report}")
+    if seq_line:
+        print(seq_line)
     audit_word = {0: "passed", 1: "FAILED", 2: "could not judge"}.get(audit_code, "error")
     gate_word = {0: "passed", 1: "failed", 2: "could not judge"}.get(gate_code, "error")
     print(f"audit {audit_word}; gate {gate_word}")

@@ -24,6 +24,8 @@ from kvaudit.core.arg_types import positive_int
 from kvaudit.core.errors import KvauditError
 from kvaudit.runners import run_cli
 
+_WORD = {"pass": "passed", "fail": "failed", "error": "not decided"}
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     run_cli.add_arguments(p)
@@ -112,7 +114,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
             execute(cfg, backend, progress=not args.no_progress)
             an = Analysis(load_run(args.out), confidence=policy.confidence, min_icc=policy.min_icc)
             results = [evaluate_check(c, an, policy.arm) for c in deltas]
-            line = ", ".join(f"{r.name} {r.status}" for r in results)
+            line = ", ".join(f"{r.name} {_WORD.get(r.status, r.status)}" for r in results)
             print(f"look {k + 1}/{len(plan.looks)} at {n} cases: {line}", flush=True)
             if all(r.status in ("pass", "fail") for r in results):
                 stopped = {"cases": n, "look": k + 1, "why": "every delta threshold decided: " + line}
