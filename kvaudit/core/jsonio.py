@@ -239,3 +239,21 @@ def mend_jsonl_tail(path: str | os.PathLike) -> None:
     except DatasetError:
         complete = False
     write_atomic(path, (raw + b"\n" if complete else raw[:cut]).decode("utf-8", errors="strict"))
+
+
+class JsonlAppender:
+    """Appends whole records to an open JSONL file (``to_dict`` makes each one's JSON object);
+    :meth:`flush` makes them durable. The run's pairs and a replay's requests are appended this way."""
+
+    def __init__(self, f: Any, to_dict: Any) -> None:
+        self._f = f
+        self._to_dict = to_dict
+        self.written = 0
+
+    def append(self, rec: Any) -> None:
+        self._f.write(dump_jsonl([self._to_dict(rec)]))
+        self.written += 1
+
+    def flush(self) -> None:
+        self._f.flush()
+        os.fsync(self._f.fileno())

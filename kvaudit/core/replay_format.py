@@ -16,10 +16,10 @@ import os
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from kvaudit.core.errors import DatasetError, KvauditError, excerpt
-from kvaudit.core.jsonio import dump_jsonl, iter_jsonl, mend_jsonl_tail, read_json, write_json
+from kvaudit.core.jsonio import JsonlAppender, iter_jsonl, mend_jsonl_tail, read_json, write_json
 from kvaudit.core.run_format import REPLAY_CONFIG_FILE, REPLAY_FILE, REPLAY_REQUESTS_FILE
 from kvaudit.core.run_lock import run_lock
 from kvaudit.core.typed_json import check_fields
@@ -168,10 +168,10 @@ class ReplayDir:
         return self.read_requests()
 
     @contextlib.contextmanager
-    def appending_requests(self) -> Iterator[RequestAppender]:
+    def appending_requests(self) -> Iterator[JsonlAppender]:
         self.path.mkdir(parents=True, exist_ok=True)
         with open(self.requests_file, "a", encoding="utf-8") as f:
-            appender = RequestAppender(f)
+            appender = JsonlAppender(f, asdict)
             try:
                 yield appender
             finally:
@@ -186,19 +186,3 @@ class ReplayDir:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json(self.summary_file, summary)
-
-
-class RequestAppender:
-    """Appends whole request records to ``requests.jsonl``; :meth:`flush` makes them durable."""
-
-    def __init__(self, f: IO[str]) -> None:
-        self._f = f
-        self.written = 0
-
-    def append(self, rec: RequestRecord) -> None:
-        self._f.write(dump_jsonl([asdict(rec)]))
-        self.written += 1
-
-    def flush(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())

@@ -21,11 +21,18 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from kvaudit.core.audit_format import AuditRecord, read_audit, write_audit
 from kvaudit.core.errors import DatasetError, KvauditError
-from kvaudit.core.jsonio import dump_jsonl, read_json, write_atomic, write_json, write_jsonl
+from kvaudit.core.jsonio import (
+    JsonlAppender,
+    dump_jsonl,
+    read_json,
+    write_atomic,
+    write_json,
+    write_jsonl,
+)
 from kvaudit.core.manifest import Manifest, read_manifest, write_manifest
 from kvaudit.core.run_format import (
     ATTESTATION_FILE,
@@ -42,22 +49,6 @@ from kvaudit.core.run_format import (
     read_pairs,
 )
 from kvaudit.core.run_lock import run_lock
-
-
-class PairsAppender:
-    """Appends whole pair records to ``pairs.jsonl``; :meth:`flush` makes them durable."""
-
-    def __init__(self, f: IO[str]) -> None:
-        self._f = f
-        self.written = 0
-
-    def append(self, rec: PairRecord) -> None:
-        self._f.write(dump_jsonl([pair_to_dict(rec)]))  # the line write_pairs writes
-        self.written += 1
-
-    def flush(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
 
 
 @dataclass
@@ -160,11 +151,11 @@ class RunDir:
         return {rec.case_id: rec for rec in read_pairs(self.path)}
 
     @contextlib.contextmanager
-    def appending_pairs(self) -> Iterator[PairsAppender]:
+    def appending_pairs(self) -> Iterator[JsonlAppender]:
         """Append records to ``pairs.jsonl`` (mend its tail first: :meth:`finished`)."""
         self.path.mkdir(parents=True, exist_ok=True)
         with open(self.pairs_file, "a", encoding="utf-8") as f:
-            appender = PairsAppender(f)
+            appender = JsonlAppender(f, pair_to_dict)
             try:
                 yield appender
             finally:

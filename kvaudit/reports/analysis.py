@@ -209,15 +209,18 @@ class Analysis:
 
     # ------------------------------------------------------------------ quality deltas
 
-    def delta(self, arm: str, group: str = "overall") -> dict[str, Any]:
-        """Paired delta of ``arm`` against its reference on a group (see :func:`stats.paired_delta`):
-        recompute, or for the oracle its own recompute on the same evidence-only prompt."""
+    def _paired(self, arm: str, group: str) -> tuple[str, pd.DataFrame]:
+        """``arm``'s reference and the group's cases scored under both (columns ref, arm)."""
         ids = self.select(group)
         ref = reference_of(arm)
         if arm in self._wide.columns and ref in self._wide.columns:
-            both = self._wide.loc[ids, [ref, arm]].dropna()
-        else:
-            both = pd.DataFrame(columns=[ref, arm])
+            return ref, self._wide.loc[ids, [ref, arm]].dropna()
+        return ref, pd.DataFrame(columns=[ref, arm])
+
+    def delta(self, arm: str, group: str = "overall") -> dict[str, Any]:
+        """Paired delta of ``arm`` against its reference on a group (see :func:`stats.paired_delta`):
+        recompute, or for the oracle its own recompute on the same evidence-only prompt."""
+        ref, both = self._paired(arm, group)
         out = stats.paired_delta(both[ref].to_numpy(float), both[arm].to_numpy(float),
                                  self._docs.loc[both.index].tolist(), confidence=self.confidence,
                                  min_icc=self.min_icc)
@@ -229,12 +232,7 @@ class Analysis:
         ``arm`` on a group at look ``look``, margin in points."""
         from kvaudit.stats.sequential import decide_at_look
 
-        ids = self.select(group)
-        ref = reference_of(arm)
-        if arm in self._wide.columns and ref in self._wide.columns:
-            both = self._wide.loc[ids, [ref, arm]].dropna()
-        else:
-            both = pd.DataFrame(columns=[ref, arm])
+        ref, both = self._paired(arm, group)
         d = both[arm].to_numpy(float) - both[ref].to_numpy(float)
         return decide_at_look(d, self._docs.loc[both.index].tolist(), margin_points / stats.SCALE, plan, look,
                               min_icc=self.min_icc)
