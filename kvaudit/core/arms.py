@@ -94,7 +94,7 @@ ARMS: dict[str, ArmSpec] = {
         ArmSpec("reuse_first_user", "first_user", role="leak_capture", scores_candidates=True, leak_only=True,
                 why="segment KV captured from the first user request (unsafe policy), for leak probes"),
         ArmSpec("prefix_cache_cold", "engine_prefix", role="engine_prefix", portable=False,
-                why="vLLM's automatic prefix caching on one cache shared by the whole run, the first time "
+                why="the serving engine's own exact prefix cache, one cache shared by the whole run, the first time "
                     "this prompt arrives: its cached tokens are what exact prefix reuse finds on this workload"),
         ArmSpec("prefix_cache_flushed", "engine_prefix", role="engine_prefix_flushed", portable=False,
                 requires=("prefix_cache_cold",), resets_engine_cache=True,

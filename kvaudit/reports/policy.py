@@ -15,6 +15,9 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
 
     [audit]
     require_passed = true
+    accept_cannot_judge = []  # required checks accepted without their evidence, by name: the gate
+                              # passes the audit row saying which (e.g. server_consumed_ids on a
+                              # server that echoes no prompt ids); a failed check is never accepted
 
     [hit_rate]
     min = 0.80               # hit rate of `arm`
@@ -74,7 +77,7 @@ _TOP = {"arm", "confidence", "min_icc", "missing", "delta", "audit", "hit_rate",
         "provenance"}
 _SECTIONS = {
     "delta": {"name", "group", "min_lower_bound", "missing"},
-    "audit": {"require_passed", "missing"},
+    "audit": {"require_passed", "accept_cannot_judge", "missing"},
     "hit_rate": {"min", "source", "key", "missing"},
     "leak": {"max_neutral_text_leak_rate", "forbid_neutral_exposure", "missing"},
     "security": {"require_tenant_isolation", "max_timing_auc", "missing"},
@@ -169,6 +172,22 @@ def _num(where: str, v: Any, lo: float | None = None, hi: float | None = None) -
     return x
 
 
+def _accepted_unjudged(source: str, v: Any) -> list[str]:
+    """``audit.accept_cannot_judge``: required audit checks a team accepts without their evidence
+    (a server that cannot show it, e.g. ``server_consumed_ids`` on llama.cpp), each a check name."""
+    from kvaudit.audit.checks import registered
+
+    where = f"{source}: field 'audit.accept_cannot_judge'"
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise KvauditError(f"{where} must be a list of audit check names")
+    known = {c.name for c in registered()}
+    unknown = [x for x in v if x not in known]
+    if unknown:
+        raise KvauditError(f"{where}: no audit check named {', '.join(map(repr, unknown))} "
+                           f"(checks: {', '.join(sorted(known))})")
+    return list(v)
+
+
 def _bool(where: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise KvauditError(f"{where} must be true or false")
@@ -246,7 +265,9 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
         missing = _missing(source, key, sec, default_missing)
         if key == "audit":
             if _bool(f"{source}: field 'audit.require_passed'", sec.get("require_passed", True)):
-                pol.checks.append(Check("audit passed", "audit", {}, missing))
+                pol.checks.append(Check("audit passed", "audit",
+                                        {"accept": _accepted_unjudged(source, sec.get("accept_cannot_judge", []))},
+                                        missing))
         elif key == "hit_rate":
             lo = _num(f"{source}: field 'hit_rate.min'", sec.get("min"), 0.0, 1.0)
             src = sec.get("source", "measured")
@@ -311,6 +332,11 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> ThresholdResult:
         failed = [c.name for c in required if not c.passed and not c.cannot_judge]
         if audit.verdict == "passed":
             return ThresholdResult(check.name, k, "pass", "passed", "passed", "verified against the run's files")
+        waived = [n for n in unjudged if n in p.get("accept", ())]
+        if audit.verdict == "cannot_judge" and waived == unjudged:
+            return ThresholdResult(check.name, k, "pass", "passed except accepted unjudged", "passed",
+                                   "verified against the run's files; the policy accepts without their evidence: "
+                                   + ", ".join(waived))
         if audit.verdict == "cannot_judge":
             return ThresholdResult(check.name, k, "error", "cannot judge", "passed",
                                    "checks without their evidence: " + ", ".join(unjudged))

@@ -129,6 +129,14 @@ class Backend(ABC):
     # connector loads only a prompt prefix, so the head is stored like a prefix-cache entry): its
     # hits are store hits, and it shares the store's budget (``kvaudit replay``, the simulator).
     stores_heads: bool = False
+    prefix_cache_name: str = "the engine's own prefix cache"  # what the engine-prefix arms measure, in its words
+
+    def arm_reason(self, spec: ArmSpec) -> str:
+        """Why an arm runs, as the manifest records it: its spec's reason, and for the arms that
+        measure the engine's own cache, which mechanism that is on this engine."""
+        if spec.source == "engine_prefix" or spec.role == "tenant_probe":
+            return f"{spec.why} (here: {self.prefix_cache_name})"
+        return spec.why
 
     @abstractmethod
     def info(self) -> BackendInfo:

@@ -292,7 +292,7 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
         threads=torch.get_num_threads(),
         decoding=backend.decoding.as_dict(),
         arms=list(cfg.arms),
-        arm_reasons={a: get_arm(a).why for a in cfg.arms},
+        arm_reasons={a: backend.arm_reason(get_arm(a)) for a in cfg.arms},
         dataset=DatasetRef(
             path=str(cfg.dataset.path),
             hash=cfg.dataset.card.content_hash,

@@ -179,6 +179,7 @@ def check_reuse_happened(run: LoadedRun):
     problems: dict[str, list[str]] = defaultdict(list)
     totals: Counter[str] = Counter()
     server_decides = server_decides_reuse(run)
+    on_server: set[str] = set()  # reuse arms on the server's own path: server_cache_evidence judges them
     for p in run.pairs:
         for name, r in p.arms.items():
             expected = reused_expected(p, name)
@@ -186,7 +187,8 @@ def check_reuse_happened(run: LoadedRun):
             if family is None or probe_role(name):  # tenant probes: the server checks judge them
                 continue
             if family and server_decides and source(name) != "engine_prefix":
-                continue  # the server's own reuse: server_cache_evidence holds it to what it reported
+                on_server.add(name)  # the server's own reuse: server_cache_evidence holds it to what it reported
+                continue
             if not family:
                 if r.tokens_reused:
                     problems[p.case_id].append(f"arm '{name}' is a full recompute but reused "
@@ -207,8 +209,10 @@ def check_reuse_happened(run: LoadedRun):
             elif r.tokens_reused != expected:
                 problems[p.case_id].append(f"arm '{name}' reused {r.tokens_reused} tokens, "
                                            f"segment tokens are {expected}")
+    judged_there = (f"{', '.join(sorted(on_server))} ran on the server's own reuse path (server_cache_evidence "
+                    "holds it to what the server reported)") if on_server else ""
     if not totals:
-        return from_problems(problems, "no reuse-family arm ran")
+        return from_problems(problems, judged_there or "no reuse-family arm ran")
     seg = {a: n for a, n in totals.items() if source(a) != "engine_prefix"}
     eng = {a: n for a, n in totals.items() if source(a) == "engine_prefix"}
     parts = []
@@ -219,7 +223,7 @@ def check_reuse_happened(run: LoadedRun):
         n_prompt = sum(p.n_prompt_tokens for p in run.pairs)
         parts.append("engine prefix cache found " + ", ".join(
             f"{a} {n} of {n_prompt} prompt tokens ({n / max(n_prompt, 1):.1%})" for a, n in sorted(eng.items())))
-    return from_problems(problems, "; ".join(parts))
+    return from_problems(problems, "; ".join(parts + ([judged_there] if judged_there else [])))
 
 
 def _engine_prefix_problems(p: PairRecord, name: str) -> list[str]:
@@ -230,7 +234,7 @@ def _engine_prefix_problems(p: PairRecord, name: str) -> list[str]:
         out.append(f"arm '{name}' reports {r.tokens_reused} cached tokens for a {p.n_prompt_tokens}-token prompt")
     if r.cache_hit_tokens != r.tokens_reused:
         out.append(f"arm '{name}': cache_hit_tokens {r.cache_hit_tokens} != tokens_reused {r.tokens_reused}")
-    if get_arm(name).role == "engine_prefix_flushed":  # after the cache reset: cold again
+    if get_arm(name).role == "engine_prefix_flushed" or (r.engine or {}).get("cache_reset"):  # after a reset: cold
         if r.tokens_reused:
             out.append(f"arm '{name}' found {r.tokens_reused} cached tokens right after the server's cache reset "
                        "(the reset did not empty the cache)")

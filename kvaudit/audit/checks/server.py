@@ -45,22 +45,30 @@ def check_server_consumed_ids(run: LoadedRun):
     if not is_server_run(run):
         return result(True, NOT_A_SERVER_RUN)
     problems: dict[str, list[str]] = defaultdict(list)
-    unechoed = 0
+    unechoed = counted = 0
     n = 0
     for p in run.pairs:
         for name, r in server_arms(p).items():
             n += 1
             echoed = r.engine.get("prompt_ids_hash")
+            count = r.engine.get("prompt_tokens")
+            if count is not None and int(count) != p.n_prompt_tokens:
+                problems[p.case_id].append(f"arm '{name}': the server counted {count} prompt tokens, kvaudit sent "
+                                           f"{p.n_prompt_tokens}")
             if echoed is None:
                 unechoed += 1
+                counted += count is not None
             elif echoed != r.ids_hash:
                 problems[p.case_id].append(f"arm '{name}': the server consumed other ids (hash {echoed[:12]} "
                                            f"vs kvaudit's {r.ids_hash[:12]})")
     if problems:
         return from_problems(problems, "")
     if unechoed:
+        shown = (f"; its prompt-token counts equal kvaudit's on {counted} of them, which rules out a token added "
+                 "or dropped but not one replaced") if counted else ""
         return result(False, f"the server did not echo the prompt ids of {unechoed} of {n} requests "
-                             "(OpenAI `return_token_ids`): what it consumed cannot be shown", cannot_judge=True)
+                             f"(vLLM: `return_token_ids`; llama.cpp echoes none): what it consumed cannot be shown"
+                             f"{shown}", cannot_judge=True)
     return result(True, f"the server echoed exactly kvaudit's prompt ids on all {n} arm requests")
 
 
@@ -102,6 +110,8 @@ def check_server_cache_evidence(run: LoadedRun):
         return result(True, NOT_A_SERVER_RUN)
     # kvaudit's connector loads exactly what it is told; the server's own path decides
     exact = not server_decides_reuse(run)
+    probe = (run.manifest.backend or {}).get("cache_probe") or {}
+    shared = probe.get("caching") and probe.get("salt_isolates") is False  # salts do not isolate
     problems: dict[str, list[str]] = defaultdict(list)
     unreported = 0
     server_reuse: dict[str, int] = defaultdict(int)
@@ -119,6 +129,11 @@ def check_server_cache_evidence(run: LoadedRun):
                     problems[p.case_id].append(f"arm '{name}' must bypass every cache but the server reported "
                                                f"{cached} cached prompt tokens")
             elif spec.source in ("neutral", "in_context", "first_user"):
+                if shared and not exact:
+                    problems[p.case_id].append(
+                        f"arm '{name}' ran on the server's own reuse path, whose cache_salt does not isolate: its "
+                        f"{cached} cached tokens could be exact prefixes left by any earlier request, not segment reuse")
+                    continue
                 if exact:
                     if cached != _segment_end(p):
                         problems[p.case_id].append(f"arm '{name}': the server reported {cached} cached tokens; "
@@ -128,9 +143,14 @@ def check_server_cache_evidence(run: LoadedRun):
                     if r.tokens_reused != cached:
                         problems[p.case_id].append(f"arm '{name}' recorded {r.tokens_reused} reused tokens, the "
                                                    f"server reported {cached}")
-            elif spec.source == "engine_prefix" and r.tokens_reused != cached:
-                problems[p.case_id].append(f"arm '{name}' recorded {r.tokens_reused} reused tokens, the server "
-                                           f"reported {cached}")
+            elif spec.source == "engine_prefix":
+                if r.tokens_reused != cached:
+                    problems[p.case_id].append(f"arm '{name}' recorded {r.tokens_reused} reused tokens, the server "
+                                               f"reported {cached}")
+                if shared and spec.role == "engine_prefix" and not r.engine.get("cache_reset"):
+                    problems[p.case_id].append(
+                        f"arm '{name}' is a first arrival on a server whose cache_salt does not isolate, sent without "
+                        f"a cache reset before it: its {cached} cached tokens may be what an earlier run left")
     if problems:
         return from_problems(problems, "")
     if unreported:

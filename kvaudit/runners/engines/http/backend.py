@@ -67,11 +67,15 @@ from kvaudit.runners.backend import (
     noise_filler_ids,
 )
 from kvaudit.runners.engines.http.client import LOGPROBS, Completion, ServerClient
+from kvaudit.runners.engines.http.dialects import LOGPROB_IDS
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
 from kvaudit.runners.rope import RopeSpec
 from kvaudit.runners.segment_cache import CacheStats
 
 REUSE_PROTOCOLS = ("server", "kvaudit")
+# The cache probe's prompt: longer than one cache block of any engine kvaudit knows (vLLM's CPU
+# default is 128 tokens; a 96-token probe once found nothing cached on a server that caches).
+PROBE_TOKENS = 1024
 
 
 @dataclass
@@ -81,6 +85,9 @@ class ClientCache:
     capacity_bytes: int = 0  # the server's budget is its own; the client does not know it
     stats: CacheStats = field(default_factory=CacheStats)
     saved: dict[str, str | None] = field(default_factory=dict)  # kvaudit protocol: key -> KV fingerprint
+
+
+_FRESH_ROLES = ("reference", "noise_floor")  # arms that must compute every prompt token
 
 
 def _salt() -> str:
@@ -132,7 +139,8 @@ class OpenAIBackend(Backend):
         self.reuse_salt = _salt()
         card = client.model_card()
         self.server_card = {k: card.get(k) for k in ("id", "root", "max_model_len", "owned_by")}
-        max_len = int(card.get("max_model_len") or 4096)
+        # vLLM names the context in max_model_len, llama.cpp in meta.n_ctx
+        max_len = int(card.get("max_model_len") or (card.get("meta") or {}).get("n_ctx") or 4096)
         self.max_prompt_tokens = max_len - self.decoding.max_new_tokens
         if self.rope.sliding_window:
             self.max_prompt_tokens = min(self.max_prompt_tokens, self.rope.sliding_window)
@@ -143,31 +151,102 @@ class OpenAIBackend(Backend):
     # ------------------------------------------------------------------ what the server can do
 
     def _probe_cache(self) -> dict[str, Any]:
-        """Three requests on one prompt: salt A, salt A again, salt B. Whether the server caches,
-        reports cached tokens, and isolates salts decides how the reference bypasses the cache."""
-        ids = (self.neutral_head * (1 + 96 // max(1, len(self.neutral_head))))[:96]
+        """What this server shows and how its cache behaves, from requests on one neutral prompt
+        long enough to fill a cache block of any engine (up to 1,024 tokens): salt A, salt A again,
+        salt B, and where the dialect has one, a per-request bypass. Refuses, naming what is
+        missing, a server whose answers could not be compared (no generated ids, first-token
+        log-probabilities not keyed by id) or whose reference could not bypass its cache."""
+        n = max(2, min(PROBE_TOKENS, self.max_prompt_tokens))
+        ids = (self.neutral_head * (1 + n // max(1, len(self.neutral_head))))[:n]
         a, b = _salt(), _salt()
-        first = self._send(self.client, ids, max_tokens=1, salt=a)
+        first = self._send(self.client, ids, max_tokens=2, salt=a)
         again = self._send(self.client, ids, max_tokens=1, salt=a)
         other = self._send(self.client, ids, max_tokens=1, salt=b)
         reports = again.cached_tokens is not None
-        probe = {
+        caching = bool(reports and again.cached_tokens)
+        dialect = self.client.dialect
+        probe: dict[str, Any] = {
+            "dialect": dialect.name,
             "reports_cached_tokens": reports,
             "echoes_prompt_ids": first.prompt_ids is not None,
-            "caching": bool(reports and again.cached_tokens),
-            "salt_isolates": bool(reports and again.cached_tokens and other.cached_tokens == 0),
+            "generated_ids": bool(first.token_ids),
+            "logprobs_keyed_by": first.logprob_keys,
+            "caching": caching,
+            "salt_isolates": bool(caching and other.cached_tokens == 0),
             "cached_tokens": [first.cached_tokens, again.cached_tokens, other.cached_tokens],
             "prompt_tokens": len(ids),
+            "bypass": None,
+            "reset": dialect.reset_how,
+            "reset_empties": None,  # probed where an arm needs the reset (check_arms)
         }
-        if probe["caching"] and not probe["salt_isolates"] and self.reference is None:
+        where = f"server {self.client.base_url} ({dialect.name})"
+        if first.logprob_keys != LOGPROB_IDS:
+            keyed = "keyed by text, not token id" if first.logprob_keys else "absent"
+            raise KvauditError(f"{where}: its first-token top log-probabilities are {keyed}; kvaudit needs them by "
+                               "token id (vLLM: return_tokens_as_token_ids; llama.cpp: logprobs.content[]."
+                               "top_logprobs[].id) to compare arms")
+        if not caching:
+            probe["bypass"] = "nothing cached"
+        elif probe["salt_isolates"]:
+            probe["bypass"] = "fresh cache_salt"
+        elif dialect.bypass_how:
+            bypassed = self._send(self.client, ids, max_tokens=1, salt=a, bypass=True)
+            if bypassed.cached_tokens == 0:
+                probe["bypass"] = dialect.bypass_how
+        if probe["bypass"] is None and self.reference is not None:
+            probe["bypass"] = "the reference server (--reference-url)"
+        if probe["bypass"] is None:
             raise KvauditError(
-                f"server {self.client.base_url} caches but does not isolate cache_salt (a second salt found "
-                f"{other.cached_tokens} cached tokens): the reference arm cannot bypass its cache; start a "
-                "second server with caching off and give it as --reference-url")
+                f"{where} caches but does not isolate cache_salt (a second salt found {other.cached_tokens} cached "
+                "tokens) and has no per-request cache bypass kvaudit knows: the reference arm cannot bypass its "
+                "cache; start a second server with caching off and give it as --reference-url")
+        if self.reference is not None:
+            ref = self._send(self.reference, ids, max_tokens=1, salt=a)
+            ref_again = self._send(self.reference, ids, max_tokens=1, salt=a)
+            if ref.logprob_keys != LOGPROB_IDS:
+                raise KvauditError(f"reference server {self.reference.base_url} ({self.reference.dialect.name}): "
+                                   "its first-token top log-probabilities are not keyed by token id")
+            probe["reference_cached_tokens"] = [ref.cached_tokens, ref_again.cached_tokens]
         return probe
 
+    def _bypass(self, client: ServerClient) -> bool:
+        """Whether a request to ``client`` that must compute every token asks for the dialect's
+        per-request bypass (a fresh salt alone does not isolate there)."""
+        return client is self.client and self.probe["bypass"] == self.client.dialect.bypass_how
+
+    def _reset_empties(self) -> bool:
+        """Probe once that the dialect's cache reset really empties the cache: a prompt, the reset,
+        the prompt again (which must find nothing cached)."""
+        if self.probe["reset_empties"] is None:
+            n = self.probe["prompt_tokens"]
+            ids = (self.neutral_head * (1 + n // max(1, len(self.neutral_head))))[:n]
+            salt = _salt()
+            self._send(self.client, ids, max_tokens=1, salt=salt)
+            with self._flush_lock:
+                ok = self.client.reset_cache()
+                after = self._send(self.client, ids, max_tokens=1, salt=salt) if ok else None
+            self.probe["reset_empties"] = bool(after is not None and after.cached_tokens == 0)
+            self.probe["cached_after_reset"] = after.cached_tokens if after is not None else None
+        return bool(self.probe["reset_empties"])
+
+    def _cache_hint(self) -> str:
+        d, p = self.client.dialect, self.probe
+        if not p["reports_cached_tokens"]:
+            return (f"reports no cached-token count (usage.prompt_tokens_details.cached_tokens"
+                    f"{'; vLLM: --enable-prompt-tokens-details' if d.name in ('vllm', 'openai') else ''})")
+        return (f"cached none of a {p['prompt_tokens']}-token prompt sent twice: its prefix cache is off"
+                f"{' (vLLM: --enable-prefix-caching)' if d.name in ('vllm', 'openai') else ''}"
+                " or caches in blocks longer than the prompt")
+
+    @property
+    def prefix_cache_name(self) -> str:  # type: ignore[override]
+        return self.client.dialect.prefix_cache
+
     def check_arms(self, arms: list[str]) -> None:
-        """Refuse, before any case runs, arms this server or protocol cannot run."""
+        """Refuse, before any case runs, arms this server or protocol cannot run, naming the
+        capability it lacks (probed at open: :meth:`_probe_cache`)."""
+        where = f"{self.client.base_url} ({self.client.dialect.name})"
+        isolates = self.probe["salt_isolates"]
         for name in arms:
             spec = get_arm(name)
             if spec.source in ("in_context",) or (spec.source == "neutral" and not spec.rerotate):
@@ -176,14 +255,29 @@ class OpenAIBackend(Backend):
                         f"--arms: arm {name!r} needs --reuse-protocol kvaudit (a server running kvaudit's "
                         "connector): a black-box server cannot be fed segment KV built in true context or "
                         "left unrotated")
-            if spec.role == "engine_prefix_flushed" and not self.client.reset_prefix_cache():
+            if (self.reuse_protocol == "server" and spec.source in ("neutral", "first_user") and self.probe["caching"]
+                    and not isolates):
                 raise KvauditError(
-                    f"--arms: arm {name!r} needs the server's cache reset (vLLM: start it with "
-                    f"VLLM_SERVER_DEV_MODE=1 for POST /reset_prefix_cache); {self.client.base_url} refused it")
-            if spec.role in ("engine_prefix", "engine_prefix_warm", "tenant_probe") and not self.probe["caching"]:
-                raise KvauditError(f"--arms: arm {name!r} measures the server's prefix cache, but "
-                                   f"{self.client.base_url} {'cached nothing' if self.probe['reports_cached_tokens'] else 'reports no cached tokens'} "
-                                   "in the cache probe (vLLM: --enable-prefix-caching --enable-prompt-tokens-details)")
+                    f"--arms: arm {name!r} measures the server's own reuse of warmed segments, but {where} does not "
+                    "isolate cache_salt: what it reports cached could be an exact prefix left by any earlier "
+                    "request (this run's other arms, an earlier run, another client), not segment reuse")
+            if spec.role in ("engine_prefix", "engine_prefix_warm", "engine_prefix_flushed", "tenant_probe") \
+                    and not self.probe["caching"]:
+                raise KvauditError(f"--arms: arm {name!r} measures the server's prefix cache, but {where} "
+                                   f"{self._cache_hint()}")
+            needs_reset = spec.role == "engine_prefix_flushed" or (spec.role == "engine_prefix" and not isolates)
+            if needs_reset and not self._reset_empties():
+                why = ("its cold arm must start from an empty cache, since cache_salt does not isolate an earlier "
+                       "run's prompts" if spec.role == "engine_prefix" else "it re-runs the prompt on an emptied cache")
+                raise KvauditError(
+                    f"--arms: arm {name!r} needs the server's cache reset ({why}); {where} "
+                    f"{'has no reset kvaudit knows' if not self.client.dialect.reset_how else 'was not emptied by ' + self.client.dialect.reset_how}"
+                    f" (a prompt sent after the reset found {self.probe.get('cached_after_reset')} cached tokens)")
+            if spec.source == "engine_prefix" and not isolates and self.concurrent_cases > 1:
+                raise KvauditError(
+                    f"--arms: arm {name!r} on {where}, which does not isolate cache_salt, resets the cache before "
+                    "its cold request: run it one case at a time (--concurrent-cases 1), or another case's "
+                    "request would refill the cache between the reset and the request")
 
     def info(self) -> dict[str, Any]:
         import torch
@@ -197,6 +291,7 @@ class OpenAIBackend(Backend):
             "system_fingerprint": self.system_fingerprint,
             "reuse_protocol": self.reuse_protocol,
             "cache_probe": self.probe,
+            "engine_dialect": self.client.dialect.name,
             "dtype": self.dtype,
             "dtype_source": "as given by --dtype: the server does not report its dtype",
             "threads": None,  # the server's, not ours
@@ -222,20 +317,22 @@ class OpenAIBackend(Backend):
     # ------------------------------------------------------------------ requests
 
     def _send(self, client: ServerClient, ids: list[int], *, max_tokens: int | None = None,
-              salt: str | None = None, transfer: dict[str, Any] | None = None, stream: bool = True) -> Completion:
+              salt: str | None = None, transfer: dict[str, Any] | None = None, stream: bool = True,
+              bypass: bool = False) -> Completion:
         out = client.complete(ids, max_tokens=max_tokens or self.decoding.max_new_tokens,
                               salt=salt or _salt(), kv_transfer_params=transfer, stop_token_ids=sorted(self.eos),
-                              stream=stream)
+                              stream=stream, bypass_cache=bypass)
         self.system_fingerprint = out.extra.get("system_fingerprint", self.system_fingerprint)
         return out
 
     def _with_filler(self, client: ServerClient, prompt: Prompt) -> Completion:
         """The prompt beside a concurrent filler request, so the server batches it differently."""
         filler = noise_filler_ids(self.neutral_head, prompt)
-        t = threading.Thread(target=lambda: self._send(client, filler, max_tokens=4), daemon=True)
+        bypass = self._bypass(client)
+        t = threading.Thread(target=lambda: self._send(client, filler, max_tokens=4, bypass=bypass), daemon=True)
         t.start()
         try:
-            return self._send(client, prompt.ids)
+            return self._send(client, prompt.ids, bypass=bypass)
         finally:
             t.join(timeout=600)
 
@@ -377,10 +474,17 @@ class OpenAIBackend(Backend):
         build_s = head_s = 0.0
         hit = 0
         score_salt: str | None = None  # the salt scoring requests share with the arm's request
+        served = self.client  # the server that answered the arm's own request
         if spec.source is None:
-            client = self.reference if (self.reference and spec.role in ("reference", "noise_floor")) else self.client
+            fresh = spec.role in _FRESH_ROLES
+            client = self.reference if (self.reference and fresh) else self.client
+            served = client
+            bypass = fresh and self._bypass(client)
             if client is self.reference:
                 engine["salt"] = "reference server"
+            elif bypass:
+                engine["salt"] = "fresh"
+                engine["bypass"] = self.client.dialect.bypass_how
             if spec.role == "segment_tenant_probe" and kvaudit:
                 # Another tenant sends the reuse arm's own load plan: the connector's keys are
                 # content hashes anyone can compute; only a tenant-scoped store would refuse them.
@@ -394,17 +498,21 @@ class OpenAIBackend(Backend):
                 ttft = run.ttft_s
             else:
                 gate()
-                run = self._send(client, prompt.ids, transfer={"kvaudit": "run", "save": save} if save else None)
+                run = self._send(client, prompt.ids, transfer={"kvaudit": "run", "save": save} if save else None,
+                                 bypass=bypass)
                 ttft = run.ttft_s
             reused = run.cached_tokens or 0
         elif spec.source == "engine_prefix":
             engine["salt"] = "tenant"
             gate()
-            if spec.role == "engine_prefix_flushed":
+            # Where salts do not isolate, a first arrival is only first after a reset: the cache may
+            # hold this prompt from an earlier run or from this run's other arms.
+            if spec.role == "engine_prefix_flushed" or (spec.role == "engine_prefix" and not self.probe["salt_isolates"]):
                 with self._flush_lock:  # a reset while another case's request runs would not be a flush
-                    engine["cache_reset"] = self.client.reset_prefix_cache()
+                    engine["cache_reset"] = self.client.reset_cache()
                     if not engine["cache_reset"]:
-                        raise KvauditError(f"server {self.client.base_url} refused POST /reset_prefix_cache")
+                        raise KvauditError(f"server {self.client.base_url} refused its cache reset "
+                                           f"({self.client.dialect.reset_how})")
                     run = self._send(self.client, prompt.ids, salt=self.prefix_salt)
             else:
                 run = self._send(self.client, prompt.ids, salt=self.prefix_salt)
@@ -451,13 +559,14 @@ class OpenAIBackend(Backend):
         canary = self._score(prompt, candidates, salt=score_salt, arm_key=arm_key) if candidates else None
         engine.update({
             "prompt_ids_hash": ids_hash(run.prompt_ids) if run.prompt_ids is not None else None,
+            "prompt_tokens": run.prompt_tokens,
             "cached_tokens": run.cached_tokens,
             "model": run.model,
             "finish_reason": run.finish_reason,
         })
         top = sorted(run.first_lp.items(), key=lambda kv: -kv[1])[: self.decoding.top_k_logits]
         if len(top) < 2:
-            raise KvauditError(f"server {self.client.base_url} returned {len(top)} first-token log-probabilities "
+            raise KvauditError(f"server {served.base_url} returned {len(top)} first-token log-probabilities "
                                "(kvaudit needs the top-k: logprobs and return_tokens_as_token_ids)")
         res = build_arm_result(spec, prompt, self.tok, self.decoding, answer_ids=cut_at_eos(run.token_ids, self.eos),
                                top=top, ttft_s=ttft, decode_s=max(0.0, run.total_s - run.ttft_s),

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from kvaudit.core.errors import KvauditError
+from kvaudit.runners.engines.http.dialects import Dialect, detect
 
 LOGPROBS = 20  # vLLM's default --max-logprobs
 
@@ -39,15 +40,8 @@ class Completion:
     finish_reason: str | None = None
     kv_transfer_params: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def _token_id(key: str) -> int | None:
-    if key.startswith("token_id:"):
-        try:
-            return int(key.split(":", 1)[1])
-        except ValueError:
-            return None
-    return None
+    logprob_keys: str | None = None  # what the first-token log-probabilities were keyed by (dialects.LOGPROB_*)
+    prompt_tokens: int | None = None  # usage.prompt_tokens: how many prompt tokens the server counted
 
 
 class _Response:
@@ -55,8 +49,14 @@ class _Response:
     the same OpenAI shape as a streamed one): the first token's arrival time, the generated ids,
     the first token's top log-probabilities, the echoed prompt ids, cached tokens, model."""
 
-    def __init__(self, t0: float) -> None:
+    def __init__(self, t0: float, dialect: Dialect) -> None:
         self.t0 = t0
+        self.dialect = dialect
+        self.ids_shown = False  # some chunk carried generated ids
+        self.text = ""
+        self.completion_tokens: int | None = None
+        self.prompt_tokens: int | None = None
+        self.logprob_keys: str | None = None
         self.tokens: list[int] = []
         self.first_lp: dict[int, float] | None = None
         self.prompt_ids: list[int] | None = None
@@ -75,27 +75,42 @@ class _Response:
         self.model = chunk.get("model", self.model)
         if chunk.get("system_fingerprint"):
             self.extra["system_fingerprint"] = chunk["system_fingerprint"]
-        details = (chunk.get("usage") or {}).get("prompt_tokens_details") or {}
+        usage = chunk.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
         if details.get("cached_tokens") is not None:
             self.cached = int(details["cached_tokens"])
+        if usage.get("completion_tokens") is not None:
+            self.completion_tokens = int(usage["completion_tokens"])
+        if usage.get("prompt_tokens") is not None:
+            self.prompt_tokens = int(usage["prompt_tokens"])
         self.kvp = chunk.get("kv_transfer_params", self.kvp)
         for ch in chunk.get("choices") or []:
             if ch.get("prompt_token_ids") is not None and self.prompt_ids is None:
                 self.prompt_ids = [int(t) for t in ch["prompt_token_ids"]]
-            new = ch.get("token_ids") or []
+            new, top, keys = self.dialect.read_choice(ch)
+            self.text += ch.get("text") or ""
+            if new is not None:
+                self.ids_shown = True
             if new and self.ttft is None:
                 self.ttft = time.perf_counter() - self.t0
-            self.tokens.extend(int(t) for t in new)
-            lps = (ch.get("logprobs") or {}).get("top_logprobs") or []
-            if lps and self.first_lp is None:
-                self.first_lp = {tid: float(v) for k, v in lps[0].items() if (tid := _token_id(k)) is not None}
+            self.tokens.extend(new or ())
+            if keys is not None and self.logprob_keys is None:
+                self.logprob_keys = keys
+                self.first_lp = top
             self.finish = ch.get("finish_reason") or self.finish
 
     def completion(self, total_s: float) -> Completion:
         return Completion(token_ids=self.tokens, first_lp=self.first_lp or {},
                           ttft_s=self.ttft if self.ttft is not None else total_s, total_s=total_s,
                           cached_tokens=self.cached, prompt_ids=self.prompt_ids, model=self.model,
-                          finish_reason=self.finish, kv_transfer_params=self.kvp, extra=self.extra)
+                          finish_reason=self.finish, kv_transfer_params=self.kvp, extra=self.extra,
+                          logprob_keys=self.logprob_keys, prompt_tokens=self.prompt_tokens)
+
+    def missing_ids(self) -> bool:
+        """The server generated something (text, or a completion-token count) but showed no ids:
+        answers read from it would be empty on every arm and agree vacuously."""
+        generated = bool(self.text) or bool(self.completion_tokens)
+        return generated and not self.tokens
 
 
 class ServerClient:
@@ -107,6 +122,7 @@ class ServerClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
         self.model = model or self._first_model()["id"]
+        self.dialect: Dialect = detect(self.model_card())
 
     # ------------------------------------------------------------------ server facts
 
@@ -138,29 +154,24 @@ class ServerClient:
                 return m
         raise KvauditError(f"server {self.base_url} does not serve model {self.model!r}")
 
-    def reset_prefix_cache(self) -> bool:
-        """``POST /reset_prefix_cache`` (vLLM with ``VLLM_SERVER_DEV_MODE=1``); False where the
-        server has no such endpoint or refuses."""
+    def reset_cache(self) -> bool:
+        """Empty the server's whole prompt cache the way its dialect knows
+        (:attr:`Dialect.reset_how`); False where it has no way or refuses."""
         try:
-            r = self.http.post("/reset_prefix_cache")
+            return self.dialect.reset(self.http)
         except httpx.HTTPError as e:
-            raise KvauditError(f"server {self.base_url}: POST /reset_prefix_cache failed ({e})") from None
-        if r.status_code != 200:
-            return False
-        try:
-            return bool(r.json().get("success", True))
-        except ValueError:
-            return True
+            raise KvauditError(f"server {self.base_url}: cache reset failed ({e})") from None
 
     # ------------------------------------------------------------------ one request
 
     def complete(self, ids: list[int], *, max_tokens: int, salt: str | None = None,
                  kv_transfer_params: dict[str, Any] | None = None,
                  stop_token_ids: list[int] | None = None, stream: bool = True,
-                 logprob_token_ids: list[int] | None = None) -> Completion:
+                 logprob_token_ids: list[int] | None = None, bypass_cache: bool = False) -> Completion:
         """One greedy completion of the prompt ``ids``, timed. Streamed (time to first token is
         the first token's chunk) unless ``stream`` is false; servers return ``kv_transfer_params``
-        only in a whole response, so warm-ups that need them are sent unstreamed."""
+        only in a whole response, so warm-ups that need them are sent unstreamed. ``bypass_cache``:
+        the dialect's per-request cache bypass, where it has one (llama.cpp's ``cache_prompt``)."""
         body: dict[str, Any] = {
             "model": self.model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": 0.0,
             "logprobs": LOGPROBS, "return_token_ids": True, "return_tokens_as_token_ids": True,
@@ -176,8 +187,9 @@ class ServerClient:
             body["kv_transfer_params"] = kv_transfer_params
         if stop_token_ids:
             body["stop_token_ids"] = sorted(stop_token_ids)
+        body = self.dialect.body(body, bypass_cache=bypass_cache)
         t0 = time.perf_counter()
-        acc = _Response(t0)
+        acc = _Response(t0, self.dialect)
         try:
             if not stream:
                 r = self.http.post("/v1/completions", json=body)
@@ -204,6 +216,10 @@ class ServerClient:
             raise KvauditError(f"server {self.base_url}: unreadable completion ({e!r})") from None
         if acc.error is not None:
             raise KvauditError(f"server {self.base_url}: error in the response: {acc.error}")
+        if acc.missing_ids():
+            raise KvauditError(f"server {self.base_url} ({self.dialect.name}) generated an answer but showed none of "
+                               "its token ids (vLLM: return_token_ids; llama.cpp: logprobs.content[].id): every "
+                               "arm's answer would read as empty and agree with every other; refused")
         out = acc.completion(time.perf_counter() - t0)
         if out.finish_reason == "error":
             raise KvauditError(f"server {self.base_url}: the request failed on the server (finish_reason "

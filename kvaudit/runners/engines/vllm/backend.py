@@ -98,6 +98,7 @@ def engine_ttft(metrics: Any) -> float | None:
 
 class VllmBackend(Backend):
     name = "vllm"
+    prefix_cache_name = "vLLM's automatic prefix caching"
     stores_heads = True  # head_entries
 
     def __init__(self, llm: Any, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,
