@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.kvaudit-installed
 
-.PHONY: setup demo test lint bench clean browser setup-vllm test-vllm demo-vllm bench-vllm
+.PHONY: setup demo test lint bench clean browser setup-vllm test-vllm demo-vllm bench-vllm test-engines
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -35,6 +35,13 @@ test: setup browser setup-vllm
 	$(PY) -m pytest -q
 	$(VLLM_PY) -m pytest -q tests/test_vllm.py tests/test_gpu_paged_kv.py tests/test_backend_contract.py \
 	  tests/test_http_backend.py tests/test_http_prefix_server.py tests/test_replay_vllm.py
+
+# Engines nobody here wrote: upstream llama.cpp's llama-server, built once into ~/.cache/kvaudit
+# (about 20 minutes on 2 cores the first time, nothing after), then the tests against it. `make test`
+# runs those tests too where the build is cached, and skips them naming this target where it is not.
+test-engines: setup
+	bash scripts/build-llama-server.sh
+	$(PY) -m pytest -q tests/test_llama_cpp.py
 
 bench: setup
 	$(PY) benchmarks/ttft.py

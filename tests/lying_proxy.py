@@ -1,10 +1,18 @@
-"""A stand-in server that lies: it forwards to a real vLLM server and falsifies one thing.
+"""A stand-in server that lies or lacks a feature: it forwards to a real vLLM server and changes one thing.
 
 ``cached``: the cached-token count reported for every prompt longer than 128 ids is raised by
-32 (a server claiming cache hits it did not have; kvaudit's 96-token cache probe at start-up is
-left alone, so the lie reaches the audit rather than the probe's own refusal). ``drop``: the first prompt id of every plain completion request (one without
-``kv_transfer_params``) is dropped before it is forwarded, as a server that strips a token it
-considers special would; the real server then echoes what it consumed. For the audit's negative tests only: the positive path uses the real server.
+32 (a server claiming cache hits it did not have; kvaudit's cache probe at start-up, a prompt of
+exactly ``PROBE_TOKENS`` ids, is left alone, so the lie reaches the audit rather than the
+probe's own refusal). ``drop``: the first prompt id of every plain completion request (one
+without ``kv_transfer_params``) is dropped before it is forwarded, as a server that strips a
+token it considers special would; the real server then echoes what it consumed.
+
+Features removed, as servers other than vLLM lack them: ``no_token_ids`` strips the generated
+ids (``choices[].token_ids``) from every response, leaving the text and the log-probabilities;
+``no_echo`` strips the echoed prompt ids; ``shared_salt`` drops ``cache_salt`` from every
+request, so salts do not isolate (one cache for everyone, as llama.cpp has); ``text_logprobs``
+keys the top log-probabilities by text, as SGLang's OpenAI server does. For the negative tests
+only: the positive path uses the real server.
 """
 
 from __future__ import annotations
@@ -17,11 +25,29 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
+from kvaudit.runners.engines.http.backend import PROBE_TOKENS
+
 
 def _lie_usage(obj: dict) -> None:
     details = (obj.get("usage") or {}).get("prompt_tokens_details")
     if details and details.get("cached_tokens") is not None:
         details["cached_tokens"] += 32
+
+
+def _strip(obj: dict, mode: str) -> None:
+    for ch in obj.get("choices") or []:
+        if mode == "no_token_ids":
+            ch.pop("token_ids", None)
+        elif mode == "no_echo":
+            ch.pop("prompt_token_ids", None)
+        elif mode == "text_logprobs" and (ch.get("logprobs") or {}).get("top_logprobs"):
+            ch["logprobs"]["top_logprobs"] = [{f"t{k}": v for k, v in d.items()} for d in ch["logprobs"]["top_logprobs"]]
+
+
+def _rewrite(obj: dict, mode: str, lie: bool) -> None:
+    if lie:
+        _lie_usage(obj)
+    _strip(obj, mode)
 
 
 def make_handler(upstream: str, mode: str) -> type[BaseHTTPRequestHandler]:
@@ -52,12 +78,14 @@ def make_handler(upstream: str, mode: str) -> type[BaseHTTPRequestHandler]:
             if (mode == "drop" and not body.get("kv_transfer_params") and isinstance(body.get("prompt"), list)
                     and len(body["prompt"]) > 2):
                 body["prompt"] = body["prompt"][1:]
-            lie = mode == "cached" and isinstance(body.get("prompt"), list) and len(body["prompt"]) > 128
+            if mode == "shared_salt":
+                body.pop("cache_salt", None)
+            lie = (mode == "cached" and isinstance(body.get("prompt"), list)
+                   and 128 < len(body["prompt"]) != PROBE_TOKENS)
             if not body.get("stream"):
                 r = client.post("/v1/completions", json=body)
                 obj = r.json()
-                if lie:
-                    _lie_usage(obj)
+                _rewrite(obj, mode, lie)
                 self._reply(r.status_code, json.dumps(obj).encode())
                 return
             with client.stream("POST", "/v1/completions", json=body) as r:
@@ -65,9 +93,9 @@ def make_handler(upstream: str, mode: str) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 for line in r.iter_lines():
-                    if lie and line.startswith("data:") and line[5:].strip() != "[DONE]":
+                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
                         obj = json.loads(line[5:])
-                        _lie_usage(obj)
+                        _rewrite(obj, mode, lie)
                         line = "data: " + json.dumps(obj)
                     self.wfile.write((line + "\n").encode())
                     self.wfile.flush()

@@ -173,6 +173,8 @@ def test_a_reader_that_stops_early_keeps_the_files_and_the_verdict(request, tmp_
     ("[leak]\nforbid_neutral_exposure = 1\n", "leak.forbid_neutral_exposure"),
     ('[[delta]]\ngroup = "overall"\nmin_lower_bound = 150\n', "delta[0].min_lower_bound"),
     ('[hit_rate]\nmin = 0.5\nkey = 3\n', "hit_rate.key"),
+    ('[audit]\naccept_cannot_judge = ["no_such_check"]\n', "audit.accept_cannot_judge"),  # a typo waives nothing
+    ('[audit]\naccept_cannot_judge = "server_consumed_ids"\n', "audit.accept_cannot_judge"),
 ])
 def test_policy_bounds_and_switches_are_validated(passing, tmp_path, capsys, text, field):
     p = policy(tmp_path, text, "bad.toml")

@@ -17,6 +17,7 @@ vllm = pytest.importorskip("vllm")
 from kvaudit.cli import main  # noqa: E402
 from kvaudit.core.run_format import read_pairs  # noqa: E402
 
+from .lying_proxy import lying_proxy  # noqa: E402
 from .vllm_server import vllm_server  # noqa: E402
 
 pytestmark = pytest.mark.model
@@ -79,3 +80,68 @@ def test_the_servers_own_reuse_of_warmed_documents_is_shown_vacuous(server, data
     assert code == 1
     assert not c["server_cache_evidence"]["passed"] and "has no segment reuse" in c["server_cache_evidence"]["detail"]
     assert c["identity_control"].get("cannot_judge")  # a black box cannot be fed in-context KV
+
+
+# ---------------------------------------------------------------- servers that lack a feature
+# Each was a wrong or vacuous verdict before engine dialects (a stand-in strips the feature from
+# the real server's answers): refused now before any case, naming what is missing.
+
+
+@pytest.mark.parametrize("mode, arms, extra, says", [
+    # generated text but no ids: every arm's answer read as empty, and the noise floor "passed"
+    ("no_token_ids", "recompute,recompute_again", (), "showed none of its token ids"),
+    # first-token log-probabilities keyed by text (SGLang's OpenAI server): unusable
+    ("text_logprobs", "recompute,recompute_again", (), "keyed by text, not token id"),
+    # one cache for every salt: the server's reuse counted exact prefix hits as segment reuse
+    ("shared_salt", "recompute,reuse", ("--reference-url", "REAL"), "does not isolate cache_salt"),
+])
+def test_a_server_lacking_a_feature_is_refused_naming_it(server, dataset, tmp_path, capsys, mode, arms, extra, says):
+    out = tmp_path / "run"
+    with lying_proxy(server, mode) as url:
+        assert run(url, dataset, out, arms, *[server if x == "REAL" else x for x in extra]) == 2
+    assert says in capsys.readouterr().err
+    assert not (out / "pairs.jsonl").exists()
+
+
+def test_errors_about_the_reference_name_the_reference_server(server, dataset, tmp_path, capsys):
+    with lying_proxy(server, "text_logprobs") as ref:
+        assert run(server, dataset, tmp_path / "run", "recompute,prefix_cache_cold", "--reference-url", ref) == 2
+    err = capsys.readouterr().err
+    assert f"reference server {ref}" in err and "not keyed by token id" in err
+
+
+def test_a_cold_arm_on_a_shared_cache_starts_from_a_reset_even_after_an_earlier_run(server, dataset, tmp_path):
+    """Salts that do not isolate: an earlier run's prompts are in the cache. The cold arm is sent
+    after a reset and finds nothing; the warm arm finds the prompt."""
+    with lying_proxy(server, "shared_salt") as url:
+        for name in ("first", "second"):
+            out = tmp_path / name
+            assert run(url, dataset, out, "recompute,prefix_cache_cold,prefix_cache", "--reference-url", server,
+                       "--limit", "2") == 0
+            for p in read_pairs(out):
+                assert p.arms["prefix_cache_cold"].tokens_reused == 0 and p.arms["prefix_cache_cold"].engine["cache_reset"]
+                assert p.arms["prefix_cache"].tokens_reused > p.n_prompt_tokens // 2
+        code, c = checks(tmp_path / "second")
+    assert c["server_cache_evidence"]["passed"], c["server_cache_evidence"]["detail"]
+
+
+def test_a_server_that_echoes_nothing_cannot_pass_the_ids_check(server, dataset, tmp_path):
+    out = tmp_path / "run"
+    with lying_proxy(server, "no_echo") as url:
+        assert run(url, dataset, out, "recompute,prefix_cache_cold,prefix_cache", "--limit", "2") == 0
+    code, c = checks(out)
+    assert code == 2 and c["server_consumed_ids"].get("cannot_judge")
+    assert "prompt-token counts equal kvaudit's" in c["server_consumed_ids"]["detail"]
+
+
+def test_the_cache_probe_fills_the_default_cpu_block(dataset, tmp_path_factory, tmp_path):
+    """vLLM's CPU default block is 128 tokens: a 96-token probe found nothing cached there and the
+    prefix-cache arms were refused naming flags the server already had."""
+    from kvaudit.models import resolve_model_dir
+
+    with vllm_server(resolve_model_dir("smollm2"), tmp_path_factory.mktemp("serve128") / "vllm-serve.log",
+                     connector=False, block_size=None) as url:
+        out = tmp_path / "run"
+        assert run(url, dataset, out, "recompute,prefix_cache_cold,prefix_cache", "--limit", "1") == 0
+    probe = json.loads((out / "manifest.json").read_text())["backend"]["cache_probe"]
+    assert probe["caching"] and probe["cached_tokens"][1] >= 128

@@ -30,12 +30,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_command(model_dir: Path, port: int, *, connector: bool, prefix_caching: bool = True) -> list[str]:
+def server_command(model_dir: Path, port: int, *, connector: bool, prefix_caching: bool = True,
+                   block_size: int | None = 32) -> list[str]:
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--max-model-len", "4096", "--kv-cache-memory-bytes", str(1 << 30), "--block-size", "32",
+           "--max-model-len", "4096", "--kv-cache-memory-bytes", str(1 << 30),
            "--enforce-eager", "--seed", "0", "--enable-prompt-tokens-details", "--max-num-batched-tokens", "4096",
            "--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching"]
+    if block_size is not None:  # None: the engine's default (128 tokens on the CPU)
+        cmd += ["--block-size", str(block_size)]
     if connector:
         cmd += ["--kv-transfer-config", json.dumps(CONNECTOR)]
     return cmd
@@ -43,12 +46,13 @@ def server_command(model_dir: Path, port: int, *, connector: bool, prefix_cachin
 
 @contextlib.contextmanager
 def vllm_server(model_dir: Path, log: Path, *, connector: bool, prefix_caching: bool = True,
-                startup_s: float = 300.0) -> Iterator[str]:
+                block_size: int | None = 32, startup_s: float = 300.0) -> Iterator[str]:
     """Start the server, wait for /health, yield its base URL, stop it (its whole process group)."""
     port = free_port()
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="auto")
     with open(log, "wb") as out:
-        proc = subprocess.Popen(server_command(model_dir, port, connector=connector, prefix_caching=prefix_caching),
+        proc = subprocess.Popen(server_command(model_dir, port, connector=connector, prefix_caching=prefix_caching,
+                                               block_size=block_size),
                                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
