@@ -151,6 +151,9 @@ def test_identity_reproduces_recompute_and_reuse_loads_the_segments(vllm_run):
             assert r.tokens_reused == seg > 0 and r.tokens_computed == rec.n_prompt_tokens - seg
             assert set(r.segment_kv_fingerprints) == set(rec.segment_ids)
     assert max(p.arms["reuse"].logit_diff_vs_recompute for p in pairs) > 0.05
+    # the head's own request, sent before the connector loads [head][documents], is inside TTFT
+    assert any(0 < p.arms["reuse"].head_s < p.arms["reuse"].ttft_s for p in pairs)
+    assert all(p.arms["recompute"].head_s == 0 for p in pairs)
     probes = [p for p in pairs if p.canary]
     assert probes
     for p in probes:
@@ -252,6 +255,7 @@ def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset
     assert rows["recompute"]["answers_equal"] >= rows["recompute"]["n"] - 1
     assert 'id="cross-backend-1"' in page and "Cross-backend agreement: vllm vs transformers" in page
     assert 'id="batching-note"' not in page  # one case at a time: TTFT is a single request's
+    assert summary["ttft_parts"]["reuse"]["head_s"] is not None and 'id="ttft-parts-table"' in page
 
 
 def test_candidate_scores_of_recompute_equal_a_full_prefill(backend, dataset, vllm_run):

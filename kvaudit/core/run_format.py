@@ -84,6 +84,12 @@ class ArmResult:
     # tokens the warm-up or tenant requests of this arm found cached (``warmup_cached_tokens``).
     # ``None`` for in-process backends, whose evidence the runner holds directly.
     engine: dict[str, Any] | None = None
+    # Inside ``ttft_s``: the head's own prefill request, sent first where the engine's connector
+    # loads only a prompt prefix (vLLM; 0 where none went), and the engine's own first-token time
+    # for the arm's main request where it keeps one (``None`` otherwise). ``ttft_s - head_s -
+    # engine_ttft_s`` is what kvaudit's client adds.
+    head_s: float = 0.0
+    engine_ttft_s: float | None = None
     # A repair arm's own account (blend@R, epic@K): recomputed prompt positions, their count and
     # share of the segment tokens, the selection and recomputation seconds (inside TTFT) and the
     # first-token difference against the arm under test (:mod:`kvaudit.core.repair_log`).

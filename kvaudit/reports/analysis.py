@@ -320,6 +320,23 @@ class Analysis:
         p50, p90, p99 = np.quantile(t, [0.5, 0.9, 0.99])
         return {"n": len(t), "mean": float(t.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
+    def ttft_parts(self, arm: str) -> dict[str, Any] | None:
+        """What ``arm``'s recorded TTFT holds, medians over its cases (seconds): the head's own
+        request where one went first (vLLM's connector loads only a prefix, so segment reuse
+        prefills the head by itself), the engine's own first-token time for the main request
+        where it keeps one, and the rest, kvaudit's client. ``None`` where neither was recorded."""
+        rows = [p.arms[arm] for p in self.run.pairs if arm in p.arms]
+        heads = [r.head_s for r in rows]
+        timed = [r for r in rows if r.engine_ttft_s is not None]
+        if not rows or (not any(heads) and not timed):
+            return None
+        out: dict[str, Any] = {"n": len(rows), "head_s": float(np.median(heads)) if any(heads) else None,
+                               "engine_s": None, "client_s": None}
+        if timed:
+            out["engine_s"] = float(np.median([r.engine_ttft_s for r in timed]))
+            out["client_s"] = float(np.median([r.ttft_s - r.head_s - r.engine_ttft_s for r in timed]))
+        return out
+
     def speedup(self, arm: str) -> dict[str, Any] | None:
         """Recompute TTFT over ``arm`` TTFT: ratio of medians and median of per-case ratios."""
         wide = self.scores.pivot(index="case_id", columns="arm", values="ttft_s")

@@ -17,7 +17,9 @@ Top-level keys:
 ``leaks``        :func:`kvaudit.stats.leaks.leak_summary`
 ``security``     :func:`kvaudit.reports.security.security_summary` (tenant isolation, timing, cold/flushed/warm)
 ``hit_rate``     per arm measured token hit rate; ``simulated`` entries from simulation.json
-``ttft``         per arm seconds (n, mean, p50, p90, p99); ``speedup`` per arm vs recompute
+``ttft``         per arm seconds (n, mean, p50, p90, p99); ``speedup`` per arm vs recompute;
+                 ``ttft_parts`` per arm, where recorded, the medians of the head's own request,
+                 the engine's own first-token time and the client's rest
 ``coverage``     reuse-dynamics coverage from the manifest's ``dataset.coverage`` or None
 ``routing``      per task family: safe / unsafe / undecided for the policy's arm, with the reason
 ``frontier``     the repairs' quality-for-speed frontier per task family, with the cheapest
@@ -189,6 +191,7 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
                      "segment": {a: an.hit_rate(a, "segment") for a in an.arms},
                      "simulated": an.simulated_hit_rates() or None},
         "ttft": {a: an.ttft(a) for a in an.arms},
+        "ttft_parts": {a: parts for a in an.arms if (parts := an.ttft_parts(a))},
         "speedup": {a: an.speedup(a) for a in an.compared_arms},
         "coverage": an.coverage,
         "routing": routing(an, policy),

@@ -205,6 +205,8 @@ def run_cases(backend: Backend, cases: list[Case], cfg: RunConfig, timing: dict[
             wall -= built
         timing[name if name in TIMED_ARMS else "repairs" if spec.repair else "controls"] += wall
         for (i, _), out in zip(todo, outs):
+            out.result.head_s = round(out.head_s, 6)
+            out.result.engine_ttft_s = out.engine_ttft_s
             arms[i][name] = out.result
             first_logits[i][name] = out.first_logits
             if out.detail is not None:
