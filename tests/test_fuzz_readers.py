@@ -693,6 +693,42 @@ def _check_kv_config(shape: Any, d: Path) -> None:
     shape.to_dict()
 
 
+def _replay_files() -> dict[str, bytes]:
+    """A replay directory as `kvaudit replay` leaves it: its config and two request records."""
+    from dataclasses import asdict
+
+    from kvaudit.core.replay_format import ReplayConfig, RequestRecord
+
+    cfg = ReplayConfig(workload="workload.jsonl", workload_hash="ab" * 8, policy="segment", budget_bytes=10**6,
+                       model="smollm2", backend="transformers", concurrency=2, max_new_tokens=8, n_requests=2)
+    recs = [RequestRecord(index=i, request_id=f"r{i}", wave=i, session=0, n_prompt_tokens=100, head_tokens=20,
+                          segment_tokens=60, ttft_s=0.1 + i, warmup_s=0.01, head_s=0.0, queue_s=0.0,
+                          prefix_cache_tokens=0, segment_hit_tokens=60 * i, warmup_tokens=60 * (1 - i),
+                          tokens_computed=40, evictions=0.0, wall_s=0.2, ids_hash="cd" * 8,
+                          piece_ids=["h", "d1", "q"], piece_tokens=[20, 60, 20],
+                          piece_kinds=["prefix", "document", "question"], engine_ttft_s=0.09, client_request_ttft_s=0.095)
+            for i in range(2)]
+    return {"replay_config.json": json.dumps(asdict(cfg)).encode(), "requests.jsonl": _jsonl([asdict(r) for r in recs])}
+
+
+def _read_replay(d: Path) -> Any:
+    from kvaudit.core.replay_format import ReplayDir
+
+    r = ReplayDir(d)
+    return r.read_config(), r.read_requests()
+
+
+def _check_replay(result: Any, d: Path) -> None:
+    from kvaudit.replay.summary import summarise
+
+    cfg, recs = result
+    assert_typed(cfg, "replay_config")
+    for i, r in enumerate(recs):
+        assert_typed(r, f"request {i}")
+    if recs:  # what `kvaudit report` computes from them
+        summarise(recs, cfg, {"block_size": 16, "bytes_per_token": 1000, "kv_tokens": 10_000, "stores_heads": False})
+
+
 READERS: dict[str, Reader] = {r.name: r for r in (
     Reader("dataset_segments", "jsonl", "segments.jsonl", _dataset_files_unhashed, _read_dataset, _check_dataset,
            "kvaudit.core.dataset_format"),
@@ -723,6 +759,10 @@ READERS: dict[str, Reader] = {r.name: r for r in (
            _import_reader("ctxs", "musique.jsonl"), _check_import, "kvaudit.generators.importers"),
     Reader("import_longbench", "jsonl", "longbench.jsonl", lambda: {"longbench.jsonl": _jsonl(_LONGBENCH)},
            _import_reader("longbench", "longbench.jsonl"), _check_import, "kvaudit.generators.importers"),
+    Reader("replay_config", "json", "replay_config.json", _replay_files, _read_replay, _check_replay,
+           "kvaudit.core.replay_format"),
+    Reader("replay_requests", "jsonl", "requests.jsonl", _replay_files, _read_replay, _check_replay,
+           "kvaudit.core.replay_format"),
     Reader("kv_config", "json", "config.json", lambda: {"config.json": json.dumps(_KV_CONFIG).encode()},
            _read_kv_config, _check_kv_config, "kvaudit.simulator.kv_bytes"),
 )}
@@ -962,3 +1002,26 @@ def test_fuzz_found_a_huge_integer_in_a_policy_is_not_echoed(tmp_path):
         load_policy(path)
     check_message(str(e.value), path)
     assert "must be a finite number, not an integer too large for a float" in str(e.value)
+
+
+# Found by benchmarks/fuzz_readers.py on requests.jsonl: records whose piece lists disagree, or
+# whose hits exceed the prompt, reached the summary and raised ValueError on resume.
+@pytest.mark.parametrize("edit, field", [
+    ({"piece_kinds": ["prefix", "document"]}, "piece_ids"),
+    ({"piece_kinds": ["prefix", "doc", "question"]}, "piece_kinds[1]"),
+    ({"piece_tokens": [20, 0, 20]}, "piece_tokens[1]"),
+    ({"segment_hit_tokens": 500}, "segment_hit_tokens"),
+    ({"warmup_tokens": -1}, "warmup_tokens"),
+])
+def test_a_request_record_the_summary_cannot_use_is_refused_naming_the_field(tmp_path, edit, field):
+    from kvaudit.core.errors import DatasetError
+
+    files = _replay_files()
+    rows = [json.loads(line) for line in files["requests.jsonl"].decode().splitlines()]
+    rows[1].update(edit)
+    files["requests.jsonl"] = _jsonl(rows)
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    with pytest.raises(DatasetError, match=r"requests\.jsonl, line 2") as e:
+        _read_replay(tmp_path)
+    assert f"'{field}'" in str(e.value)

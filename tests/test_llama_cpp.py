@@ -101,12 +101,14 @@ def test_the_audit_says_what_llama_cpp_cannot_show_and_finds_its_shared_cache(tw
     assert "passed except accepted unjudged" in text and "server_consumed_ids" in text
 
 
-@pytest.mark.parametrize("arms, why", [
-    ("recompute,reuse", "does not isolate cache_salt"),
-    ("recompute,identity", "needs --reuse-protocol kvaudit"),
+@pytest.mark.parametrize("arms, extra, why", [
+    ("recompute,reuse", (), "does not isolate cache_salt"),
+    ("recompute,identity", (), "needs --reuse-protocol kvaudit"),
+    ("recompute,reuse", ("--reuse-protocol", "kvaudit"), "is not vLLM"),
 ])
-def test_arms_llama_cpp_cannot_run_honestly_are_refused_before_any_case(server, dataset, tmp_path, capsys, arms, why):
+def test_arms_llama_cpp_cannot_run_honestly_are_refused_before_any_case(server, dataset, tmp_path, capsys, arms,
+                                                                         extra, why):
     out = tmp_path / "run"
-    assert run(server, dataset, out, arms) == 2
+    assert run(server, dataset, out, arms, *extra) == 2
     assert why in capsys.readouterr().err
     assert not (out / "pairs.jsonl").exists()

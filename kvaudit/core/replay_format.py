@@ -22,6 +22,7 @@ from kvaudit.core.errors import DatasetError, KvauditError, excerpt
 from kvaudit.core.jsonio import JsonlAppender, iter_jsonl, mend_jsonl_tail, read_json, write_json
 from kvaudit.core.run_format import REPLAY_CONFIG_FILE, REPLAY_FILE, REPLAY_REQUESTS_FILE
 from kvaudit.core.run_lock import run_lock
+from kvaudit.core.trace import KINDS, MAX_PIECE_TOKENS
 from kvaudit.core.typed_json import check_fields
 
 REPLAY_FORMAT = 1
@@ -95,6 +96,32 @@ class RequestRecord:
     arrival_s: float | None = None  # open loop: the request's arrival, seconds from its session's start
 
 
+_COUNTS = ("n_prompt_tokens", "head_tokens", "segment_tokens", "prefix_cache_tokens", "segment_hit_tokens",
+           "warmup_tokens", "tokens_computed")
+
+
+def _check_record(r: RequestRecord, where: str) -> None:
+    """What the summary and the simulator rely on beyond the field types: counts that are counts,
+    hits within the prompt, and one kind and one token count per prompt piece."""
+    for name in _COUNTS:
+        if getattr(r, name) < 0:
+            raise DatasetError(f"{where}: field '{name}' must not be negative, got {getattr(r, name)}")
+    if r.n_prompt_tokens < 1:
+        raise DatasetError(f"{where}: field 'n_prompt_tokens' must be at least 1")
+    if r.prefix_cache_tokens + r.segment_hit_tokens > r.n_prompt_tokens:
+        raise DatasetError(f"{where}: fields 'prefix_cache_tokens' + 'segment_hit_tokens' exceed 'n_prompt_tokens'")
+    if not len(r.piece_ids) == len(r.piece_tokens) == len(r.piece_kinds):
+        raise DatasetError(f"{where}: fields 'piece_ids', 'piece_tokens' and 'piece_kinds' must have one entry per "
+                           f"prompt piece (got {len(r.piece_ids)}, {len(r.piece_tokens)}, {len(r.piece_kinds)})")
+    for i, (k, t) in enumerate(zip(r.piece_kinds, r.piece_tokens)):
+        if k not in KINDS:
+            raise DatasetError(f"{where}: field 'piece_kinds[{i}]' must be one of {', '.join(KINDS)}, "
+                               f"got {excerpt(repr(k), 40)}")
+        if not 0 < t <= MAX_PIECE_TOKENS:
+            raise DatasetError(f"{where}: field 'piece_tokens[{i}]' must be a positive count of at most "
+                               f"{MAX_PIECE_TOKENS}, got {t}")
+
+
 class ReplayDir:
     """A replay directory at ``path`` (which need not exist yet)."""
 
@@ -159,7 +186,9 @@ class ReplayDir:
         for n, obj in iter_jsonl(self.requests_file, tolerate_torn_tail=True):
             where = f"{self.requests_file}, line {n}"
             check_fields(obj, RequestRecord, where)
-            out.append(RequestRecord(**{k: obj[k] for k in RequestRecord.__dataclass_fields__ if k in obj}))
+            rec = RequestRecord(**{k: obj[k] for k in RequestRecord.__dataclass_fields__ if k in obj})
+            _check_record(rec, where)
+            out.append(rec)
         return out
 
     def finished(self) -> list[RequestRecord]:

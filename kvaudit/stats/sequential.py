@@ -114,6 +114,12 @@ def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str = "obr
     return tuple(out)
 
 
+def boundaries(fractions: Sequence[float], alpha: float, spending: str = "obrien-fleming") -> tuple[float, ...]:
+    """Upper z boundaries at the information ``fractions`` for one-sided ``alpha`` spent by
+    ``spending`` (a key of :data:`SPENDERS`): what :func:`design` uses, for comparing designs."""
+    return _boundaries(tuple(float(f) for f in fractions), float(alpha), spending)
+
+
 def _weights(x: np.ndarray) -> np.ndarray:
     """Trapezoid weights of a uniform grid."""
     h = x[1] - x[0]

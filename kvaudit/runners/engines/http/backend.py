@@ -249,6 +249,11 @@ class OpenAIBackend(Backend):
         isolates = self.probe["salt_isolates"]
         for name in arms:
             spec = get_arm(name)
+            if (self.reuse_protocol == "kvaudit" and spec.source in ("neutral", "in_context", "first_user")
+                    and self.client.dialect.name != "vllm"):
+                raise KvauditError(
+                    f"--arms: arm {name!r} with --reuse-protocol kvaudit needs a vLLM server started with kvaudit's "
+                    f"connector (--kv-transfer-config); {where} is not vLLM")
             if spec.source in ("in_context",) or (spec.source == "neutral" and not spec.rerotate):
                 if self.reuse_protocol != "kvaudit":
                     raise KvauditError(
