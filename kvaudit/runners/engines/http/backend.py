@@ -185,7 +185,9 @@ class OpenAIBackend(Backend):
             raise KvauditError(f"{where}: its first-token top log-probabilities are {keyed}; kvaudit needs them by "
                                "token id (vLLM: return_tokens_as_token_ids; llama.cpp: logprobs.content[]."
                                "top_logprobs[].id) to compare arms")
-        if not caching:
+        if not reports:
+            probe["bypass"] = "unknown: the server reports no cached tokens (server_cache_evidence cannot judge)"
+        elif not caching:
             probe["bypass"] = "nothing cached"
         elif probe["salt_isolates"]:
             probe["bypass"] = "fresh cache_salt"
