@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from .vllm_server import free_port
+from .served import free_port, served
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = ("llama-server is not built here: run `make test-engines` once (it builds upstream llama.cpp's server "
@@ -53,31 +50,6 @@ def llama_server(log: Path, startup_s: float = 120.0) -> Iterator[str]:
     port = free_port()
     slots = log.parent / "slots"
     slots.mkdir(exist_ok=True)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(server_command(binary, smollm2_gguf_path(), port, slots), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {proc.returncode}; its log: {log}\n"
-                                   + log.read_text(errors="replace")[-3000:])
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server did not become healthy in {startup_s:.0f} s; its log: {log}")
-            time.sleep(0.5)
+    with served("llama-server", server_command(binary, smollm2_gguf_path(), port, slots), port, log,
+                startup_s=startup_s, poll_s=0.5) as url:
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

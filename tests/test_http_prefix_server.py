@@ -17,6 +17,7 @@ vllm = pytest.importorskip("vllm")
 from kvaudit.cli import main  # noqa: E402
 from kvaudit.core.run_format import read_pairs  # noqa: E402
 
+from .http_runs import checks, run  # noqa: E402
 from .lying_proxy import lying_proxy  # noqa: E402
 from .vllm_server import vllm_server  # noqa: E402
 
@@ -40,16 +41,6 @@ def server(tmp_path_factory):
     with vllm_server(resolve_model_dir("smollm2"), tmp_path_factory.mktemp("serve") / "vllm-serve.log",
                      connector=False) as url:
         yield url
-
-
-def run(url: str, dataset: Path, out: Path, arms: str, *extra: str) -> int:
-    return main(["run", "--backend", "openai", "--base-url", url, "--dataset", str(dataset), "--out", str(out),
-                 "--arms", arms, "--max-new-tokens", "8", "--no-progress", *extra])
-
-
-def checks(run_dir: Path) -> tuple[int, dict]:
-    code = main(["audit", str(run_dir)])
-    return code, {c["name"]: c for c in json.loads((run_dir / "audit.json").read_text())["checks"]}
 
 
 def test_stock_prefix_caching_audits_with_its_security_probes(server, dataset, tmp_path):

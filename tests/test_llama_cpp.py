@@ -18,6 +18,7 @@ import pytest
 from kvaudit.cli import main
 from kvaudit.core.run_format import read_pairs
 
+from .http_runs import checks, run
 from .llama_server import llama_server
 
 pytestmark = pytest.mark.model
@@ -37,16 +38,6 @@ def dataset(tmp_path_factory) -> Path:
 def server(tmp_path_factory):
     with llama_server(tmp_path_factory.mktemp("llama") / "llama-server.log") as url:
         yield url
-
-
-def run(url: str, dataset: Path, out: Path, arms: str, *extra: str) -> int:
-    return main(["run", "--backend", "openai", "--base-url", url, "--dataset", str(dataset), "--out", str(out),
-                 "--arms", arms, "--max-new-tokens", "8", "--no-progress", *extra])
-
-
-def checks(run_dir: Path) -> tuple[int, dict]:
-    code = main(["audit", str(run_dir)])
-    return code, {c["name"]: c for c in json.loads((run_dir / "audit.json").read_text())["checks"]}
 
 
 @pytest.fixture(scope="module")

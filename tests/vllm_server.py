@@ -10,24 +10,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+from .served import free_port, served
 
 CONNECTOR = {"kv_connector": "KvauditSegmentConnector", "kv_connector_module_path": "kvaudit.runners.engines.vllm.connector",
              "kv_role": "kv_both", "kv_connector_extra_config": {"store": "http", "capacity_bytes": 1 << 30}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def server_command(model_dir: Path, port: int, *, connector: bool, prefix_caching: bool = True,
@@ -50,32 +40,6 @@ def vllm_server(model_dir: Path, log: Path, *, connector: bool, prefix_caching: 
     """Start the server, wait for /health, yield its base URL, stop it (its whole process group)."""
     port = free_port()
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="auto")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(server_command(model_dir, port, connector=connector, prefix_caching=prefix_caching,
-                                               block_size=block_size),
-                                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {proc.returncode}; its log: {log}\n"
-                                   + log.read_text(errors="replace")[-3000:])
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm serve did not become healthy in {startup_s:.0f} s; its log: {log}")
-            time.sleep(1)
+    cmd = server_command(model_dir, port, connector=connector, prefix_caching=prefix_caching, block_size=block_size)
+    with served("vllm serve", cmd, port, log, env=env, startup_s=startup_s) as url:
         yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()

@@ -49,6 +49,8 @@ ROLES = {
     "oracle": "reuse on the evidence-only prompt: splits reuse's loss into distractors and missing "
               "cross-attention",
 }
+# Arms that must compute every prompt token: a server run must show them nothing cached.
+FRESH_ROLES = ("reference", "noise_floor")
 REPAIRS = ("blend", "epic")  # parameterised families (get_arm)
 BLEND_SELECT_LAYER = 1  # blend@R measures KV deviation at this layer (0-based; layer 0 cannot deviate)
 PROMPTS = ("case", "evidence")

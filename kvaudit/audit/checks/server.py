@@ -22,12 +22,11 @@ from collections import defaultdict
 
 from kvaudit.audit.checks.base import check, from_problems, result, server_decides_reuse
 from kvaudit.audit.checks.loading import LoadedRun
-from kvaudit.core.arms import arm_for, arms_where, get_arm, known_arm
+from kvaudit.core.arms import FRESH_ROLES, arm_for, arms_where, get_arm, known_arm
 from kvaudit.core.run_format import PairRecord
 from kvaudit.stats.timing import isolation_decision
 
 NOT_A_SERVER_RUN = "not a server run (no arm recorded what a serving engine reported)"
-_FRESH_ROLES = ("reference", "noise_floor")
 
 
 def server_arms(p: PairRecord) -> dict:
@@ -124,7 +123,7 @@ def check_server_cache_evidence(run: LoadedRun):
             spec = get_arm(name) if known_arm(name) else None
             if spec is None:
                 continue
-            if spec.role in _FRESH_ROLES:
+            if spec.role in FRESH_ROLES:
                 if cached:
                     problems[p.case_id].append(f"arm '{name}' must bypass every cache but the server reported "
                                                f"{cached} cached prompt tokens")

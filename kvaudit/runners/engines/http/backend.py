@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.arms import ArmSpec, get_arm
+from kvaudit.core.arms import FRESH_ROLES, ArmSpec, get_arm
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.jsonio import ids_hash
 from kvaudit.runners.backend import (
@@ -85,9 +85,6 @@ class ClientCache:
     capacity_bytes: int = 0  # the server's budget is its own; the client does not know it
     stats: CacheStats = field(default_factory=CacheStats)
     saved: dict[str, str | None] = field(default_factory=dict)  # kvaudit protocol: key -> KV fingerprint
-
-
-_FRESH_ROLES = ("reference", "noise_floor")  # arms that must compute every prompt token
 
 
 def _salt() -> str:
@@ -156,8 +153,7 @@ class OpenAIBackend(Backend):
         salt B, and where the dialect has one, a per-request bypass. Refuses, naming what is
         missing, a server whose answers could not be compared (no generated ids, first-token
         log-probabilities not keyed by id) or whose reference could not bypass its cache."""
-        n = max(2, min(PROBE_TOKENS, self.max_prompt_tokens))
-        ids = (self.neutral_head * (1 + n // max(1, len(self.neutral_head))))[:n]
+        ids = self._probe_ids()
         a, b = _salt(), _salt()
         first = self._send(self.client, ids, max_tokens=2, salt=a)
         again = self._send(self.client, ids, max_tokens=1, salt=a)
@@ -211,6 +207,16 @@ class OpenAIBackend(Backend):
             probe["reference_cached_tokens"] = [ref.cached_tokens, ref_again.cached_tokens]
         return probe
 
+    def _probe_ids(self) -> list[int]:
+        """The cache probe's prompt: the neutral head repeated to ``PROBE_TOKENS`` (or the context)."""
+        n = max(2, min(PROBE_TOKENS, self.max_prompt_tokens))
+        return (self.neutral_head * (1 + n // max(1, len(self.neutral_head))))[:n]
+
+    def _resets_before(self, spec: ArmSpec) -> bool:
+        """The arm's request goes right after a cache reset: the flushed arm always, the cold arm
+        where salts do not isolate (its first arrival is only first on an emptied cache)."""
+        return spec.role == "engine_prefix_flushed" or (spec.role == "engine_prefix" and not self.probe["salt_isolates"])
+
     def _bypass(self, client: ServerClient) -> bool:
         """Whether a request to ``client`` that must compute every token asks for the dialect's
         per-request bypass (a fresh salt alone does not isolate there)."""
@@ -220,8 +226,7 @@ class OpenAIBackend(Backend):
         """Probe once that the dialect's cache reset really empties the cache: a prompt, the reset,
         the prompt again (which must find nothing cached)."""
         if self.probe["reset_empties"] is None:
-            n = self.probe["prompt_tokens"]
-            ids = (self.neutral_head * (1 + n // max(1, len(self.neutral_head))))[:n]
+            ids = self._probe_ids()
             salt = _salt()
             self._send(self.client, ids, max_tokens=1, salt=salt)
             with self._flush_lock:
@@ -272,8 +277,7 @@ class OpenAIBackend(Backend):
                     and not self.probe["caching"]:
                 raise KvauditError(f"--arms: arm {name!r} measures the server's prefix cache, but {where} "
                                    f"{self._cache_hint()}")
-            needs_reset = spec.role == "engine_prefix_flushed" or (spec.role == "engine_prefix" and not isolates)
-            if needs_reset and not self._reset_empties():
+            if self._resets_before(spec) and not self._reset_empties():
                 why = ("its cold arm must start from an empty cache, since cache_salt does not isolate an earlier "
                        "run's prompts" if spec.role == "engine_prefix" else "it re-runs the prompt on an emptied cache")
                 raise KvauditError(
@@ -298,7 +302,6 @@ class OpenAIBackend(Backend):
             "system_fingerprint": self.system_fingerprint,
             "reuse_protocol": self.reuse_protocol,
             "cache_probe": self.probe,
-            "engine_dialect": self.client.dialect.name,
             "dtype": self.dtype,
             "dtype_source": "as given by --dtype: the server does not report its dtype",
             "threads": None,  # the server's, not ours
@@ -483,7 +486,7 @@ class OpenAIBackend(Backend):
         score_salt: str | None = None  # the salt scoring requests share with the arm's request
         served = self.client  # the server that answered the arm's own request
         if spec.source is None:
-            fresh = spec.role in _FRESH_ROLES
+            fresh = spec.role in FRESH_ROLES
             client = self.reference if (self.reference and fresh) else self.client
             served = client
             bypass = fresh and self._bypass(client)
@@ -514,7 +517,7 @@ class OpenAIBackend(Backend):
             gate()
             # Where salts do not isolate, a first arrival is only first after a reset: the cache may
             # hold this prompt from an earlier run or from this run's other arms.
-            if spec.role == "engine_prefix_flushed" or (spec.role == "engine_prefix" and not self.probe["salt_isolates"]):
+            if self._resets_before(spec):
                 with self._flush_lock:  # a reset while another case's request runs would not be a flush
                     engine["cache_reset"] = self.client.reset_cache()
                     if not engine["cache_reset"]:
