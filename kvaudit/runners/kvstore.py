@@ -92,22 +92,37 @@ def kv_nbytes(entry: Any) -> int:
     return entry.keys.numel() * entry.keys.element_size() + entry.values.numel() * entry.values.element_size()
 
 
+# int64 words a device checksum holds at once: layers are summed together up to this many (a
+# short head in one group; a layer larger than this, as before, alone), so the temporaries never
+# exceed what one layer at a time took: the engine leaves little GPU memory outside its KV cache
+_CHECKSUM_WORDS = 1 << 24
+
+
+def device_checksums(keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Per layer of ``keys`` then ``values``: a plain and a position-weighted int64 sum of its
+    16- or 32-bit words, shape ``(2 * layers, 2)``, on the tensors' device. Layers are summed in
+    groups (a handful of kernel launches per group, not per layer) so that fingerprinting a short
+    entry inside an engine step costs one synchronisation rather than hundreds of launches."""
+    out = []
+    for t in (keys, values):
+        flat = t.contiguous().view(t.shape[0], -1)
+        words = flat.view(torch.int16) if flat.element_size() == 2 else flat.view(torch.int32)
+        weight = torch.arange(words.shape[1], device=t.device, dtype=torch.int64) % 65521 + 1
+        step = max(1, _CHECKSUM_WORDS // max(words.shape[1], 1))
+        for i in range(0, words.shape[0], step):
+            w = words[i:i + step].to(torch.int64)
+            out.append(torch.stack([w.sum(dim=1), (w * weight).sum(dim=1)], dim=1))
+    return torch.cat(out)
+
+
 def kv_fingerprint(keys: torch.Tensor, values: torch.Tensor) -> str:
-    """A hash of the KV bytes. On the host: sha256 of the bytes. On a GPU: sha256 of per-layer
-    int64 checksums computed on the device (a plain and a position-weighted word sum, so a
-    permutation or any changed word shows), which avoids copying gigabytes to the host."""
+    """A hash of the KV bytes. On the host: sha256 of the bytes. On a GPU: sha256 of
+    :func:`device_checksums` (a plain and a position-weighted word sum per layer, so a permutation
+    or any changed word shows), which avoids copying gigabytes to the host."""
     if keys.device.type == "cpu":
         h = hashlib.sha256()
         for t in (keys, values):
             h.update(t.detach().contiguous().view(torch.uint8).numpy())  # buffer, no copy
         return h.hexdigest()[:24]
-    sums = []
-    for t in (keys, values):
-        flat = t.contiguous().view(t.shape[0], -1)
-        words = flat.view(torch.int16) if flat.element_size() == 2 else flat.view(torch.int32)
-        weight = torch.arange(words.shape[1], device=t.device, dtype=torch.int64) % 65521 + 1
-        for layer in words:  # one layer at a time bounds the int64 temporaries
-            w = layer.to(torch.int64)
-            sums.append(torch.stack([w.sum(), (w * weight).sum()]))
-    digest = torch.stack(sums).cpu().numpy().tobytes()
+    digest = device_checksums(keys, values).cpu().numpy().tobytes()
     return "d" + hashlib.sha256(digest).hexdigest()[:23]
