@@ -7,7 +7,8 @@ and at most 30% under a clear loss, at the same false-pass rate. The shipped des
 (:func:`kvaudit.stats.sequential.design`: O'Brien-Fleming-type pass spending, ten looks, maximum =
 the fixed design's size) is compared here with the usual ways to save more: more looks (every 5%
 of the fixed size, from 10% or from 30%), a maximum inflated by 10-30% to buy back power, and
-spending that passes earlier (the power family ``alpha * t**rho`` with rho = 2, and Pocock-type).
+spending that passes earlier (the power family ``alpha * t**rho`` with rho = 2, and Pocock-type),
+and the futility rule's threshold (conditional power under no difference; 0 = off).
 Each design's runs are simulated case by case in shuffled order
 (:func:`kvaudit.stats.sequential.simulate`; binary scores, base accuracy 0.8, gain rate 0.05, one
 case per document: the ``kvaudit plan`` default) at a true delta of 0, at the margin and 8 points
@@ -37,13 +38,14 @@ def power_spending(rho: float):
     return lambda t, a: 0.0 if t <= 0 else float(a * min(t, 1.0) ** rho)
 
 
-def plan(max_cases: int, looks: list[int], spending: str) -> seq.SequentialDesign:
+def plan(max_cases: int, looks: list[int], spending: str, futility: float) -> seq.SequentialDesign:
     fractions = tuple(n / max_cases for n in looks)
     z = seq.boundaries(fractions, ALPHA, spending)
     fail = seq.boundaries(fractions, ALPHA, "pocock")
     return seq.SequentialDesign(max_cases, looks[1] - looks[0] if len(looks) > 1 else max_cases, ALPHA,
                                 tuple(looks), tuple(z), tuple(float(norm.sf(c)) if np.isfinite(c) else 0.0 for c in z),
-                                tuple(float(norm.sf(c)) if np.isfinite(c) else 0.0 for c in fail), spending=spending)
+                                tuple(float(norm.sf(c)) if np.isfinite(c) else 0.0 for c in fail), spending=spending,
+                                futility=futility)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,26 +58,28 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     seq.SPENDERS["power-2"] = power_spending(2.0)
     nf, m = args.fixed_n, args.margin
-    rows = [("obrien-fleming", 1.0, 10, 0.1), ("obrien-fleming", 1.0, 20, 0.1), ("obrien-fleming", 1.0, 20, 0.3),
-            ("obrien-fleming", 1.1, 20, 0.1), ("power-2", 1.0, 20, 0.1), ("power-2", 1.1, 20, 0.1),
-            ("pocock", 1.2, 20, 0.1), ("pocock", 1.3, 20, 0.1)]
+    f = seq.FUTILITY
+    rows = [("obrien-fleming", 1.0, 10, 0.1, f), ("obrien-fleming", 1.0, 10, 0.1, 0.0),
+            ("obrien-fleming", 1.0, 10, 0.1, 0.1), ("obrien-fleming", 1.0, 10, 0.1, 0.3),
+            ("obrien-fleming", 1.0, 20, 0.1, f), ("obrien-fleming", 1.1, 20, 0.1, f),
+            ("obrien-fleming", 1.1, 20, 0.1, 0.0), ("power-2", 1.0, 20, 0.1, f), ("pocock", 1.2, 20, 0.1, f)]
     print(f"fixed design {nf} cases, margin {100 * m:+.0f} points, {args.reps} runs per cell "
           f"(MC SE of a rate near alpha {mc_se(ALPHA, args.reps):.3f})")
-    print("| spending | max / fixed | looks | first look | power | E[n]/fixed at 0 | at margin | "
+    print("| spending | futility | max / fixed | looks | first look | power | E[n]/fixed at 0 | at margin | "
           f"at margin-{100 * CLEAR_LOSS:.0f} | false pass |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     fixed_power = None
-    for spending, inflate, per, first in rows:
+    for spending, inflate, per, first, futility in rows:
         mx = int(round(nf * inflate))
         step = max(1, nf // per)
         looks = sorted({*range(max(step, int(first * nf)), mx, step), mx})
-        p = plan(mx, looks, spending)
+        p = plan(mx, looks, spending, futility)
         d = Design(n=mx, cluster_size=args.cluster_size, gain_rate=0.05)
         r = {k: seq.simulate(d, m, p, delta, reps=args.reps, seed=args.seed)
              for k, delta in (("zero", 0.0), ("margin", m), ("loss", m - CLEAR_LOSS))}
         if inflate == 1.0 and fixed_power is None:
             fixed_power = r["zero"].fixed_passed
-        print(f"| {spending} | {inflate:.1f} | {len(looks)} | {first:.0%} | {r['zero'].passed:.3f} "
+        print(f"| {spending} | {futility:g} | {inflate:.1f} | {len(looks)} | {first:.0%} | {r['zero'].passed:.3f} "
               f"| {r['zero'].mean_cases / nf:.2f} | {r['margin'].mean_cases / nf:.2f} | {r['loss'].mean_cases / nf:.2f} "
               f"| {r['margin'].passed:.3f} |", flush=True)
     print(f"the fixed design's own power on {nf} cases: {fixed_power:.3f}")

@@ -9,7 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvaudit.stats.sequential import design, evaluate_look, obf_spent, run_sequential
+from kvaudit.stats.sequential import (
+    conditional_power,
+    design,
+    design_from_dict,
+    evaluate_look,
+    obf_spent,
+    run_sequential,
+)
 from tests.conftest import load_benchmark
 
 
@@ -37,6 +44,53 @@ def test_a_look_passes_fails_or_continues():
     assert res.decision == "fail" and "not decidable" in res.reason
 
 
+def test_futility_only_removes_passes_and_stops_losses_sooner():
+    from kvaudit.stats.calibration import Design, simulate_diffs
+
+    with_f, without = design(400, 40, 0.025), design(400, 40, 0.025, futility=0.0)
+    assert with_f.futility == 0.2 and without.futility == 0.0
+    rng = np.random.default_rng(5)
+    sim = Design(n=400, gain_rate=0.05)
+    for delta in (0.0, -0.02, -0.10):
+        n_with, n_without = [], []
+        for _ in range(40):
+            d, members = simulate_diffs(sim, delta, rng)
+            a = run_sequential(d, members, -0.02, with_f)
+            b = run_sequential(d, members, -0.02, without)
+            assert a.decision != "pass" or b.decision == "pass"  # never a pass the rule without futility lacks
+            assert a.n <= b.n
+            n_with.append(a.n)
+            n_without.append(b.n)
+        if delta < 0:
+            assert np.mean(n_with) < np.mean(n_without)  # at the margin and below, futility stops earlier
+
+
+def test_conditional_power_follows_the_data_and_names_itself():
+    plan = design(1000, 100, 0.025)
+    members = [[f"d{i}"] for i in range(300)]
+    fine, bad = np.zeros(300), np.zeros(300)
+    bad[:30] = -1  # 10 points lost so far
+    assert conditional_power(fine, 1.0, -0.02, plan) > 0.9
+    assert conditional_power(bad, 1.0, -0.02, plan) < 0.01
+    res = evaluate_look(np.r_[np.zeros(270), -np.ones(12), np.ones(18)], members, -0.02, plan, 2)
+    assert res.decision in ("pass", "continue")
+    # at 600 of 1,000 cases, 1.7 points lost so far (inside the margin, so the loss is not decided):
+    # even 400 more cases with no difference leave the final bound under -2
+    members = [[f"d{i}"] for i in range(600)]
+    res = evaluate_look(np.r_[np.zeros(570), -np.ones(20), np.ones(10)], members, -0.02, plan, 5)
+    assert res.decision == "fail" and res.reason.startswith("futile") and res.extra["conditional_power"] < 0.2
+    assert res.upper > -0.02  # the fail rule alone would have gone on
+
+
+def test_a_design_recorded_without_futility_keeps_running_without_it():
+    old = design(500, 100, 0.025).to_dict()
+    del old["futility"]
+    assert design_from_dict(old).futility == 0.0
+    assert design_from_dict(design(500, 100, 0.025).to_dict()).futility == 0.2
+    with pytest.raises(ValueError, match="futility"):
+        design_from_dict({**old, "futility": 1.5})
+
+
 def test_looks_past_fifty_are_refused():
     with pytest.raises(ValueError, match="at most 50"):
         design(1000, 10, 0.025)
@@ -49,6 +103,7 @@ def test_sequential_gate_is_calibrated_and_stops_early_fast_slice():
     assert not bench.check(row, c), c  # false pass at the margin within alpha + 3 MC SE
     assert c["zero"]["mean_n"] <= 0.80 * row.design.n
     assert c["loss"]["mean_n"] <= 0.30 * row.design.n
+    assert c["margin"]["mean_n"] <= 0.90 * row.design.n  # futility: a reuse at the margin stops before the end
     assert c["zero"]["pass"] >= 0.9
 
 
@@ -115,7 +170,12 @@ def test_sequential_options_need_until_decided_and_a_maximum(tmp_path, capsys):
     assert main(["run", "--dataset", example, "--out", str(tmp_path / "c"), "--until-decided",
                  "--max-cases", "500"]) == 2
     assert "has 8 cases" in capsys.readouterr().err
-    assert not any((tmp_path / x).exists() for x in "abc")
+    assert main(["run", "--dataset", example, "--out", str(tmp_path / "d"), "--futility", "0.1"]) == 2
+    assert "--futility belongs to a sequential run" in capsys.readouterr().err
+    assert main(["run", "--dataset", example, "--out", str(tmp_path / "e"), "--until-decided", "--max-cases", "8",
+                 "--futility", "1.5"]) == 2
+    assert "a conditional power in [0, 1), got 1.5" in capsys.readouterr().err
+    assert not any((tmp_path / x).exists() for x in "abcde")
 
 
 @pytest.mark.model

@@ -8,7 +8,8 @@ every delta threshold of ``--policy`` is judged with the group-sequential design
 ``--max-cases``. The design (looks, spending, boundaries, the order seed) is recorded in the
 manifest's ``sequential`` entry, with where the run stopped and why; ``kvaudit gate`` and
 ``kvaudit report`` judge the run by the boundary of the look it stopped at (a run extended past
-its design cannot pass). Rerunning the same command resumes. The decision lives here, above the
+its design cannot pass). A threshold also fails early for futility (``--futility``: its conditional
+power under no difference in the remaining cases). Rerunning the same command resumes. The decision lives here, above the
 runner, because it needs the policy and the scores (docs/reports.md, "Sequential runs").
 """
 
@@ -39,12 +40,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--look-every", type=positive_int, default=None, metavar="K",
                    help="cases between looks (default: a tenth of --max-cases)")
     g.add_argument("--order-seed", type=int, default=0, help="seed of the cases' shuffled order (default 0)")
+    g.add_argument("--futility", type=_conditional_power, default=None, metavar="P",
+                   help="fail a threshold early when, with no difference in the cases still to run, it would pass "
+                        "with probability under P (default 0.2; 0 runs every threshold until it passes, its loss "
+                        "is decided, or --max-cases)")
+
+
+def _conditional_power(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"a conditional power in [0, 1), got {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
     if not args.until_decided:
         given = [f for f, v in (("--policy", args.policy), ("--max-cases", args.max_cases),
-                                ("--look-every", args.look_every)) if v is not None]
+                                ("--look-every", args.look_every), ("--futility", args.futility)) if v is not None]
         if given:
             raise KvauditError(f"{given[0]} belongs to a sequential run: add --until-decided")
         return run_cli.run(args)
@@ -66,7 +81,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
     from kvaudit.reports.policy import evaluate_check, load_policy
     from kvaudit.runners.registry import arms_for, backend_options, open_from_args
     from kvaudit.runners.runner import RunConfig, check_resumable, execute
-    from kvaudit.stats.sequential import design
+    from kvaudit.stats.sequential import FUTILITY, design
 
     if args.max_cases is None:
         raise KvauditError("--until-decided needs --max-cases N (the most cases the run may take)")
@@ -84,20 +99,26 @@ def run_until_decided(args: argparse.Namespace) -> int:
     if args.max_cases > len(dataset.cases):
         raise KvauditError(f"--max-cases {args.max_cases}: the dataset {args.dataset} has {len(dataset.cases)} cases")
     look_every = args.look_every or max(1, args.max_cases // 10)
-    try:
-        plan = design(args.max_cases, look_every, (1 - policy.confidence) / 2)
+    alpha = (1 - policy.confidence) / 2
+    try:  # a design that cannot be made is refused before --out is touched
+        design(args.max_cases, look_every, alpha, futility=0.0)
     except ValueError as e:
         raise KvauditError(f"--max-cases/--look-every: {e}") from None
-    record = {**plan.to_dict(), "order": "shuffled", "order_seed": args.order_seed, "policy": str(policy.source),
-              "thresholds": [c.name for c in deltas]}
     check_writable_dir(args.out)
     attestation_key()
     run = RunDir(args.out)
     with run.lock("run", create=True):
-        if run.manifest_file.is_file():
-            old = run.read_manifest().extra.get("sequential")
-            mine = {k: record[k] for k in ("max_cases", "look_every", "alpha", "order_seed")}
-            if not isinstance(old, dict) or {k: old.get(k) for k in mine} != mine:
+        old = run.read_manifest().extra.get("sequential", False) if run.manifest_file.is_file() else None
+        futility = args.futility
+        if futility is None:  # a run resumed keeps the futility it was designed with (none before the rule)
+            futility = float(old.get("futility", 0.0)) if isinstance(old, dict) else FUTILITY
+        plan = design(args.max_cases, look_every, alpha, futility=futility)
+        record = {**plan.to_dict(), "order": "shuffled", "order_seed": args.order_seed, "policy": str(policy.source),
+                  "thresholds": [c.name for c in deltas]}
+        if old is not None:
+            mine = {k: record[k] for k in ("max_cases", "look_every", "alpha", "order_seed", "futility")}
+            theirs = {k: old.get(k, 0.0 if k == "futility" else None) for k in mine} if isinstance(old, dict) else None
+            if theirs != mine:
                 raise KvauditError(f"{args.out} holds a run made {'without --until-decided' if not isinstance(old, dict) else 'with another sequential design'}; "
                                    "use a new --out directory")
             if old.get("stopped"):

@@ -26,6 +26,17 @@ nominal level at every look, about z = 2.6 for ten looks at 0.025), so a clear l
 early look, while a reuse exactly at the margin is failed before the end in at most ``alpha`` of
 runs (one that is truly fine far less).
 
+A run can also **fail for futility** (non-binding, so again the false-pass rate is untouched): at
+a look that neither passes nor decides the loss, the *conditional power under no difference* is
+the chance that the run would still pass at its last look if the remaining cases changed nothing
+on average (true delta 0, the hope a non-inferiority design is sized for), with their spread as
+the cases so far show it (plus one discordant case, so a quiet start is not read as certainty).
+Below ``futility`` (default 0.2) the run stops and fails: it was not going to show
+non-inferiority within its maximum. This is stochastic curtailment (Lan, Simon and Halperin 1982)
+on the same score bound the pass rule uses; it costs under a point of power at a true delta of 0
+and stops a reuse at the margin at about half the maximum instead of all of it
+(``benchmarks/sequential_spending.py``).
+
 Information here is counted in cases; with documents shared unevenly the true information
 fraction differs a little. What that does to the false-pass rate is measured, not assumed:
 ``benchmarks/sequential_calibration.py`` (a fast slice runs in the tests).
@@ -143,6 +154,7 @@ class SequentialDesign:
     fail_nominal_alpha: tuple[float, ...] = ()  # the fail rule's one-sided level per look
     spending: str = SPENDING
     fail_spending: str = "lan-demets-pocock (non-binding)"
+    futility: float = 0.0  # fail when the conditional power under no difference is below this
     kind: str = DESIGN_KIND
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,7 +176,9 @@ def design_from_dict(d: dict[str, Any]) -> SequentialDesign:
     boundaries are recomputed from ``max_cases``, ``look_every`` and ``alpha``, so a manifest edited
     to loosen them is caught."""
     try:
-        plan = design(int(d["max_cases"]), int(d["look_every"]), float(d["alpha"]))
+        # a design recorded before the futility rule existed keeps running without it
+        plan = design(int(d["max_cases"]), int(d["look_every"]), float(d["alpha"]),
+                      futility=float(d.get("futility", 0.0)))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"the sequential design is malformed ({e})") from None
     if list(plan.looks) != list(d.get("looks", plan.looks)):
@@ -172,12 +186,19 @@ def design_from_dict(d: dict[str, Any]) -> SequentialDesign:
     return plan
 
 
-def design(max_cases: int, look_every: int, alpha: float) -> SequentialDesign:
-    """Looks every ``look_every`` cases (and at ``max_cases``), alpha spent O'Brien-Fleming-wise."""
+FUTILITY = 0.2
+
+
+def design(max_cases: int, look_every: int, alpha: float, *, futility: float = FUTILITY) -> SequentialDesign:
+    """Looks every ``look_every`` cases (and at ``max_cases``), alpha spent O'Brien-Fleming-wise;
+    a run fails for futility when its conditional power under no difference drops below
+    ``futility`` (0 turns the rule off)."""
     from scipy.stats import norm
 
     if max_cases < 1 or look_every < 1:
         raise ValueError("max_cases and look_every must be positive")
+    if not 0 <= futility < 1:
+        raise ValueError(f"futility must be a conditional power in [0, 1), got {futility!r}")
     if not 0 < alpha < 0.5:
         raise ValueError(f"alpha must be a one-sided level in (0, 0.5), got {alpha!r}")
     looks = tuple(sorted({*range(look_every, max_cases, look_every), max_cases}))
@@ -187,7 +208,33 @@ def design(max_cases: int, look_every: int, alpha: float) -> SequentialDesign:
     z = _boundaries(fractions, float(alpha))
     nominal = tuple(float(norm.sf(c)) if np.isfinite(c) else 0.0 for c in z)
     fail = tuple(float(norm.sf(c)) if np.isfinite(c) else 0.0 for c in _boundaries(fractions, float(alpha), "pocock"))
-    return SequentialDesign(max_cases, look_every, float(alpha), looks, tuple(float(c) for c in z), nominal, fail)
+    return SequentialDesign(max_cases, look_every, float(alpha), looks, tuple(float(c) for c in z), nominal, fail,
+                            futility=float(futility))
+
+
+def conditional_power(d: np.ndarray, deff: float, margin: float, plan: SequentialDesign) -> float:
+    """The chance that a run with differences ``d`` so far passes at ``plan``'s last look if its
+    remaining cases average no difference, with the spread (times ``deff``) the cases so far show
+    plus one discordant case. The last look's pass rule, the score bound at
+    ``plan.nominal_alpha[-1]``, is read at the final mean with the current restricted variance."""
+    from scipy.stats import norm
+
+    from kvaudit.stats.noninferiority import _restricted_variance
+
+    n, big_n = len(d), plan.max_cases
+    rest = big_n - n
+    if rest <= 0:
+        return 0.0
+    total = float(d.sum())
+    if total / n > margin:
+        values, counts = np.unique(d, return_counts=True)
+        var0 = _restricted_variance(values, counts.astype(float), margin)
+    else:  # the mean is already at or below the margin: the spread about it
+        var0 = float(np.mean((d - margin) ** 2))
+    q = float(norm.isf(plan.nominal_alpha[-1]))
+    need = margin + q * np.sqrt(deff * var0 / big_n)  # the final mean that just passes
+    spread = np.sqrt(deff * rest * (float(d @ d) + 1.0) / (n + 1)) / big_n
+    return float(norm.cdf((total / big_n - need) / spread))
 
 
 @dataclass(frozen=True)
@@ -242,12 +289,17 @@ def decide_at_look(diffs: Sequence[float], memberships: Sequence[Sequence[str]],
     fa = plan.fail_nominal_alpha[look] if plan.fail_nominal_alpha else a
     upper = -_score_lower(-d, float(student_t.isf(fa, df)), deff) if fa > 0 else 1.0
     if lower > margin:
-        decision = "pass"
-    elif upper < margin or last:
-        decision = "fail"
-    else:
-        decision = "continue"
-    return LookResult(n, look, decision, lower, upper, a)
+        return LookResult(n, look, "pass", lower, upper, a)
+    if upper < margin or last:
+        return LookResult(n, look, "fail", lower, upper, a)
+    if plan.futility > 0:
+        cp = conditional_power(d, deff, margin, plan)
+        if cp < plan.futility:
+            return LookResult(n, look, "fail", lower, upper, a,
+                              f"futile: with no difference in the remaining {plan.max_cases - n} cases it would pass "
+                              f"at its last look with probability {cp:.2f}, under the design's {plan.futility:g}",
+                              {"conditional_power": cp})
+    return LookResult(n, look, "continue", lower, upper, a)
 
 
 def run_sequential(diffs: Sequence[float], memberships: Sequence[Sequence[str]], margin: float,
