@@ -9,6 +9,10 @@ in each mode and their ratio, the whole concurrent run's wall time against the t
 run's noise floor and identity control (every arm of a case meets the same batch conditions, so
 ``recompute_again`` measures the noise of the batching it ran under).
 
+After the run, the same cases' full prompts are sent to the same engine all at once with one new
+token, then with the answer length (:func:`prefill_floor`): issue 28's floor is three full
+prefills per case, and the concurrent run's wall is printed over it.
+
 Issue 13's target (500 cases x 4 arms of the Llama-3.1-8B shape at about 8K tokens in under 10
 minutes on one H200), after the shared/gpu install runs:
     python3 benchmarks/vllm_throughput.py --model /tmp/l8b --make-shape llama3-8b --cases 500 \\
@@ -83,6 +87,24 @@ def one_mode(backend: Any, dataset: Any, out: Path, concurrent: int, limit: int 
             "answers": {p.case_id: {a: r.answer_ids for a, r in p.arms.items()} for p in pairs}}
 
 
+def prefill_floor(backend: Any, dataset: Any, n: int) -> dict[str, float]:
+    """Issue 28's floor for the same cases, measured on the same engine right after the run: every
+    case's full prompt (assembled as the runner assembles it) submitted at once with a fresh cache
+    salt, once with one new token (prefill only) and once with the run's answer length; the engine
+    schedules them at its own batch limits. The audit's floor is three full prefills per case
+    (recompute, recompute_again, identity's capture)."""
+    from kvaudit.runners.prompt import assemble
+
+    ids = [assemble(c, dataset.segments, backend.tok, backend.max_prompt_tokens).ids for c in dataset.cases[:n]]
+    out = {}
+    for name, new in (("prefill_s", 1), ("prefill_answer_s", backend.decoding.max_new_tokens)):
+        t0 = time.perf_counter()
+        backend._batch([(x, backend._params(max_tokens=new), None) for x in ids])
+        out[name] = time.perf_counter() - t0
+    out["tokens"] = float(sum(len(x) for x in ids))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2", help="smollm2, or a config folder served with load_format=dummy")
@@ -128,6 +150,7 @@ def main() -> None:
           f"{sorted(len(c.segment_ids) for c in dataset.cases)[len(dataset.cases) // 2]} documents")
     seq = one_mode(backend, dataset, work / "seq", 1, args.sequential)
     conc = one_mode(backend, dataset, work / f"conc{args.concurrent}", args.concurrent, args.cases)
+    floor = prefill_floor(backend, dataset, conc["cases"])
     backend.close()
     same = {a: sum(conc["answers"][cid][a] == ans[a] for cid, ans in seq["answers"].items()) for a in ARMS.split(",")}
     print(f"\n{'mode':<22} {'cases':>6} {'wall s':>8} {'s/case':>7} {'in flight':>9} {'audit':>6} "
@@ -145,11 +168,18 @@ def main() -> None:
         target = f" (target {TARGET_S:.0f} s: {'met' if conc['wall_s'] < TARGET_S else 'MISSED'})"
     print(f"\nconcurrent vs one at a time: {speed:.2f}x per case; {conc['cases']} cases x 4 arms in "
           f"{conc['wall_s']:.0f} s{target}; one at a time would take about {seq['s_per_case'] * conc['cases']:.0f} s")
+    three = 3 * floor["prefill_s"]
+    print(f"prefill floor: {conc['cases']} full prompts ({floor['tokens'] / conc['cases']:.0f} tokens each) at once "
+          f"{floor['prefill_s']:.1f} s ({floor['tokens'] / floor['prefill_s']:.0f} tokens/s), with the answers "
+          f"{floor['prefill_answer_s']:.1f} s; three per case {three:.1f} s: the audit's wall is "
+          f"{conc['wall_s'] / three:.2f}x that (target 1.2x), {conc['wall_s'] / (3 * floor['prefill_answer_s']):.2f}x "
+          "three prefills with their answers")
     print("answers equal between the two batchings on the first "
           f"{len(seq['answers'])} cases: " + ", ".join(f"{a} {n}/{len(seq['answers'])}" for a, n in same.items()))
     if args.json:
         Path(args.json).write_text(json.dumps({"engine_start_s": start_s, "info": info, "sequential": seq,
-                                               "concurrent": conc, "speedup": speed, "same_answers": same},
+                                               "concurrent": conc, "speedup": speed, "same_answers": same,
+                                               "floor": floor},
                                               indent=1, default=str))
 
 
