@@ -26,10 +26,17 @@ bootstrap, clusters = exact evidence sets (a case on {A, B} is its own cluster),
 floor on the spread, one-sided 95% lower bound, at least 2 clusters. Both gates see the same
 simulated runs (same seed per row; the old gate, being slow, sees the first ``--old-reps``).
 
+The **sequential** gate (``kvaudit run --until-decided``: :mod:`kvaudit.stats.sequential`, max
+cases = the row's n, a look every tenth, alpha 0.025, futility 0.2) is judged on the same rows in
+a second table, beside the fixed bound on all n cases of the same simulated runs: false pass at the
+margin (promise: alpha = 0.025), power at 0, and E[n]/n, the mean share of the n cases it used, at
+a true delta of 0, at the margin and under a clear loss (``CLEAR_LOSS`` below the margin);
+``--seq-reps`` runs per row and delta (default reps / 2), ``--no-seq`` skips it.
+
 Exit status 1 when any NEW-gate row's false-pass rate exceeds 0.05 + 3 MC SE or its coverage
-is below 0.94 - 3 MC SE (MC SE taken at the target rate, so a row cannot pass by being noisy);
-the failing rows are printed with the amount. The rows labelled ``(limit)`` are printed but not
-checked: losses concentrated on the 2-3 fragile documents a 20-30 document sample is expected to
+is below 0.94 - 3 MC SE (MC SE taken at the target rate, so a row cannot pass by being noisy),
+or any sequential row's false-pass rate exceeds alpha + 3 MC SE; the failing rows are printed
+with the amount. The rows labelled ``(limit)`` are printed but not checked: losses concentrated on the 2-3 fragile documents a 20-30 document sample is expected to
 hold, where the sample often holds none (the documented limit of any bound computed from the
 sample alone; the old gate failed them as badly).
 """
@@ -45,16 +52,20 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvaudit.stats.calibration import Characteristic, Design, characterise, mc_se  # noqa: E402
+from kvaudit.stats.sequential import CLEAR_LOSS, SequentialRates, operating_characteristic  # noqa: E402
+from kvaudit.stats.sequential import design as sequential_design  # noqa: E402
 
 FALSE_PASS_TARGET = 0.05
 COVERAGE_TARGET = 0.94
 OLD_CONFIDENCE = 0.95  # the old policy's confidence: one-sided lower bound, two-sided interval
+SEQ_ALPHA = 0.025  # the sequential gate's false-pass promise (the default policy's one-sided level)
 
 
 # ----------------------------------------------------------------------------- the old gate
@@ -141,11 +152,16 @@ def gated(row: Row) -> bool:
     return not row.label.endswith("(limit)")
 
 
-def _run(job: tuple[int, Row, str, int, int, int]) -> tuple[int, str, Characteristic, float]:
+def _run(job: tuple[int, Row, str, int, int, int]) -> tuple[int, str, Any, float]:
     i, row, gate, reps, seed, n_boot = job
     t = time.perf_counter()
-    statistic = None if gate == "new" else partial(old_gate, n_boot=n_boot)
-    c = characterise(row.design, row.margin, reps=reps, seed=seed, statistic=statistic)
+    if gate == "seq":
+        n = row.design.n
+        plan = sequential_design(n, max(1, n // 10), SEQ_ALPHA)
+        c: Any = operating_characteristic(row.design, row.margin, plan, reps=reps, seed=seed)
+    else:
+        statistic = None if gate == "new" else partial(old_gate, n_boot=n_boot)
+        c = characterise(row.design, row.margin, reps=reps, seed=seed, statistic=statistic)
     return i, gate, c, time.perf_counter() - t
 
 
@@ -196,6 +212,34 @@ def table(rows: list[Row], new: dict[int, Characteristic], old: dict[int, Charac
     return "\n".join(lines)
 
 
+def check_seq(c: dict[str, SequentialRates | None]) -> list[str]:
+    """Why a sequential row misses its promise: false pass at the margin <= alpha + 3 MC SE."""
+    m = c["margin"]
+    if m is None:
+        return []
+    limit = SEQ_ALPHA + 3 * mc_se(SEQ_ALPHA, m.reps)
+    return [f"sequential false pass {m.passed:.3f} > {limit:.3f} (by {m.passed - limit:.3f})"] if m.passed > limit else []
+
+
+def seq_table(rows: list[Row], seq: dict[int, dict[str, SequentialRates | None]]) -> str:
+    head = ("| scenario | score | n | cases/doc | documents per case | docs | margin "
+            "| **sequential** false pass | fixed false pass | sequential power at 0 | fixed power at 0 "
+            f"| E[n]/n at 0 | at the margin | at margin-{100 * CLEAR_LOSS:.0f} | meets alpha + 3 SE |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for i, r in enumerate(rows):
+        c = seq[i]
+        m, z, lo = c["margin"], c["zero"], c["loss"]
+        n = r.design.n
+        cells = [r.label, _design(r.design), f"{100 * r.margin:+.0f}",
+                 f"**{_rate(m and m.passed, m.reps if m else 0)}**", _rate(m and m.fixed_passed, m.reps if m else 0),
+                 _rate(z and z.passed, z.reps if z else 0), _rate(z and z.fixed_passed, z.reps if z else 0),
+                 "n/a" if z is None else f"{z.mean_cases / n:.2f}", "n/a" if m is None else f"{m.mean_cases / n:.2f}",
+                 "n/a" if lo is None else f"{lo.mean_cases / n:.2f}",
+                 ("yes" if not check_seq(c) else "**NO**") + ("" if gated(r) else " (limit)")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2000,
@@ -205,6 +249,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="runs per row for the old gate (default reps / 4)")
     ap.add_argument("--old-boot", type=int, default=1000, help="old gate's bootstrap resamples (default 1000)")
     ap.add_argument("--no-old", action="store_true", help="skip the old gate")
+    ap.add_argument("--seq-reps", type=int, default=None,
+                    help="runs per row and true delta for the sequential gate (default reps / 2)")
+    ap.add_argument("--no-seq", action="store_true", help="skip the sequential gate")
     ap.add_argument("--fast", action="store_true", help="300 runs (old gate 100 with 500 resamples): a quick look")
     ap.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     ap.add_argument("--seed", type=int, default=0)
@@ -212,16 +259,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.fast:
         args.reps, args.old_reps, args.old_boot = min(args.reps, 300), 100, 500
     old_reps = args.old_reps if args.old_reps is not None else max(args.reps // 4, 1)
-    if args.reps < 1 or old_reps < 1 or args.old_boot < 100 or args.jobs < 1:
-        ap.error("--reps and --old-reps must be >= 1, --old-boot >= 100, --jobs >= 1")
+    seq_reps = args.seq_reps if args.seq_reps is not None else max(args.reps // 2, 1)
+    if args.reps < 1 or old_reps < 1 or seq_reps < 1 or args.old_boot < 100 or args.jobs < 1:
+        ap.error("--reps, --old-reps and --seq-reps must be >= 1, --old-boot >= 100, --jobs >= 1")
 
     rows = grid()
     jobs = [(i, r, "new", args.reps, args.seed + 10 * i, 0) for i, r in enumerate(rows)]
     if not args.no_old:
         jobs += [(i, r, "old", old_reps, args.seed + 10 * i, args.old_boot) for i, r in enumerate(rows)]
+    if not args.no_seq:
+        jobs += [(i, r, "seq", seq_reps, args.seed + 10 * i + 5, 0) for i, r in enumerate(rows)]
     t0 = time.perf_counter()
-    results: dict[str, dict[int, Characteristic]] = {"new": {}, "old": {}}
-    spent = {"new": 0.0, "old": 0.0}
+    results: dict[str, dict[int, Any]] = {"new": {}, "old": {}, "seq": {}}
+    spent = {"new": 0.0, "old": 0.0, "seq": 0.0}
     if args.jobs == 1:
         done = map(_run, jobs)
     else:
@@ -230,14 +280,17 @@ def main(argv: list[str] | None = None) -> int:
     for i, gate, c, secs in done:
         results[gate][i] = c
         spent[gate] += secs
+        fp = c["margin"].passed if gate == "seq" and c["margin"] else getattr(getattr(c, "at_margin", None), "passed", None)
         print(f"  {gate} {i + 1}/{len(rows)} {rows[i].label} {_design(rows[i].design)}: "
-              f"false pass {c.at_margin.passed:.3f}, {secs:.0f}s", file=sys.stderr, flush=True)
+              f"false pass {fp}, {secs:.0f}s", file=sys.stderr, flush=True)
     wall = time.perf_counter() - t0
 
     print(f"Gate calibration: {args.reps} runs per row and true delta (new gate), "
           f"{'not run' if args.no_old else f'{old_reps} with {args.old_boot} bootstrap resamples'} "
           f"(old gate); seed {args.seed}; {wall:.0f}s wall on {args.jobs} process(es) "
-          f"(new {spent['new']:.0f}s, old {spent['old']:.0f}s CPU); {os.cpu_count()} CPUs.\n")
+          f"{'' if args.no_seq else f'{seq_reps} per row and true delta for the sequential gate; '}"
+          f"(new {spent['new']:.0f}s, old {spent['old']:.0f}s, sequential {spent['seq']:.0f}s CPU); "
+          f"{os.cpu_count()} CPUs.\n")
     print("New: score bound, document design effect, t with G-1 df, one-sided 97.5% (lower end of the "
           "two-sided 95% interval). Old: percentile cluster bootstrap, exact evidence sets, rule-of-three "
           "floor, one-sided 95%. Rates ± Monte Carlo SE; coverage is of the two-sided 95% interval at "
@@ -248,15 +301,23 @@ def main(argv: list[str] | None = None) -> int:
         print("\nLimit rows (not in the exit check; see kvaudit.stats.noninferiority): "
               + "; ".join(f"row {i + 1} false pass {results['new'][i].at_margin.passed:.3f}" for i in limit))
     failures = [(i, why) for i in range(len(rows)) if gated(rows[i]) for why in check_new(results["new"][i])]
+    if not args.no_seq:
+        print(f"\nSequential gate (kvaudit run --until-decided, max = n, a look every n/10, alpha {SEQ_ALPHA}, "
+              "futility 0.2) on the same rows; fixed = the shipped bound on all n cases of the same simulated runs; "
+              f"E[n]/n = mean cases used over n at a true delta of 0, at the margin and {100 * CLEAR_LOSS:.0f} "
+              "points below it.\n")
+        print(seq_table(rows, results["seq"]))
+        failures += [(i, why) for i in range(len(rows)) if gated(rows[i]) for why in check_seq(results["seq"][i])]
     if failures:
-        print(f"\nNEW GATE MISSES THE TARGET (false pass <= {FALSE_PASS_TARGET} + 3 MC SE, coverage >= "
-              f"{COVERAGE_TARGET} - 3 MC SE) in {len({i for i, _ in failures})} row(s):")
+        print(f"\nMISSES THE TARGET (new gate: false pass <= {FALSE_PASS_TARGET} + 3 MC SE, coverage >= "
+              f"{COVERAGE_TARGET} - 3 MC SE; sequential: false pass <= {SEQ_ALPHA} + 3 MC SE) in "
+              f"{len({i for i, _ in failures})} row(s):")
         for i, why in failures:
             print(f"- row {i + 1} ({rows[i].label}: {_design(rows[i].design)}, margin "
                   f"{100 * rows[i].margin:+.0f}): {why}")
         return 1
-    print(f"\nEvery new-gate row meets the target (false pass <= {FALSE_PASS_TARGET} + 3 MC SE, "
-          f"coverage >= {COVERAGE_TARGET} - 3 MC SE).")
+    print(f"\nEvery gated row meets the target (new gate: false pass <= {FALSE_PASS_TARGET} + 3 MC SE, "
+          f"coverage >= {COVERAGE_TARGET} - 3 MC SE; sequential: false pass <= {SEQ_ALPHA} + 3 MC SE).")
     return 0
 
 

@@ -179,3 +179,41 @@ def test_pilot_design_reads_the_shape_of_a_run() -> None:
     assert d.n_documents == 25 and d.base_accuracy == pytest.approx(0.8)
     assert d.gain_rate == pytest.approx(0.06 / (2 * 0.2))
     assert pilot_design([0.5, 1.0] * 10, [0.4, 1.0] * 10, [[f"d{i}"] for i in range(20)]).score == "f1"
+
+
+# ----------------------------------------------------------------------------- sequential slice
+
+SEQ_SLICE = {
+    "binary n=1000, 2 cases/doc": (Design(n=1000, cluster_size=2), -0.02),
+    "multi-hop F1 n=200 at -5 points": (Design(n=200, cluster_size=5, multi_doc_share=1.0, score="f1"), -0.05),
+}
+
+
+@pytest.mark.parametrize("name", list(SEQ_SLICE))
+def test_sequential_gate_is_calibrated_on_the_gate_grid(name: str) -> None:
+    """The sequential gate (a look every tenth) on cells of the fixed gate's grid: false pass at
+    the margin within alpha + 3 MC SE, and a clear loss stopped well before the maximum."""
+    from kvaudit.stats.sequential import design, operating_characteristic
+
+    bench = _benchmark()
+    d, margin = SEQ_SLICE[name]
+    oc = operating_characteristic(d, margin, design(d.n, d.n // 10, bench.SEQ_ALPHA), reps=REPS, seed=5)
+    assert not bench.check_seq(oc), f"{name}: {bench.check_seq(oc)}"
+    assert oc["loss"].mean_cases <= 0.3 * d.n
+    assert oc["zero"].passed >= 0.8
+
+
+def test_repeated_looks_without_alpha_spending_fail_the_sequential_check() -> None:
+    """Testing at the fixed level at every look (no spending) inflates the false-pass rate well
+    past alpha: the benchmark's check must catch it."""
+    from dataclasses import replace
+
+    from kvaudit.stats.sequential import design, simulate
+
+    bench = _benchmark()
+    d, margin = SEQ_SLICE["binary n=1000, 2 cases/doc"]
+    plan = design(d.n, d.n // 10, bench.SEQ_ALPHA)
+    naive = replace(plan, nominal_alpha=(bench.SEQ_ALPHA,) * len(plan.looks), futility=0.0)
+    r = simulate(d, margin, naive, margin, reps=2 * REPS, seed=5)
+    assert bench.check_seq({"margin": r}), r
+    assert r.fixed_passed < r.passed  # the same runs judged once, at the end, do not

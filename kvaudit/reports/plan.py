@@ -158,29 +158,22 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
             "reps": args.reps, "seed": args.seed, "power_target": POWER_TARGET, "thresholds": rows}
 
 
-CLEAR_LOSS = 0.08  # a clear loss: this far below the margin (on [-1, 1])
-
-
 def _sequential(design: Any, margin: float, needed: int | None, confidence: float, reps: int, seed: int,
                 min_icc: float) -> dict[str, Any] | None:
     """``kvaudit run --until-decided`` with ``--max-cases`` at the fixed design's size for 80% power
     (looks every tenth): its power and expected cases at delta 0, at the margin and under a clear loss."""
     from kvaudit.stats.sequential import design as seq_design
-    from kvaudit.stats.sequential import simulate
+    from kvaudit.stats.sequential import operating_characteristic
 
     if needed is None:
         return None
     plan = seq_design(needed, max(1, needed // 10), (1 - confidence) / 2)
-    d = replace(design, n=needed)
+    oc = operating_characteristic(replace(design, n=needed), margin, plan, reps=reps, seed=seed, min_icc=min_icc)
     out: dict[str, Any] = {"max_cases": needed, "look_every": plan.look_every}
-    for label, delta in (("zero", 0.0), ("margin", margin), ("clear_loss", margin - CLEAR_LOSS)):
-        try:
-            d.loss_rate(delta)
-        except ValueError:
-            out[label] = None
-            continue
-        r = simulate(d, margin, plan, delta, reps=reps, seed=seed, min_icc=min_icc)
-        out[label] = {"delta_points": 100 * delta, "passed": r.passed, "mean_cases": r.mean_cases}
+    for label, key in (("zero", "zero"), ("margin", "margin"), ("clear_loss", "loss")):
+        r = oc[key]
+        out[label] = None if r is None else {"delta_points": 100 * r.delta, "passed": r.passed,
+                                             "mean_cases": r.mean_cases}
     return out
 
 

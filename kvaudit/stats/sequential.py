@@ -39,7 +39,8 @@ and stops a reuse at the margin at about half the maximum instead of all of it
 
 Information here is counted in cases; with documents shared unevenly the true information
 fraction differs a little. What that does to the false-pass rate is measured, not assumed:
-``benchmarks/sequential_calibration.py`` (a fast slice runs in the tests).
+``benchmarks/gate_calibration.py`` (the fixed gate's grid) and ``benchmarks/sequential_calibration.py``
+(maxima sized for sequential runs); fast slices of both run in the tests.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from kvaudit.stats.noninferiority import (
 )
 
 SPENDING = "lan-demets-obrien-fleming"
+CLEAR_LOSS = 0.08  # a clear loss: this far below the margin (on [-1, 1]), where E[n] is reported
 DESIGN_KIND = "group-sequential"
 
 
@@ -350,3 +352,19 @@ def simulate(design_: Any, margin: float, plan: SequentialDesign, delta: float, 
         b = paired_bound(d, members, confidence=1 - 2 * plan.alpha, min_icc=min_icc)
         fixed += bool(b.decidable and b.lower is not None and b.lower > margin)
     return SequentialRates(delta, passes / reps, float(np.mean(used)), fixed / reps, reps)
+
+
+def operating_characteristic(design_: Any, margin: float, plan: SequentialDesign, *, reps: int = 300,
+                             seed: int = 0, min_icc: float = DEFAULT_MIN_ICC) -> dict[str, SequentialRates | None]:
+    """:func:`simulate` at a true delta exactly at the margin (false pass), at 0 (power) and under
+    a clear loss (``margin - CLEAR_LOSS``), keyed ``margin``, ``zero`` and ``loss``; ``None`` where
+    the design cannot reach that delta (:meth:`kvaudit.stats.calibration.Design.loss_rate`)."""
+    out: dict[str, SequentialRates | None] = {}
+    for i, (label, delta) in enumerate((("margin", margin), ("zero", 0.0), ("loss", margin - CLEAR_LOSS))):
+        try:
+            design_.loss_rate(delta)
+        except ValueError:
+            out[label] = None
+            continue
+        out[label] = simulate(design_, margin, plan, delta, reps=reps, seed=seed + i, min_icc=min_icc)
+    return out
