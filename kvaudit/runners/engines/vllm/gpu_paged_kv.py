@@ -30,7 +30,8 @@ import torch
 from kvaudit.runners.rope import RopeSpec
 
 DESC = 8  # int64 fields per piece: k_off, v_off, layer_stride, src_tok0, n, dst_pos0, bt_off, unused
-TOKENS_PER_PROGRAM = 8
+TOKENS_PER_PROGRAM = 8  # tokens per program of the load and gather kernels
+LOAD_WARPS = 4  # see benchmarks/paged_load.py for how these were chosen
 
 
 @dataclass
@@ -162,8 +163,10 @@ class PagedKV:
 
     # ------------------------------------------------------------------ load
 
-    def load(self, pieces: list[Piece]) -> None:
-        """Write every piece into the paged cache, keys rotated, in one kernel launch."""
+    def load(self, pieces: list[Piece], *, tokens_per_program: int = TOKENS_PER_PROGRAM,
+             num_warps: int = LOAD_WARPS) -> None:
+        """Write every piece into the paged cache, keys rotated, in one kernel launch (the tile
+        arguments are the kernel's, for ``benchmarks/paged_load.py``)."""
         if not pieces:
             return
         for pc in pieces:
@@ -181,7 +184,7 @@ class PagedKV:
             bt_len += len(pc.block_ids)
         meta = torch.tensor(desc + tables, dtype=torch.int64).to(self.device, non_blocking=True)
         trig = self._trig([pc.delta for pc in pieces]).to(self.device, non_blocking=True)
-        chunks = -(-max(pc.n for pc in pieces) // TOKENS_PER_PROGRAM)
+        chunks = -(-max(pc.n for pc in pieces) // tokens_per_program)
         if chunks > 65535 or self.n_layers > 65535:
             raise RuntimeError("kvaudit: too many tokens for one load launch")
         load_kernel, _ = _kernels()
@@ -189,7 +192,7 @@ class PagedKV:
         load_kernel[(len(pieces), chunks, self.n_layers)](
             self.base, meta, trig, self.layer_off, len(pieces), *self.strides, self.v_off,
             BS=self.block_size, H=self.heads, D=self.head_dim, HALF=half,
-            CP=_next_pow2(self.heads * half), BT=TOKENS_PER_PROGRAM, num_warps=4,
+            CP=_next_pow2(self.heads * half), BT=tokens_per_program, num_warps=num_warps,
             enable_fp_fusion=False)  # products rounded as in RopeSpec.rotate: the same bits
 
     def _slots(self, block_ids: list[int], pos0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
