@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import statistics
 import sys
 import tempfile
@@ -82,16 +81,9 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvaudit-client-bound-"))
-    ds = work / "dataset"
-    kvaudit_main(["generate", "boxoffice", "--out", str(ds), "--cases", str(args.cases), "--seed", "5",
-                  "--families", "single_doc=2,multi_hop_bridge=1", "--no-progress"])
-    with contextlib.ExitStack() as stack:
-        url = args.base_url
-        if url is None:
-            from kvaudit.models import resolve_model_dir
-            from tests.vllm_server import vllm_server
+    from tests.vllm_server import boxoffice_behind_server
 
-            url = stack.enter_context(vllm_server(resolve_model_dir("smollm2"), work / "serve.log", connector=False))
+    with boxoffice_behind_server(args.base_url, work, args.cases, connector=False) as (ds, url):
         card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]
         served, max_len = card["id"], int(card.get("max_model_len") or 4096)
         ids = prompts(ds, args.model, args.max_new_tokens, max_len)

@@ -35,17 +35,10 @@ def main() -> None:
     ap.add_argument("--arms", default=ARMS)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvaudit-http-throughput-"))
-    ds = work / "dataset"
-    kvaudit_main(["generate", "boxoffice", "--out", str(ds), "--cases", str(args.cases), "--seed", "5",
-                  "--families", "single_doc=2,multi_hop_bridge=1", "--no-progress"])
-    with contextlib.ExitStack() as stack:
-        url = args.base_url
-        if url is None:
-            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-            from kvaudit.models import resolve_model_dir
-            from tests.vllm_server import vllm_server
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.vllm_server import boxoffice_behind_server
 
-            url = stack.enter_context(vllm_server(resolve_model_dir("smollm2"), work / "serve.log", connector=True))
+    with boxoffice_behind_server(args.base_url, work, args.cases, connector=True) as (ds, url):
         walls: dict[int, list[float]] = {1: [], args.concurrent: []}
         print(f"{'N':>3} {'runner wall':>11} {'audit rc':>8}  split (s)")
         for k in range(args.repeats):
