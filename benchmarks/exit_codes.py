@@ -10,7 +10,6 @@ traceback, and the first line of stderr. Exits 1 when any row breaks the contrac
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from kvaudit.core.attestation import KEY_ENV, attest  # noqa: E402
 from kvaudit.reports.synthetic import make_run  # noqa: E402
+from tests.example_dataset import edited_example  # noqa: E402
 
 EXAMPLE = ROOT / "kvaudit" / "data" / "example"
 NO_LOSS = {"single_doc": 0.0, "multi_hop_bridge": 0.0, "aggregate": 0.0, "agreement": 0.0}
@@ -41,18 +41,7 @@ def kvaudit(args: list[str], *, pipe_head: bool = False, env: dict | None = None
 
 
 def dataset(tmp: Path, name: str, edit=None, card=None) -> Path:
-    d = tmp / name
-    d.mkdir()
-    (d / "segments.jsonl").write_bytes((EXAMPLE / "segments.jsonl").read_bytes())
-    lines = (EXAMPLE / "cases.jsonl").read_text().splitlines()
-    if edit is not None:
-        obj = json.loads(lines[2])
-        edit(obj)
-        lines[2] = json.dumps(obj)
-    (d / "cases.jsonl").write_text("\n".join(lines) + "\n")
-    if card is not None:
-        (d / "dataset.json").write_text(json.dumps(card))
-    return d
+    return edited_example(tmp / name, edit, card)
 
 
 def main() -> int:

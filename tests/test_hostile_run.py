@@ -20,25 +20,13 @@ from kvaudit.core.run_format import read_pairs
 from kvaudit.core.run_lock import LOCK_FILE, run_lock
 from kvaudit.reports.synthetic import make_run
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "kvaudit" / "data" / "example"
+from .example_dataset import EXAMPLE, edited_example
+
 KVAUDIT = [sys.executable, "-m", "kvaudit.cli"]
 
 
 def _dataset(tmp_path: Path, edit=None, card=None) -> Path:
-    """A copy of the example dataset, one case edited by ``edit(case_dict)``; ``card`` replaces
-    dataset.json (None: no card, so the edit does not trip the content hash)."""
-    d = tmp_path / "ds"
-    d.mkdir()
-    (d / "segments.jsonl").write_bytes((EXAMPLE / "segments.jsonl").read_bytes())
-    lines = (EXAMPLE / "cases.jsonl").read_text().splitlines()
-    if edit is not None:
-        obj = json.loads(lines[2])
-        edit(obj)
-        lines[2] = json.dumps(obj)
-    (d / "cases.jsonl").write_text("\n".join(lines) + "\n")
-    if card is not None:
-        (d / "dataset.json").write_text(card if isinstance(card, str) else json.dumps(card))
-    return d
+    return edited_example(tmp_path / "ds", edit, card)
 
 
 def _one_line_error(capsys) -> str:
