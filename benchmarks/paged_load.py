@@ -30,7 +30,7 @@ from kvaudit.runners.engines.vllm.gpu_paged_kv import PagedKV, Piece  # noqa: E4
 from kvaudit.runners.rope import RopeSpec  # noqa: E402
 
 LAYERS, HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 32
-TILES = [(8, 4), (16, 4), (16, 8), (32, 4), (32, 8), (64, 8)]
+TILES = [(2, 2), (1, 2), (4, 4), (8, 4)]
 
 
 def _time(fn, repeats: int) -> float:
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     src = torch.empty(moved // 2, dtype=torch.uint8, device=dev)  # read once and written once: moved
     dst = torch.empty_like(src)
     floor = _time(lambda: dst.copy_(src), args.repeats)
-    shipped = (gpu_paged_kv.TOKENS_PER_PROGRAM, gpu_paged_kv.LOAD_WARPS)
+    shipped = (gpu_paged_kv.LOAD_TOKENS_PER_PROGRAM, gpu_paged_kv.LOAD_WARPS)
     paged.load(pieces)
     reference = [c.clone() for c in caches]
     rows, failed = [], []

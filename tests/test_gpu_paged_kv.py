@@ -160,3 +160,20 @@ def test_fused_kernel_equals_the_reference(dtype, hnd):
         else:
             assert torch.allclose(fk.float(), rk.float(), rtol=2 ** -7, atol=0)
         assert not torch.equal(rk, pc.keys) or pc.delta == 0
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="a GPU: the interpreter would take hours for this many programs")
+def test_an_entry_longer_than_one_grid_axis_loads_whole():
+    """140K tokens at 2 per program would need more than 65535 programs on the grid's second axis:
+    the load widens its tiles instead of failing, and writes what the reference writes."""
+    layers, bs, heads, d, n = 1, 32, 1, 8, 140_000
+    blocks = -(-n // bs)
+    rope = _rope(d)
+    e = StoredKV(torch.randn(layers, n, heads, d, device="cuda"), torch.randn(layers, n, heads, d, device="cuda"), 0)
+    table = torch.randperm(blocks).tolist()
+    piece = Piece(e.keys, e.values, 0, n, 0, 5, table)
+    fused_kv = _caches(layers, blocks, bs, heads, d, torch.float32, "cuda", False)
+    ref_kv = _caches(layers, blocks, bs, heads, d, torch.float32, "cuda", False)
+    PagedKV(fused_kv, d, rope).load([piece])
+    PagedKV(ref_kv, d, rope, impl="torch").load([piece])
+    assert torch.equal(fused_kv[0], ref_kv[0])

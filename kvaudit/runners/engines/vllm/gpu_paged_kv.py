@@ -30,8 +30,11 @@ import torch
 from kvaudit.runners.rope import RopeSpec
 
 DESC = 8  # int64 fields per piece: k_off, v_off, layer_stride, src_tok0, n, dst_pos0, bt_off, unused
-TOKENS_PER_PROGRAM = 8  # tokens per program of the load and gather kernels
-LOAD_WARPS = 4  # see benchmarks/paged_load.py for how these were chosen
+TOKENS_PER_PROGRAM = 8  # tokens per program of the gather kernel
+# The load kernel's tile: 2 tokens x 2 warps ran at 1.39x a plain copy of the same bytes on the H200
+# at 32K tokens against 1.69x for 8 x 4 (benchmarks/paged_load.py; larger tiles spill registers).
+LOAD_TOKENS_PER_PROGRAM = 2
+LOAD_WARPS = 2
 
 
 @dataclass
@@ -163,7 +166,7 @@ class PagedKV:
 
     # ------------------------------------------------------------------ load
 
-    def load(self, pieces: list[Piece], *, tokens_per_program: int = TOKENS_PER_PROGRAM,
+    def load(self, pieces: list[Piece], *, tokens_per_program: int = LOAD_TOKENS_PER_PROGRAM,
              num_warps: int = LOAD_WARPS) -> None:
         """Write every piece into the paged cache, keys rotated, in one kernel launch (the tile
         arguments are the kernel's, for ``benchmarks/paged_load.py``)."""
@@ -184,9 +187,12 @@ class PagedKV:
             bt_len += len(pc.block_ids)
         meta = torch.tensor(desc + tables, dtype=torch.int64).to(self.device, non_blocking=True)
         trig = self._trig([pc.delta for pc in pieces]).to(self.device, non_blocking=True)
-        chunks = -(-max(pc.n for pc in pieces) // tokens_per_program)
-        if chunks > 65535 or self.n_layers > 65535:
-            raise RuntimeError("kvaudit: too many tokens for one load launch")
+        longest = max(pc.n for pc in pieces)
+        # a grid's second axis holds at most 65535 programs: a longer entry takes wider tiles
+        tokens_per_program = max(tokens_per_program, _next_pow2(-(-longest // 65535)))
+        chunks = -(-longest // tokens_per_program)
+        if len(pieces) > 65535 or self.n_layers > 65535:
+            raise RuntimeError("kvaudit: too many entries or layers for one load launch")
         load_kernel, _ = _kernels()
         half = self.head_dim // 2
         load_kernel[(len(pieces), chunks, self.n_layers)](
