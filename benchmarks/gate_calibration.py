@@ -36,8 +36,8 @@ a true delta of 0, at the margin and under a clear loss (``CLEAR_LOSS`` below th
 Exit status 1 when any NEW-gate row's false-pass rate exceeds 0.05 + 3 MC SE or its coverage
 is below 0.94 - 3 MC SE (MC SE taken at the target rate, so a row cannot pass by being noisy),
 or any sequential row's false-pass rate exceeds alpha + 3 MC SE; the failing rows are printed
-with the amount. The rows labelled ``(limit)`` are printed but not checked: losses concentrated on the 2-3 fragile documents a 20-30 document sample is expected to
-hold, where the sample often holds none (the documented limit of any bound computed from the
+with the amount. The rows labelled ``(limit)`` are printed but not checked: losses concentrated
+on the 2-3 fragile documents a 20-30 document sample is expected to hold, where the sample often holds none (the documented limit of any bound computed from the
 sample alone; the old gate failed them as badly).
 """
 
@@ -59,7 +59,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvaudit.stats.calibration import Characteristic, Design, characterise, mc_se  # noqa: E402
-from kvaudit.stats.sequential import CLEAR_LOSS, SequentialRates, operating_characteristic  # noqa: E402
+from kvaudit.stats.sequential import (  # noqa: E402
+    CLEAR_LOSS,
+    SequentialRates,
+    default_look_every,
+    operating_characteristic,
+)
 from kvaudit.stats.sequential import design as sequential_design  # noqa: E402
 
 FALSE_PASS_TARGET = 0.05
@@ -156,8 +161,7 @@ def _run(job: tuple[int, Row, str, int, int, int]) -> tuple[int, str, Any, float
     i, row, gate, reps, seed, n_boot = job
     t = time.perf_counter()
     if gate == "seq":
-        n = row.design.n
-        plan = sequential_design(n, max(1, n // 10), SEQ_ALPHA)
+        plan = sequential_design(row.design.n, default_look_every(row.design.n), SEQ_ALPHA)
         c: Any = operating_characteristic(row.design, row.margin, plan, reps=reps, seed=seed)
     else:
         statistic = None if gate == "new" else partial(old_gate, n_boot=n_boot)
@@ -280,15 +284,16 @@ def main(argv: list[str] | None = None) -> int:
     for i, gate, c, secs in done:
         results[gate][i] = c
         spent[gate] += secs
-        fp = c["margin"].passed if gate == "seq" and c["margin"] else getattr(getattr(c, "at_margin", None), "passed", None)
+        at_margin = c["margin"] if gate == "seq" else c.at_margin
+        fp = "n/a" if at_margin is None else f"{at_margin.passed:.3f}"
         print(f"  {gate} {i + 1}/{len(rows)} {rows[i].label} {_design(rows[i].design)}: "
               f"false pass {fp}, {secs:.0f}s", file=sys.stderr, flush=True)
     wall = time.perf_counter() - t0
 
     print(f"Gate calibration: {args.reps} runs per row and true delta (new gate), "
           f"{'not run' if args.no_old else f'{old_reps} with {args.old_boot} bootstrap resamples'} "
-          f"(old gate); seed {args.seed}; {wall:.0f}s wall on {args.jobs} process(es) "
-          f"{'' if args.no_seq else f'{seq_reps} per row and true delta for the sequential gate; '}"
+          f"(old gate), {'not run' if args.no_seq else seq_reps} (sequential gate); seed {args.seed}; "
+          f"{wall:.0f}s wall on {args.jobs} process(es) "
           f"(new {spent['new']:.0f}s, old {spent['old']:.0f}s, sequential {spent['seq']:.0f}s CPU); "
           f"{os.cpu_count()} CPUs.\n")
     print("New: score bound, document design effect, t with G-1 df, one-sided 97.5% (lower end of the "

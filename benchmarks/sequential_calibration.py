@@ -30,7 +30,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvaudit.stats.calibration import Design, mc_se  # noqa: E402
-from kvaudit.stats.sequential import CLEAR_LOSS, design, operating_characteristic  # noqa: E402
+from kvaudit.stats.sequential import (  # noqa: E402
+    CLEAR_LOSS,
+    SequentialRates,
+    default_look_every,
+    design,
+    operating_characteristic,
+)
 
 ALPHA = 0.025  # the default policy's one-sided level (two-sided 95%)
 
@@ -57,23 +63,16 @@ def grid(fast: bool = False) -> list[Row]:
     return rows
 
 
-def _one(job: tuple[Row, int, int]) -> dict:
-    row, reps, seed = job
-    plan = design(row.design.n, max(1, row.design.n // 10), ALPHA)
-    oc = operating_characteristic(row.design, row.margin, plan, reps=reps, seed=seed)
-    return {k: {"delta": r.delta, "pass": r.passed, "fixed_pass": r.fixed_passed, "mean_n": r.mean_cases,
-                "reps": r.reps} for k, r in oc.items() if r is not None}
-
-
-def characterise(row: Row, reps: int, seed: int = 0) -> dict[str, dict]:
+def characterise(row: Row, reps: int, seed: int = 0) -> dict[str, SequentialRates | None]:
     """False pass (``margin``), power (``zero``) and expected cases (all three) of one row."""
-    return _one((row, reps, seed))
+    plan = design(row.design.n, default_look_every(row.design.n), ALPHA)
+    return operating_characteristic(row.design, row.margin, plan, reps=reps, seed=seed)
 
 
-def check(row: Row, c: dict[str, dict]) -> list[str]:
+def check(row: Row, c: dict[str, SequentialRates | None]) -> list[str]:
     m = c["margin"]
-    limit = ALPHA + 3 * mc_se(ALPHA, m["reps"])
-    return [f"{row.label}: sequential false pass {m['pass']:.3f} > {limit:.3f}"] if m["pass"] > limit else []
+    limit = ALPHA + 3 * mc_se(ALPHA, m.reps)
+    return [f"{row.label}: sequential false pass {m.passed:.3f} > {limit:.3f}"] if m.passed > limit else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,19 +87,20 @@ def main(argv: list[str] | None = None) -> int:
           f"| E[n]/max at 0 | at margin | at margin-{100 * CLEAR_LOSS:.0f} |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = grid(args.fast)
-    work = [(row, args.reps, args.seed) for row in rows]
+    reps, seeds = [args.reps] * len(rows), [args.seed] * len(rows)
     if args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as ex:
-            results = list(ex.map(_one, work))
+            results = list(ex.map(characterise, rows, reps, seeds))
     else:
-        results = [_one(w) for w in work]
+        results = list(map(characterise, rows, reps, seeds))
     for row, c in zip(rows, results, strict=True):
         d = row.design
+        m, z, lo = c["margin"], c["zero"], c["loss"]
         se = mc_se(ALPHA, args.reps)
         print(f"| {row.label} ({d.score}) | {d.n} | {d.cluster_size:g} | {d.multi_doc_share:g} | {100 * row.margin:+.0f} "
-              f"| {c['margin']['pass']:.3f} / {c['margin']['fixed_pass']:.3f} (MC SE {se:.3f}) "
-              f"| {c['zero']['pass']:.3f} / {c['zero']['fixed_pass']:.3f} "
-              f"| {c['zero']['mean_n'] / d.n:.2f} | {c['margin']['mean_n'] / d.n:.2f} | {c['loss']['mean_n'] / d.n:.2f} |",
+              f"| {m.passed:.3f} / {m.fixed_passed:.3f} (MC SE {se:.3f}) "
+              f"| {z.passed:.3f} / {z.fixed_passed:.3f} "
+              f"| {z.mean_cases / d.n:.2f} | {m.mean_cases / d.n:.2f} | {lo.mean_cases / d.n:.2f} |",
               flush=True)
         failures += check(row, c)
     for f in failures:

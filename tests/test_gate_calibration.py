@@ -193,11 +193,11 @@ SEQ_SLICE = {
 def test_sequential_gate_is_calibrated_on_the_gate_grid(name: str) -> None:
     """The sequential gate (a look every tenth) on cells of the fixed gate's grid: false pass at
     the margin within alpha + 3 MC SE, and a clear loss stopped well before the maximum."""
-    from kvaudit.stats.sequential import design, operating_characteristic
+    from kvaudit.stats.sequential import default_look_every, design, operating_characteristic
 
     bench = _benchmark()
     d, margin = SEQ_SLICE[name]
-    oc = operating_characteristic(d, margin, design(d.n, d.n // 10, bench.SEQ_ALPHA), reps=REPS, seed=5)
+    oc = operating_characteristic(d, margin, design(d.n, default_look_every(d.n), bench.SEQ_ALPHA), reps=REPS, seed=5)
     assert not bench.check_seq(oc), f"{name}: {bench.check_seq(oc)}"
     assert oc["loss"].mean_cases <= 0.3 * d.n
     assert oc["zero"].passed >= 0.8
@@ -208,11 +208,11 @@ def test_repeated_looks_without_alpha_spending_fail_the_sequential_check() -> No
     past alpha: the benchmark's check must catch it."""
     from dataclasses import replace
 
-    from kvaudit.stats.sequential import design, simulate
+    from kvaudit.stats.sequential import default_look_every, design, simulate
 
     bench = _benchmark()
     d, margin = SEQ_SLICE["binary n=1000, 2 cases/doc"]
-    plan = design(d.n, d.n // 10, bench.SEQ_ALPHA)
+    plan = design(d.n, default_look_every(d.n), bench.SEQ_ALPHA)
     naive = replace(plan, nominal_alpha=(bench.SEQ_ALPHA,) * len(plan.looks), futility=0.0)
     r = simulate(d, margin, naive, margin, reps=2 * REPS, seed=5)
     assert bench.check_seq({"margin": r}), r

@@ -101,10 +101,10 @@ def test_sequential_gate_is_calibrated_and_stops_early_fast_slice():
     (row,) = bench.grid(fast=True)
     c = bench.characterise(row, reps=200, seed=3)
     assert not bench.check(row, c), c  # false pass at the margin within alpha + 3 MC SE
-    assert c["zero"]["mean_n"] <= 0.80 * row.design.n
-    assert c["loss"]["mean_n"] <= 0.30 * row.design.n
-    assert c["margin"]["mean_n"] <= 0.90 * row.design.n  # futility: a reuse at the margin stops before the end
-    assert c["zero"]["pass"] >= 0.9
+    assert c["zero"].mean_cases <= 0.80 * row.design.n
+    assert c["loss"].mean_cases <= 0.30 * row.design.n
+    assert c["margin"].mean_cases <= 0.90 * row.design.n  # futility: a reuse at the margin stops before the end
+    assert c["zero"].passed >= 0.9
 
 
 def _sequential_run(tmp_path, loss: float, record_edit=None, drop: int = 0):

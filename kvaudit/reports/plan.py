@@ -162,12 +162,12 @@ def _sequential(design: Any, margin: float, needed: int | None, confidence: floa
                 min_icc: float) -> dict[str, Any] | None:
     """``kvaudit run --until-decided`` with ``--max-cases`` at the fixed design's size for 80% power
     (looks every tenth): its power and expected cases at delta 0, at the margin and under a clear loss."""
+    from kvaudit.stats.sequential import default_look_every, operating_characteristic
     from kvaudit.stats.sequential import design as seq_design
-    from kvaudit.stats.sequential import operating_characteristic
 
     if needed is None:
         return None
-    plan = seq_design(needed, max(1, needed // 10), (1 - confidence) / 2)
+    plan = seq_design(needed, default_look_every(needed), (1 - confidence) / 2)
     oc = operating_characteristic(replace(design, n=needed), margin, plan, reps=reps, seed=seed, min_icc=min_icc)
     out: dict[str, Any] = {"max_cases": needed, "look_every": plan.look_every}
     for label, key in (("zero", "zero"), ("margin", "margin"), ("clear_loss", "loss")):

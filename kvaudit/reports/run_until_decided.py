@@ -81,7 +81,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
     from kvaudit.reports.policy import evaluate_check, load_policy
     from kvaudit.runners.registry import arms_for, backend_options, open_from_args
     from kvaudit.runners.runner import RunConfig, check_resumable, execute
-    from kvaudit.stats.sequential import FUTILITY, design
+    from kvaudit.stats.sequential import FUTILITY, default_look_every, design
 
     if args.max_cases is None:
         raise KvauditError("--until-decided needs --max-cases N (the most cases the run may take)")
@@ -98,7 +98,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
     dataset = read_dataset(args.dataset)
     if args.max_cases > len(dataset.cases):
         raise KvauditError(f"--max-cases {args.max_cases}: the dataset {args.dataset} has {len(dataset.cases)} cases")
-    look_every = args.look_every or max(1, args.max_cases // 10)
+    look_every = args.look_every or default_look_every(args.max_cases)
     alpha = (1 - policy.confidence) / 2
     try:  # a design that cannot be made is refused before --out is touched
         design(args.max_cases, look_every, alpha, futility=0.0)

@@ -191,6 +191,12 @@ def design_from_dict(d: dict[str, Any]) -> SequentialDesign:
 FUTILITY = 0.2
 
 
+def default_look_every(max_cases: int) -> int:
+    """Ten looks: what ``kvaudit run --until-decided`` uses without ``--look-every``, and what
+    ``kvaudit plan`` and the calibration benchmarks characterise."""
+    return max(1, max_cases // 10)
+
+
 def design(max_cases: int, look_every: int, alpha: float, *, futility: float = FUTILITY) -> SequentialDesign:
     """Looks every ``look_every`` cases (and at ``max_cases``), alpha spent O'Brien-Fleming-wise;
     a run fails for futility when its conditional power under no difference drops below
