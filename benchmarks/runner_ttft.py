@@ -158,7 +158,11 @@ class Tap:
         self.arm: str | None = None
         self.steps: list[tuple[str | None, list[Any], dict[str, float]]] = []
         self.head_s: dict[tuple[str, str], float] = {}  # (arm, prompt ids hash) -> head request seconds
+        self.added: dict[str, float] = {}  # request id -> when add_request returned
+        self.profiles: dict[str, Any] = {}  # arm -> cProfile.Profile over its steps (--profile-arms)
+        self.profile_arms: set[str] = set()
         engine, step, run_arms = backend.engine, backend.engine.step, backend.run_arms
+        add_request = engine.add_request
         # Where a step's time goes: the engine core's part (schedule, forward, update) and the
         # output processing, timed by wrapping the two calls LLMEngine.step makes (a few
         # perf_counter reads per step).
@@ -182,17 +186,32 @@ class Tap:
         time_calls(getattr(engine, "engine_core", None), "get_output", "core")
         time_calls(getattr(engine, "output_processor", None), "process_outputs", "proc")
 
+        def tapped_add_request(rid: str, *a: Any, **k: Any) -> Any:
+            try:
+                return add_request(rid, *a, **k)
+            finally:
+                self.added[rid] = time.perf_counter()
+
         def tapped_step() -> list[Any]:
             marks.clear()
+            prof = None
+            if self.arm in self.profile_arms:
+                import cProfile
+
+                prof = self.profiles.setdefault(self.arm, cProfile.Profile())
+                prof.enable()
             t0 = time.perf_counter()
             outs = step()
             t1 = time.perf_counter()
+            if prof is not None:
+                prof.disable()
             phases = {}
             if {"core_start", "core_end", "proc_start", "proc_end"} <= marks.keys():
                 phases = {"before_core": marks["core_start"] - t0, "core": marks["core_end"] - marks["core_start"],
                           "between": marks["proc_start"] - marks["core_end"],
                           "process_outputs": marks["proc_end"] - marks["proc_start"],
                           "after": t1 - marks["proc_end"], "step": t1 - t0}
+            phases["t0"], phases["t1"] = t0, t1
             self.steps.append((self.arm, outs, phases))
             return outs
 
@@ -206,6 +225,7 @@ class Tap:
                 self.head_s[(spec.name, r.prompt.ids_hash)] = float(o.head_s)
             return outs
 
+        engine.add_request = tapped_add_request
         engine.step = tapped_step  # instance attributes: the backend calls self.engine.step() ...
         backend.run_arms = tapped_run_arms  # ... and the runner backend.run_arms()
 
@@ -219,13 +239,19 @@ class Tap:
                 if o.request_id in seen or not (o.outputs and o.outputs[0].token_ids):
                     continue
                 seen.add(o.request_id)
+                added = next((t for r, t in self.added.items() if o.request_id.startswith(r)), None)
+                # every engine step the request lived through up to its first token: how many, how long
+                lived = [ph["t1"] - ph["t0"] for _, _, ph in self.steps
+                         if added is not None and ph.get("t0", 0) >= added and ph.get("t1", 0) <= phases.get("t1", 0)]
                 m = getattr(o, "metrics", None)
                 stats = {k: v for k, v in vars(m).items() if _num(v)} if m is not None and hasattr(m, "__dict__") else {}
                 ids = list(o.prompt_token_ids or [])
                 out.append({"arm": arm, "request_id": o.request_id, "n_prompt": len(ids), "ids_hash": ids_hash(ids),
                             "num_cached_tokens": int(o.num_cached_tokens or 0), "stats": stats,
-                            "engine_ttft_s": engine_ttft(stats), "first_step_phases_s": phases})
+                            "engine_ttft_s": engine_ttft(stats), "first_step_phases_s": phases,
+                            "steps_to_first_s": lived})
         self.steps.clear()
+        self.added.clear()
         return out
 
 
@@ -324,6 +350,9 @@ def bench_context(backend: Any, tap: Tap, args: argparse.Namespace, arms: list[s
             "warm_first_step_phases_s": warm and warm["first_step_phases_s"],
             "engine_reuse_main_ttft_s": main and main["engine_ttft_s"],
             "engine_head_alone_ttft_s": (head_reqs.get(hp.ids_hash) or {}).get("engine_ttft_s"),
+            "steps_to_first_s": {"prefix_cache": warm and warm["steps_to_first_s"],
+                                 "reuse_main": main and main["steps_to_first_s"],
+                                 "head_alone": (head_reqs.get(hp.ids_hash) or {}).get("steps_to_first_s")},
             "engine_stats": {"prefix_cache": warm and warm["stats"], "reuse": main and main["stats"]},
         })
     return summarize(context, cases, arms, run_s)
@@ -354,6 +383,9 @@ def summarize(context: int, cases: list[dict[str, Any]], arms: list[str], run_s:
                                      if c["engine_warm_ttft_s"] is not None and "prefix_cache" in c["ttft_s"]]),
         "cases": cases,
     }
+    # the engine steps each request lived through up to its first token, as "n steps: ms + ms ..." of the first case
+    row["steps_to_first_s"] = {k: (cases[0]["steps_to_first_s"] or {}).get(k) for k in ("prefix_cache", "reuse_main",
+                                                                                       "head_alone")} if cases else {}
     rec, reuse, warm, head = arm_ms.get("recompute"), arm_ms.get("reuse"), arm_ms.get("prefix_cache"), row["head_alone_s"]
     row["recompute_over_reuse"] = rec / reuse if rec and reuse else None
     row["reuse_over_warm"] = reuse / warm if reuse and warm else None
@@ -378,6 +410,7 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
           f"{args.dtype}, max_model_len {max_len}; KV {backend.bytes_per_token()} bytes/token; arms {','.join(arms)}"
           + (f"; dropped (the vllm backend refuses them): {','.join(dropped)}" if dropped else ""), flush=True)
     tap = Tap(backend)
+    tap.profile_arms = {a.strip() for a in (args.profile_arms or "").split(",") if a.strip()}
     rows = []
     with tempfile.TemporaryDirectory(prefix="runner_ttft-", dir=args.work) as tmp:
         for context in contexts:
@@ -390,6 +423,16 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
             ph = row["warm_first_step_phases_s"]
             print(f"[{mode}] {row['tokens']} tokens, the warm hit's first-token step (ms): "
                   + ", ".join(f"{k} {_ms(v, '.2f')}" for k, v in ph.items()), flush=True)
+            print(f"[{mode}] {row['tokens']} tokens, engine steps up to the first token (first case, ms): "
+                  + "; ".join(f"{k} " + (" + ".join(_ms(v, '.2f') for v in steps) if steps else "-")
+                              for k, steps in row["steps_to_first_s"].items()), flush=True)
+        for arm, prof in tap.profiles.items():
+            import io
+            import pstats
+
+            buf = io.StringIO()
+            pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+            print(f"[{mode}] profile of every engine step of arm {arm} (tottime):\n{buf.getvalue()}", flush=True)
     out = {"mode": mode, "engine_start_s": start_s, "device": device, "vllm": vllm.__version__,
            "torch": torch.__version__, "arms": arms, "dropped_arms": dropped, "max_model_len": max_len,
            "bytes_per_token": backend.bytes_per_token(), "info": backend.info(),
@@ -435,6 +478,8 @@ def child_argv(args: argparse.Namespace, mode: str, json_path: Path) -> list[str
     for flag, val in (("--max-model-len", args.max_model_len), ("--model-dir", args.model_dir), ("--work", args.work)):
         if val is not None:
             argv += [flag, str(val)]
+    if args.profile_arms:
+        argv += ["--profile-arms", args.profile_arms]
     argv += ["--shared-head"] * args.shared_head + ["--no-engine-metrics"] * args.no_engine_metrics
     return argv
 
@@ -464,6 +509,8 @@ def main() -> None:
     ap.add_argument("--work", default=None, help="parent of the temporary datasets and run directories")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write everything here")
+    ap.add_argument("--profile-arms", default=None,
+                    help="cProfile every engine step of these arms (e.g. prefix_cache,head_alone) and print the top")
     ap.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.device == "auto":
