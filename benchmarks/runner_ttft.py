@@ -27,6 +27,9 @@ Measured in the same run, beside the runner's numbers:
   ``step()`` that only keeps references (read after the run, so it adds nothing to the TTFT it
   observes); the engine is opened with ``disable_log_stats=False`` so the stats exist
   (``--no-engine-metrics`` leaves vLLM's default). kvaudit's code is not changed.
+- every engine step the warm hit, reuse's main request and the head alone lived through up to
+  their first token (``steps_to_first_s``, the first case of each context), and with
+  ``--profile-arms prefix_cache,head_alone`` a cProfile of those arms' engine steps.
 
 Modes: eager (default) and ``--graphs`` (``enforce_eager=False``: CUDA graphs and torch.compile);
 ``--modes eager,graphs`` runs each mode in a child process of its own (a fresh engine and GPU
@@ -383,7 +386,7 @@ def summarize(context: int, cases: list[dict[str, Any]], arms: list[str], run_s:
                                      if c["engine_warm_ttft_s"] is not None and "prefix_cache" in c["ttft_s"]]),
         "cases": cases,
     }
-    # the engine steps each request lived through up to its first token, as "n steps: ms + ms ..." of the first case
+    # the first case's engine steps up to each request's first token (seconds per step)
     row["steps_to_first_s"] = {k: (cases[0]["steps_to_first_s"] or {}).get(k) for k in ("prefix_cache", "reuse_main",
                                                                                        "head_alone")} if cases else {}
     rec, reuse, warm, head = arm_ms.get("recompute"), arm_ms.get("reuse"), arm_ms.get("prefix_cache"), row["head_alone_s"]
