@@ -278,6 +278,17 @@ def engine_core_s(stats: dict[str, float], start: str) -> float | None:
 # ----------------------------------------------------------------------------- one mode
 
 
+def engine_opt(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` from --engine-opt; VALUE as JSON (false, 2, {...}) where it parses, else a string."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise SystemExit(f"--engine-opt: KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
 def open_backend(args: argparse.Namespace, mode: str, max_len: int) -> tuple[Any, str, float]:
     from kvaudit.runners.engines.vllm.backend import open_vllm_backend
 
@@ -292,6 +303,7 @@ def open_backend(args: argparse.Namespace, mode: str, max_len: int) -> tuple[Any
                     compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16, 32, 64, 128, 256]})
     if not args.no_engine_metrics:
         opts["disable_log_stats"] = False  # RequestOutput.metrics is None without it
+    opts.update(args.engine_opts)
     t0 = time.perf_counter()
     backend = open_vllm_backend(model, dtype=args.dtype, max_new_tokens=args.max_new_tokens, max_model_len=max_len,
                                 kv_cache_bytes=int(args.kv_cache_gib * (1 << 30)),
@@ -483,6 +495,7 @@ def child_argv(args: argparse.Namespace, mode: str, json_path: Path) -> list[str
             argv += [flag, str(val)]
     if args.profile_arms:
         argv += ["--profile-arms", args.profile_arms]
+    argv += [f"--engine-opt={o}" for o in args.engine_opt]
     argv += ["--shared-head"] * args.shared_head + ["--no-engine-metrics"] * args.no_engine_metrics
     return argv
 
@@ -514,8 +527,11 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write everything here")
     ap.add_argument("--profile-arms", default=None,
                     help="cProfile every engine step of these arms (e.g. prefix_cache,head_alone) and print the top")
+    ap.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="pass to vllm.LLM (VALUE read as JSON where it parses), e.g. async_scheduling=false")
     ap.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.engine_opts = dict(engine_opt(o) for o in args.engine_opt)
     if args.device == "auto":
         import torch
 

@@ -167,13 +167,17 @@ def test_identity_reproduces_recompute_and_reuse_loads_the_segments(vllm_run):
         assert max(abs(rec[k] - reu[k]) for k in names) > 1e-2
 
 
-def test_manifest_records_the_engine(vllm_run):
+def test_manifest_records_the_engine(backend, vllm_run):
     from kvaudit.core.manifest import read_manifest
 
     m = read_manifest(vllm_run)
     assert m.identity.backend == "vllm" and m.status == "complete"
     eng = m.backend["engine"]
     assert eng["enforce_eager"] is True and eng["tensor_parallel_size"] == 1
+    # One case at a time is a latency measurement: the engine itself runs without asynchronous
+    # scheduling (which would add an engine step to every TTFT), and the manifest says so.
+    assert eng["async_scheduling"] is False
+    assert backend.llm.llm_engine.vllm_config.scheduler_config.async_scheduling is False
     assert m.backend["vllm"] == vllm.__version__
 
 

@@ -570,7 +570,8 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
                       **engine_opts: Any) -> VllmBackend:
     """Start one vLLM engine with kvaudit's connector; every arm runs on it.
 
-    ``engine_opts`` pass through to ``vllm.LLM`` and are recorded in ``info()["engine"]``.
+    ``engine_opts`` pass through to ``vllm.LLM`` over kvaudit's own settings (synchronous scheduling
+    when one case runs at a time among them) and are recorded in ``info()["engine"]``.
     """
     from kvaudit.models import model_fingerprint, resolve_model_dir
 
@@ -610,8 +611,15 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
         "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
         "kv_cache_memory_bytes": kv_cache_bytes, "block_size": block_size, "seed": seed,
         "enable_prefix_caching": True, "max_num_batched_tokens": max(max_model_len, 2048),
-        "batch_invariant": batch_invariant, **engine_opts,
+        "batch_invariant": batch_invariant,
     }
+    if concurrent_cases == 1:
+        # One request at a time is a latency measurement. vLLM's asynchronous scheduling (its default
+        # on CUDA) launches a new request's forward on one engine step and returns its first token on
+        # the next, which adds a step to every TTFT: on the H200, 8B shape, a 32K warm hit took 33 ms
+        # with it and 16.5 ms without (benchmarks/RESULTS.md). Many in flight keep vLLM's default.
+        opts["async_scheduling"] = False
+    opts.update(engine_opts)
     llm_opts = {k: v for k, v in opts.items() if k != "batch_invariant"}
     try:
         llm = LLM(model=str(path), tokenizer=str(path),
