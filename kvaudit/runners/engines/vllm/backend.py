@@ -617,7 +617,8 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
         # One request at a time is a latency measurement. vLLM's asynchronous scheduling (its default
         # on CUDA) launches a new request's forward on one engine step and returns its first token on
         # the next, which adds a step to every TTFT: on the H200, 8B shape, a 32K warm hit took 33 ms
-        # with it and 16.5 ms without (benchmarks/RESULTS.md). Many in flight keep vLLM's default.
+        # with it and 20 ms without on the same machine (benchmarks/RESULTS.md). Many cases in
+        # flight keep vLLM's default: there throughput is the point.
         opts["async_scheduling"] = False
     opts.update(engine_opts)
     llm_opts = {k: v for k, v in opts.items() if k != "batch_invariant"}
