@@ -30,10 +30,13 @@ browser:
 
 # The main suite in .venv (tests/test_vllm.py skips there), then the vLLM tests in .venv-vllm; the
 # HTTP tests among them start real `vllm serve` processes on 127.0.0.1 (free ports) and stop them.
+# The vLLM tests' engines take turns, so each takes both cores (VLLM_TEST_THREADS): on this 2-core
+# machine, quiet, twice as fast as one thread (docs/vllm.md, "Measured here").
+VLLM_TEST_THREADS ?= 2
 test: setup browser setup-vllm
 	$(PY) -m ruff check kvaudit tests benchmarks
 	$(PY) -m pytest -q
-	$(VLLM_PY) -m pytest -q tests/test_vllm.py tests/test_gpu_paged_kv.py tests/test_backend_contract.py \
+	OMP_NUM_THREADS=$(VLLM_TEST_THREADS) $(VLLM_PY) -m pytest -q tests/test_vllm.py tests/test_gpu_paged_kv.py tests/test_backend_contract.py \
 	  tests/test_http_backend.py tests/test_http_prefix_server.py tests/test_replay_vllm.py
 
 # Engines nobody here wrote: upstream llama.cpp's llama-server, built once into ~/.cache/kvaudit

@@ -39,7 +39,10 @@ def vllm_server(model_dir: Path, log: Path, *, connector: bool, prefix_caching: 
                 block_size: int | None = 32, startup_s: float = 300.0) -> Iterator[str]:
     """Start the server, wait for /health, yield its base URL, stop it (its whole process group)."""
     port = free_port()
-    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="auto")
+    # The server's threads are the in-process engine's (`make test` gives both 2): greedy answers
+    # compared across the two then come from the same kernels' reductions.
+    env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               VLLM_CPU_OMP_THREADS_BIND="auto")
     cmd = server_command(model_dir, port, connector=connector, prefix_caching=prefix_caching, block_size=block_size)
     with served("vllm serve", cmd, port, log, env=env, startup_s=startup_s) as url:
         yield url
