@@ -159,7 +159,8 @@ class Tap:
     def __init__(self, backend: Any):
         self.label: str | None = None  # overrides the arm name (the head-alone requests)
         self.arm: str | None = None
-        self.steps: list[tuple[str | None, list[Any], dict[str, float]]] = []
+        # (arm, outputs, phases, (start, end) of the step on perf_counter)
+        self.steps: list[tuple[str | None, list[Any], dict[str, float], tuple[float, float]]] = []
         self.head_s: dict[tuple[str, str], float] = {}  # (arm, prompt ids hash) -> head request seconds
         self.added: dict[str, float] = {}  # request id -> when add_request returned
         self.profiles: dict[str, Any] = {}  # arm -> cProfile.Profile over its steps (--profile-arms)
@@ -214,8 +215,7 @@ class Tap:
                           "between": marks["proc_start"] - marks["core_end"],
                           "process_outputs": marks["proc_end"] - marks["proc_start"],
                           "after": t1 - marks["proc_end"], "step": t1 - t0}
-            phases["t0"], phases["t1"] = t0, t1
-            self.steps.append((self.arm, outs, phases))
+            self.steps.append((self.arm, outs, phases, (t0, t1)))
             return outs
 
         def tapped_run_arms(spec: Any, reqs: list[Any]) -> list[Any]:
@@ -237,15 +237,15 @@ class Tap:
         and length, cached tokens, and the engine's stats (numbers only)."""
         seen: set[str] = set()
         out = []
-        for arm, outs, phases in self.steps:
+        for arm, outs, phases, (_, first_end) in self.steps:
             for o in outs:
                 if o.request_id in seen or not (o.outputs and o.outputs[0].token_ids):
                     continue
                 seen.add(o.request_id)
                 added = next((t for r, t in self.added.items() if o.request_id.startswith(r)), None)
                 # every engine step the request lived through up to its first token: how many, how long
-                lived = [ph["t1"] - ph["t0"] for _, _, ph in self.steps
-                         if added is not None and ph.get("t0", 0) >= added and ph.get("t1", 0) <= phases.get("t1", 0)]
+                lived = [end - start for *_, (start, end) in self.steps
+                         if added is not None and start >= added and end <= first_end]
                 m = getattr(o, "metrics", None)
                 stats = {k: v for k, v in vars(m).items() if _num(v)} if m is not None and hasattr(m, "__dict__") else {}
                 ids = list(o.prompt_token_ids or [])
