@@ -165,6 +165,7 @@ class Tap:
         self.added: dict[str, float] = {}  # request id -> when add_request returned
         self.profiles: dict[str, Any] = {}  # arm -> cProfile.Profile over its steps (--profile-arms)
         self.profile_arms: set[str] = set()
+        self.connector: list[tuple[str | None, str, float, float]] = []  # (arm, save|load, GPU wait, work)
         engine, step, run_arms = backend.engine, backend.engine.step, backend.run_arms
         add_request = engine.add_request
         # Where a step's time goes: the engine core's part (schedule, forward, update) and the
@@ -228,9 +229,76 @@ class Tap:
                 self.head_s[(spec.name, r.prompt.ids_hash)] = float(o.head_s)
             return outs
 
+        def phase(method: str, suffix: str) -> None:
+            """Label the engine steps inside ``backend.method`` as ``<arm>:<suffix>`` (a cached-segment
+            arm's warm-ups, captures and head request, apart from its main request)."""
+            inner = getattr(backend, method)
+
+            def labelled(*a: Any, **k: Any) -> Any:
+                outer = self.arm
+                self.arm = f"{outer}:{suffix}" if outer else None
+                try:
+                    return inner(*a, **k)
+                finally:
+                    self.arm = outer
+
+            setattr(backend, method, labelled)
+
         engine.add_request = tapped_add_request
         engine.step = tapped_step  # instance attributes: the backend calls self.engine.step() ...
         backend.run_arms = tapped_run_arms  # ... and the runner backend.run_arms()
+        phase("neutral_entries", "warmup")
+        phase("captured_entries", "capture")
+        phase("head_entries", "head")
+
+    def time_connector(self) -> None:
+        """Time the connector's save (``wait_for_save``) and load (``start_load_kv``) on the host, per
+        engine step, under the current arm label. The save is split in two: a
+        ``torch.cuda.synchronize()`` first (the rest of the step's forward, which the save's first
+        copy would wait for anyway) and then the save's own work (gather, fingerprint, store). The
+        engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so a class patch reaches
+        its worker's connector."""
+        import torch
+
+        from kvaudit.runners.engines.vllm.connector import KvauditSegmentConnector as KvauditConnector
+
+        save, load = KvauditConnector.wait_for_save, KvauditConnector.start_load_kv
+        tap = self
+
+        def timed_save(conn: Any) -> None:
+            meta = conn._get_connector_metadata()
+            if not getattr(meta, "saves", None):
+                return save(conn)
+            t0 = time.perf_counter()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            try:
+                return save(conn)
+            finally:
+                tap.connector.append((tap.arm, "save", t1 - t0, time.perf_counter() - t1))
+
+        def timed_load(conn: Any, *a: Any, **k: Any) -> None:
+            meta = conn._get_connector_metadata()
+            if not getattr(meta, "loads", None):
+                return load(conn, *a, **k)
+            t0 = time.perf_counter()
+            try:
+                return load(conn, *a, **k)
+            finally:
+                tap.connector.append((tap.arm, "load", 0.0, time.perf_counter() - t0))
+
+        KvauditConnector.wait_for_save = timed_save
+        KvauditConnector.start_load_kv = timed_load
+
+    def connector_times(self) -> dict[str, dict[str, float]]:
+        """Since the last call: per "<arm> <save|load>", the medians of the GPU wait and the work (s)."""
+        groups: dict[str, list[tuple[float, float]]] = {}
+        for arm, op, wait, work in self.connector:
+            groups.setdefault(f"{arm} {op}", []).append((wait, work))
+        self.connector.clear()
+        return {k: {"n": len(v), "gpu_wait_s": med([w for w, _ in v]), "work_s": med([x for _, x in v])}
+                for k, v in groups.items()}
 
     def requests(self) -> list[dict[str, Any]]:
         """Every request seen since the last call, at its first output token: arm, prompt ids hash
@@ -342,6 +410,7 @@ def bench_context(backend: Any, tap: Tap, args: argparse.Namespace, arms: list[s
     finally:
         tap.label = None
     head_reqs = {r["ids_hash"]: r for r in tap.requests() if r["arm"] == "head_alone"}
+    connector = tap.connector_times()
 
     def engine_req(arm: str, p: Any) -> dict[str, Any] | None:
         found = [r for r in reqs if r["arm"] == arm and r["ids_hash"] == p.ids_hash and r["n_prompt"] == p.n_prompt_tokens]
@@ -351,6 +420,7 @@ def bench_context(backend: Any, tap: Tap, args: argparse.Namespace, arms: list[s
     for p in pairs:
         warm, main = engine_req("prefix_cache", p), engine_req("reuse", p)
         hp = head_prompt(prompts[p.case_id])
+        rhead = next((r for r in reqs if r["arm"] == "reuse:head" and r["ids_hash"] == hp.ids_hash), None)
         cases.append({
             "case_id": p.case_id, "tokens": p.n_prompt_tokens, "head_tokens": prompts[p.case_id].head_len,
             "ttft_s": {a: r.ttft_s for a, r in p.arms.items()},
@@ -365,12 +435,18 @@ def bench_context(backend: Any, tap: Tap, args: argparse.Namespace, arms: list[s
             "warm_first_step_phases_s": warm and warm["first_step_phases_s"],
             "engine_reuse_main_ttft_s": main and main["engine_ttft_s"],
             "engine_head_alone_ttft_s": (head_reqs.get(hp.ids_hash) or {}).get("engine_ttft_s"),
+            "engine_reuse_head_ttft_s": rhead and rhead["engine_ttft_s"],
+            "reuse_head_step_phases_s": rhead and rhead["first_step_phases_s"],
+            "head_alone_step_phases_s": (head_reqs.get(hp.ids_hash) or {}).get("first_step_phases_s"),
             "steps_to_first_s": {"prefix_cache": warm and warm["steps_to_first_s"],
+                                 "reuse_head": rhead and rhead["steps_to_first_s"],
                                  "reuse_main": main and main["steps_to_first_s"],
                                  "head_alone": (head_reqs.get(hp.ids_hash) or {}).get("steps_to_first_s")},
             "engine_stats": {"prefix_cache": warm and warm["stats"], "reuse": main and main["stats"]},
         })
-    return summarize(context, cases, arms, run_s)
+    row = summarize(context, cases, arms, run_s)
+    row["connector_s"] = connector
+    return row
 
 
 def _med(vals: list[Any]) -> float | None:
@@ -392,6 +468,11 @@ def summarize(context: int, cases: list[dict[str, Any]], arms: list[str], run_s:
                                      for k in ("before_core", "core", "between", "process_outputs", "after", "step")},
         "engine_reuse_main_ttft_s": _med([c["engine_reuse_main_ttft_s"] for c in cases]),
         "engine_head_alone_ttft_s": _med([c["engine_head_alone_ttft_s"] for c in cases]),
+        "engine_reuse_head_ttft_s": _med([c["engine_reuse_head_ttft_s"] for c in cases]),
+        "reuse_head_step_phases_s": {k: _med([(c["reuse_head_step_phases_s"] or {}).get(k) for c in cases])
+                                     for k in ("before_core", "core", "between", "process_outputs", "after", "step")},
+        "head_alone_step_phases_s": {k: _med([(c["head_alone_step_phases_s"] or {}).get(k) for c in cases])
+                                     for k in ("before_core", "core", "between", "process_outputs", "after", "step")},
         "warm_cached_tokens": _med([c["cache_hit_tokens"].get("prefix_cache") for c in cases]),
         # per case: the runner's recorded warm hit minus the engine's own first-token time for it
         "warm_minus_engine_s": _med([c["ttft_s"]["prefix_cache"] - c["engine_warm_ttft_s"] for c in cases
@@ -399,8 +480,8 @@ def summarize(context: int, cases: list[dict[str, Any]], arms: list[str], run_s:
         "cases": cases,
     }
     # the first case's engine steps up to each request's first token (seconds per step)
-    row["steps_to_first_s"] = {k: (cases[0]["steps_to_first_s"] or {}).get(k) for k in ("prefix_cache", "reuse_main",
-                                                                                       "head_alone")} if cases else {}
+    row["steps_to_first_s"] = {k: (cases[0]["steps_to_first_s"] or {}).get(k)
+                              for k in ("prefix_cache", "reuse_head", "reuse_main", "head_alone")} if cases else {}
     rec, reuse, warm, head = arm_ms.get("recompute"), arm_ms.get("reuse"), arm_ms.get("prefix_cache"), row["head_alone_s"]
     row["recompute_over_reuse"] = rec / reuse if rec and reuse else None
     row["reuse_over_warm"] = reuse / warm if reuse and warm else None
@@ -426,6 +507,8 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
           + (f"; dropped (the vllm backend refuses them): {','.join(dropped)}" if dropped else ""), flush=True)
     tap = Tap(backend)
     tap.profile_arms = {a.strip() for a in (args.profile_arms or "").split(",") if a.strip()}
+    if args.time_connector:
+        tap.time_connector()
     rows = []
     with tempfile.TemporaryDirectory(prefix="runner_ttft-", dir=args.work) as tmp:
         for context in contexts:
@@ -438,6 +521,12 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
             ph = row["warm_first_step_phases_s"]
             print(f"[{mode}] {row['tokens']} tokens, the warm hit's first-token step (ms): "
                   + ", ".join(f"{k} {_ms(v, '.2f')}" for k, v in ph.items()), flush=True)
+            for name in ("reuse_head_step_phases_s", "head_alone_step_phases_s"):
+                print(f"[{mode}] {row['tokens']} tokens, {name[:-14].replace('_', ' ')}'s first-token step (ms): "
+                      + ", ".join(f"{k} {_ms(v, '.2f')}" for k, v in row[name].items()), flush=True)
+            for k, v in row["connector_s"].items():
+                print(f"[{mode}] {row['tokens']} tokens, connector {k} (n={v['n']}, medians, ms): GPU wait "
+                      f"{_ms(v['gpu_wait_s'], '.2f')}, work {_ms(v['work_s'], '.2f')}", flush=True)
             print(f"[{mode}] {row['tokens']} tokens, engine steps up to the first token (first case, ms): "
                   + "; ".join(f"{k} " + (" + ".join(_ms(v, '.2f') for v in steps) if steps else "-")
                               for k, steps in row["steps_to_first_s"].items()), flush=True)
@@ -447,7 +536,13 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict[str, Any]:
 
             buf = io.StringIO()
             pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
-            print(f"[{mode}] profile of every engine step of arm {arm} (tottime):\n{buf.getvalue()}", flush=True)
+            if args.profile_dir:
+                pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(60)
+                path = Path(args.profile_dir) / f"profile-{mode}-{arm.replace(':', '_')}.txt"
+                path.write_text(buf.getvalue())
+                print(f"[{mode}] profile of arm {arm}'s engine steps: {path}", flush=True)
+            else:
+                print(f"[{mode}] profile of every engine step of arm {arm} (tottime):\n{buf.getvalue()}", flush=True)
     out = {"mode": mode, "engine_start_s": start_s, "device": device, "vllm": vllm.__version__,
            "torch": torch.__version__, "arms": arms, "dropped_arms": dropped, "max_model_len": max_len,
            "bytes_per_token": backend.bytes_per_token(), "info": backend.info(),
@@ -495,6 +590,9 @@ def child_argv(args: argparse.Namespace, mode: str, json_path: Path) -> list[str
             argv += [flag, str(val)]
     if args.profile_arms:
         argv += ["--profile-arms", args.profile_arms]
+    if args.profile_dir:
+        argv += ["--profile-dir", args.profile_dir]
+    argv += ["--time-connector"] * args.time_connector
     argv += [f"--engine-opt={o}" for o in args.engine_opt]
     argv += ["--shared-head"] * args.shared_head + ["--no-engine-metrics"] * args.no_engine_metrics
     return argv
@@ -527,6 +625,10 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write everything here")
     ap.add_argument("--profile-arms", default=None,
                     help="cProfile every engine step of these arms (e.g. prefix_cache,head_alone) and print the top")
+    ap.add_argument("--profile-dir", default=None,
+                    help="write each profile (by own time, then cumulative) to a file here instead of printing it")
+    ap.add_argument("--time-connector", action="store_true",
+                    help="time the connector's saves and loads per arm (a GPU synchronize before each save)")
     ap.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
                     help="pass to vllm.LLM (VALUE read as JSON where it parses), e.g. async_scheduling=false")
     ap.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)
