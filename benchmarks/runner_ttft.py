@@ -260,7 +260,9 @@ class Tap:
         its worker's connector."""
         import torch
 
-        from kvaudit.runners.engines.vllm.connector import KvauditSegmentConnector as KvauditConnector
+        from kvaudit.runners.engines.vllm.connector import (
+            KvauditSegmentConnector as KvauditConnector,
+        )
 
         save, load = KvauditConnector.wait_for_save, KvauditConnector.start_load_kv
         tap = self
@@ -420,7 +422,7 @@ def bench_context(backend: Any, tap: Tap, args: argparse.Namespace, arms: list[s
     for p in pairs:
         warm, main = engine_req("prefix_cache", p), engine_req("reuse", p)
         hp = head_prompt(prompts[p.case_id])
-        rhead = next((r for r in reqs if r["arm"] == "reuse:head" and r["ids_hash"] == hp.ids_hash), None)
+        rhead = next((r for r in reqs if r["arm"] in ("reuse", "reuse:head") and r["ids_hash"] == hp.ids_hash), None)
         cases.append({
             "case_id": p.case_id, "tokens": p.n_prompt_tokens, "head_tokens": prompts[p.case_id].head_len,
             "ttft_s": {a: r.ttft_s for a, r in p.arms.items()},

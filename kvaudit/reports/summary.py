@@ -161,6 +161,8 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
             "backend": _scalar((m.backend or {}).get("backend")),
             # cases run N at a time (--concurrent-cases): what TTFT means there
             "batching": jsonable((m.backend or {}).get("batching")),
+            # new heads for segment reuse: prefilled in the loading request's engine step, or one before
+            "head_steps": jsonable((m.backend or {}).get("head_steps")),
             # a top-level dtype is what synthetic runs recorded before the manifest had a format
             "dtype": _scalar(m.extra.get("dtype")) or (m.model.dtype if m.model else None),
             "manifest": _scalars(as_written),

@@ -19,8 +19,10 @@ no segment source    one full prefill (fresh salt: no prefix-cache hit); the noi
                      prefix cache's own nondeterminism.
 cached segments      the connector (:mod:`kvaudit.runners.engines.vllm.connector`) loads [head][segment
                      units] and vLLM computes the tail. The head is prefilled at position 0 by its
-                     own request (timed in TTFT) the first time its ids are seen, and kept in the
-                     store like a prefix-cache entry (:meth:`VllmBackend.head_entries`);
+                     own request the first time its ids are seen, sent with the arm's requests:
+                     the connector copies its KV into them layer by layer in the same engine
+                     step (one step in TTFT, not two), and keeps it in the store like a
+                     prefix-cache entry (:meth:`VllmBackend.head_entries`);
                      segment KV comes from the neutral store (source ``neutral``), from a capture
                      of the true prompt (``in_context``) or of the first user request
                      (``first_user``), re-rotated to its new position when ``spec.rerotate``.
@@ -86,6 +88,7 @@ class _Run:
     num_cached_tokens: int
     prompt_logprobs: list[Any] | None = None
     engine_ttft_s: float | None = None  # vLLM's own first-token latency (engines opened with log stats)
+    first_step: int = 0  # the engine step (counted from the submission) that returned the first token
 
 
 def engine_ttft(metrics: Any) -> float | None:
@@ -118,6 +121,8 @@ class VllmBackend(Backend):
         self.concurrent_cases = concurrent_cases  # checked by open_vllm_backend before the engine starts
         self.max_in_flight = 0  # the most requests the engine held at once (the batching, as it happened)
         self.groups: Counter[int] = Counter()  # how many cases each arm's own requests ran for, together
+        # new heads: computed in the engine step of the requests that load them, or in one before
+        self.head_steps: Counter[str] = Counter()
         self.prefix_salt = uuid.uuid4().hex  # the engine_prefix arms' one shared cache chain
         self.config = AutoConfig.from_pretrained(model_dir)
         self.rope = RopeSpec.from_config(self.config)  # the one admission every backend uses
@@ -152,7 +157,9 @@ class VllmBackend(Backend):
             "dtype": str(self.engine_opts.get("dtype", "float32")),
             "engine": {k: v for k, v in sorted(self.engine_opts.items()) if k != "kv_transfer_config"},
             "connector": f"{CONNECTOR_MODULE}.{CONNECTOR_CLASS}",
-            "head_kv": "prefilled by its own request the first time its ids are seen, then held by ids",
+            "head_kv": "prefilled by its own request the first time its ids are seen, sent with the requests "
+                       "that load it and copied into them layer by layer in the same engine step; then held by ids",
+            "head_steps": dict(self.head_steps),
             "first_logits": f"top-{LOGPROBS} first-token log-probabilities (raw_logprobs)",
             "logit_diff_kind": "top_logprobs",  # logit_diff_vs_recompute: over the top-LOGPROBS tokens
             "logit_diff_top_n": LOGPROBS,
@@ -160,8 +167,8 @@ class VllmBackend(Backend):
                 "concurrent_cases": self.concurrent_cases,
                 "max_requests_in_flight": self.max_in_flight,
                 "groups": {str(k): v for k, v in sorted(self.groups.items())},
-                "how": "each arm runs for a group of concurrent_cases cases at once (one engine batch; warm-ups, "
-                       "head prefills and candidate scoring each in a batch of their own), so every arm of a "
+                "how": "each arm runs for a group of concurrent_cases cases at once (one engine batch, new heads' "
+                       "prefills in it; warm-ups and candidate scoring each in a batch of their own), so every arm of a "
                        "case meets the same batch conditions; the noise-floor arm's group is submitted in "
                        "reverse order beside a filler request",
                 "ttft": "from the group's submission to the request's first token (queueing behind the "
@@ -240,16 +247,20 @@ class VllmBackend(Backend):
         ``add_request`` is part of a request's TTFT, as the engine's own first-token latency counts it)."""
         t0 = time.perf_counter() if t0 is None else t0
         first: dict[str, float] = {}
+        first_step: dict[str, int] = {}
         final: dict[str, Any] = {}
         plps: dict[str, Any] = {}  # prompt log-probabilities as first returned (an output may carry them once)
+        steps = 0
         while self.engine.has_unfinished_requests():
             self.max_in_flight = max(self.max_in_flight, int(self.engine.get_num_unfinished_requests()))
+            steps += 1
             for out in self.engine.step():
                 rid = out.request_id
                 if rid not in plps and out.prompt_logprobs:
                     plps[rid] = out.prompt_logprobs
                 if rid not in first and out.outputs and out.outputs[0].token_ids:
                     first[rid] = time.perf_counter() - t0
+                    first_step[rid] = steps
                 if out.finished:
                     final[rid] = (out, time.perf_counter() - t0)
         runs = {}
@@ -263,7 +274,8 @@ class VllmBackend(Backend):
                              ttft_s=first.get(rid, total), total_s=total,
                              num_cached_tokens=int(out.num_cached_tokens or 0),
                              prompt_logprobs=out.prompt_logprobs or plps.get(rid),
-                             engine_ttft_s=engine_ttft(getattr(out, "metrics", None)))
+                             engine_ttft_s=engine_ttft(getattr(out, "metrics", None)),
+                             first_step=first_step.get(rid, steps))
         return runs
 
     def _one(self, ids: list[int], *, transfer: dict[str, Any] | None = None, max_tokens: int | None = None,
@@ -357,28 +369,21 @@ class VllmBackend(Backend):
     def _fewer_cases(self) -> str:
         return " or lower --concurrent-cases" if self.concurrent_cases > 1 else ""
 
-    def head_entries(self, prompts: list[Prompt]) -> tuple[list[str], list[float]]:
-        """The store key of each prompt's head KV, and the seconds spent prefilling it here (0 when
-        it was already held). The head (template start, system prompt, user-turn prefix) sits at
-        position 0 in every prompt that has it, so its KV from an earlier request with the same
-        ids is what a fresh prefill computes: it is kept like a prefix-cache entry, keyed by its
-        ids, and prefilled by its own request (timed in TTFT) only the first time; the group's
-        missing heads are prefilled in one batch, each charged to the first prompt that needs it."""
+    def head_entries(self, prompts: list[Prompt]) -> tuple[list[str], dict[str, tuple[int, list[int], Any]]]:
+        """The store key of each prompt's head KV, and the requests that prefill the missing ones:
+        key -> (index of the first prompt that needs it, ids, sampling params). The head (template
+        start, system prompt, user-turn prefix) sits at position 0 in every prompt that has it, so
+        its KV from an earlier request with the same ids is what a fresh prefill computes: it is
+        kept like a prefix-cache entry, keyed by its ids, and prefilled by its own request only the
+        first time. Those requests go with the prompts' own (see :meth:`run_arms`)."""
         keys = [f"head:{self.fingerprint[:16]}:{ids_hash(p.ids[: p.head_len])}" for p in prompts]
         held = self.store_rpc("lookup", list(dict.fromkeys(keys)))  # held heads marked used, like segments
-        first: dict[str, int] = {}
+        todo: dict[str, tuple[int, list[int], Any]] = {}
         for i, key in enumerate(keys):
-            if key not in held:
-                first.setdefault(key, i)
-        secs = [0.0] * len(prompts)
-        if first:
-            todo = list(first.items())
-            runs = self._batch([(prompts[i].ids[: prompts[i].head_len],
-                                 self._params(max_tokens=1, transfer={"save": [[key, 0, prompts[i].head_len]]}), None)
-                                for key, i in todo])
-            for (_, i), run in zip(todo, runs):
-                secs[i] = run.total_s
-        return keys, secs
+            if key not in held and key not in todo:
+                ids = prompts[i].ids[: prompts[i].head_len]
+                todo[key] = (i, ids, self._params(max_tokens=1, transfer={"save": [[key, 0, len(ids)]]}))
+        return keys, todo
 
     def captured_entries(self, srcs: list[Prompt]) -> tuple[list[list[str]], float]:
         """Capture the KV of each ``src``'s segment units in their true context (one full prefill
@@ -495,13 +500,23 @@ class VllmBackend(Backend):
         if missing:
             raise KvauditError(f"segment KV {missing[0]} is not in the vLLM connector's store (budget "
                                f"{self.store_bytes} bytes per worker){self._fewer_cases}")
-        head_keys, head_s = self.head_entries(prompts)
-        items = []
+        head_keys, new_heads = self.head_entries(prompts)
+        # The new heads' requests go first in the same submission; each prompt that needs one names
+        # it "fresh", so the connector copies it in the same engine step (or waits for its save).
+        items = [(ids, params, None) for _, ids, params in new_heads.values()]
         for prompt, keys, head_key, dr, save in zip(prompts, seg_keys, head_keys, drop, saves):
             plan = [[head_key, 0, False]] + [[key, s, bool(spec.rerotate)] for (s, _), key in zip(prompt.spans, keys)]
             transfer = {"n_load": prompt.tail_start, "plan": plan, "drop": dr, **save}
+            if head_key in new_heads:
+                transfer["fresh"] = [head_key]
             items.append((prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens, transfer=transfer), None))
-        runs = self._batch(items)
+        all_runs = self._batch(items)
+        head_runs, runs = dict(zip(new_heads, all_runs)), all_runs[len(new_heads):]
+        # Every TTFT counts from the one submission, the head's prefill inside the engine's own
+        # time (no head request goes before: ``head_s`` is 0); where the engine could not put a
+        # head in the step of the first prompt that needs it, that prompt waited one step for it.
+        for key, (i, _, _) in new_heads.items():
+            self.head_steps["same_step" if head_runs[key].first_step == runs[i].first_step else "step_before"] += 1
         for prompt, run in zip(prompts, runs):
             if run.num_cached_tokens < prompt.tail_start:
                 raise KvauditError(f"arm {spec.name}: vLLM loaded {run.num_cached_tokens} tokens, "
@@ -509,12 +524,12 @@ class VllmBackend(Backend):
         self.sync_store()
         canaries = self._score(reqs, arm_keys)
         outs = []
-        for r, run, keys, hit, hs, c in zip(reqs, runs, seg_keys, hits, head_s, canaries):
+        for r, run, keys, hit, c in zip(reqs, runs, seg_keys, hits, canaries):
             prompt = r.prompt
             fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, keys)}
-            res = self._result(spec, prompt, run, hs + run.ttft_s, prompt.tail_start - prompt.head_len, hit, fps, c)
+            res = self._result(spec, prompt, run, run.ttft_s, prompt.tail_start - prompt.head_len, hit, fps, c)
             outs.append(ArmOutput(result=res, first_logits=self._first_logits(run.first_lp),
-                                  build_s=build_s / len(reqs), head_s=hs, engine_ttft_s=run.engine_ttft_s))
+                                  build_s=build_s / len(reqs), engine_ttft_s=run.engine_ttft_s))
         return outs
 
     def _score(self, reqs: list[ArmRequest], arm_keys: list[str | None]) -> list[dict[str, float] | None]:

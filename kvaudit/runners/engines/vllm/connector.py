@@ -13,6 +13,15 @@ request tells the connector what to do through ``SamplingParams.extra_args["kv_t
     once the prompt is prefilled up to ``end``, copy the KV of prompt positions [start, end) out
     of the paged cache into the store under ``key`` (with its fingerprint and start position).
     Saved ranges may include loaded tokens.
+``"fresh": [key, ...]`` (with a plan)
+    plan entries that another request saves and that may not be stored yet (a head prefilled by
+    its own request, sent together with this one). When that request is scheduled in the same
+    engine step and computes the entry's whole range there, the entry is copied from its blocks
+    into this request's, layer by layer as the forward reaches each layer (its KV is written
+    just before), so both requests cost one engine step; an entry not stored at its own position
+    is not taken this way. While the saving request is still on its way, this request waits
+    (vLLM retries it next step) and then loads the stored entry. A copy that cannot be checked
+    to have reached every layer fails the request (vLLM's ``kv_load_failure_policy``, "fail").
 
 vLLM only lets a connector load a *prefix* of the request, so the loaded range is
 [head][segment units] and the tail is computed by vLLM. Requests without these params are left
@@ -156,6 +165,9 @@ class _LoadReq:
     block_ids: list[int]
     plan: list[tuple[str, int, bool]]
     drop: list[str]
+    # plan entries computed by another request in this step: key -> (its block ids, start, end)
+    fresh: dict[str, tuple[list[int], int, int]] = field(default_factory=dict)
+    failed: bool = False  # the step could not honour the plan: vLLM fails the request
 
 
 @dataclass
@@ -199,8 +211,15 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         self._pending_save: dict[str, _SaveReq] = {}
         self._save_end: dict[str, int] = {}
         self._need_load: dict[str, _LoadReq] = {}
+        self._saver: dict[str, str] = {}  # key -> the request that will save it (not saved yet)
+        self._saving_now: set[str] = set()  # keys whose saver was allocated in this scheduling pass
+        self._fresh_now: dict[str, list[str]] = {}  # request -> plan keys to copy from this step's savers
         # worker side
         self._kv: list[tuple[str, torch.Tensor]] = []
+        self._layer_of: dict[str, int] = {}
+        self._copies: Any = None  # this step's same-step copies (see start_load_kv), or None
+        self._copied: set[int] = set()  # layers the copies reached in this step
+        self._copy_dst: set[int] = set()  # blocks of the requests that rely on them
         self._load_errors: set[int] = set()  # blocks of requests whose load plan failed
         self._step_saved: dict[str, str] = {}  # worker: key -> fingerprint saved this step
         self._saved_fps: dict[str, str] = {}  # scheduler: key -> fingerprint, from the workers' reports
@@ -224,6 +243,12 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         n = int(p["n_load"])
         if n >= len(request.prompt_token_ids or []):
             raise ValueError("kvaudit connector: the loaded range must leave at least one prompt token")
+        for key in p.get("fresh", []):
+            # Its saver is known and has not saved it: go now only if the saver was scheduled in this
+            # pass (it is ahead of this request in the queue, so it got its whole range unless the
+            # step's token budget ran out, and then this request is not considered), else wait.
+            if key in self._saver and key not in self._saving_now:
+                return None, False  # type: ignore[return-value]  # vLLM: not yet, retry next step
         return max(0, n - num_computed_tokens), False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
@@ -237,10 +262,17 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
             self._need_load[request.request_id] = _LoadReq(
                 request.request_id, list(blocks.get_block_ids()[0]),
                 [(str(k), int(s), bool(r)) for k, s, r in p["plan"]], [str(k) for k in p.get("drop", [])])
+            fresh = [str(k) for k in p.get("fresh", []) if str(k) in self._saving_now]
+            if fresh:
+                self._fresh_now[request.request_id] = fresh
         if p.get("save") and request.request_id not in self._pending_save:
             entries = [(str(k), int(s), int(e)) for k, s, e in p["save"]]
             self._pending_save[request.request_id] = _SaveReq(request.request_id, [], entries)
             self._save_end[request.request_id] = max(e for _, _, e in entries)
+            for key, _, _ in entries:
+                self._saver[key] = request.request_id
+                if request.num_computed_tokens == 0:  # a new request: its forward starts at position 0
+                    self._saving_now.add(key)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = KvauditConnectorMetadata()
@@ -260,14 +292,34 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
                 if nb is not None:
                     self._pending_save[rid].block_ids.extend(nb[0])
                 progress[rid] = cached.num_computed_tokens[i]
+        starts = dict(progress)
         for rid, done in progress.items():
             if done + scheduler_output.num_scheduled_tokens.get(rid, 0) >= self._save_end[rid]:
                 meta.saves.append(self._pending_save.pop(rid))
                 self._save_end.pop(rid)
+        saved_now = {key: (sv.req_id, sv.block_ids, s, e) for sv in meta.saves for key, s, e in sv.entries}
+        for ld in meta.loads:
+            for key in self._fresh_now.pop(ld.req_id, []):
+                found = saved_now.get(key)
+                dst = next((d for k, d, _ in ld.plan if k == key), None)
+                # the saver must compute [0, end) in this very step, and the entry sit where it was made
+                if found is None or starts.get(found[0]) != 0 or found[2] != dst:
+                    logger.error("kvaudit connector: %s was not computed in the step that loads it; "
+                                 "failing request %s", key, ld.req_id)
+                    ld.failed = True
+                else:
+                    ld.fresh[key] = (found[1], found[2], found[3])
+        for key in saved_now:
+            self._saver.pop(key, None)
+        self._saving_now.clear()
+        self._fresh_now.clear()
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        self._pending_save.pop(request.request_id, None)
+        sv = self._pending_save.pop(request.request_id, None)
+        for key, _, _ in sv.entries if sv else []:
+            if self._saver.get(key) == request.request_id:
+                self._saver.pop(key)  # it will not save it: waiting requests load (or fail) now
         self._save_end.pop(request.request_id, None)
         self._need_load.pop(request.request_id, None)
         return False, self._saved_report(request)
@@ -306,6 +358,7 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._kv = sorted(kv_caches.items(), key=lambda kv: _layer_index(kv[0]))
+        self._layer_of = {name: i for i, (name, _) in enumerate(self._kv)}
         name, kv = self._kv[0]
         _, heads, bs, two_d = kv.shape
         if bs != self.block_size:
@@ -330,9 +383,16 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         self.store.bytes_per_token = 2 * len(self._kv) * heads * (two_d // 2) * kv.element_size()
 
     def _plan_entries(self, ld: _LoadReq) -> list[tuple[StoredKV, int, int]]:
-        """(entry, destination start, rotation) for each plan item; checks that they tile [0, n)."""
+        """(entry, destination start, rotation) for each stored plan item; checks that they and the
+        same-step copies (``ld.fresh``) tile [0, n)."""
         out, pos = [], 0
         for key, dst, rerotate in ld.plan:
+            if key in ld.fresh:
+                _, start, end = ld.fresh[key]
+                if dst != pos:
+                    raise RuntimeError("kvaudit connector: load plan does not tile the loaded range")
+                pos += end - start
+                continue
             entry = self.store.get(key)
             if entry is None:
                 raise KeyError(f"segment KV {key!r} is not in the store")
@@ -348,10 +408,14 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
             return
         assert self._layout is not None and self._rope is not None
         t0 = time.perf_counter()
-        plans = []
+        plans, copies = [], []
         for ld in meta.loads:
+            if ld.failed:
+                self._load_errors.update(ld.block_ids)
+                continue
             try:
                 plans.append((ld, self._plan_entries(ld)))
+                copies += [(src, ld.block_ids, start, end) for src, start, end in ld.fresh.values()]
             except KeyError as e:
                 # A request over HTTP can name an entry this store does not hold (evicted, or a
                 # restarted server): fail that request (vLLM's kv_load_failure_policy), not the engine.
@@ -373,6 +437,9 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
                     keys = self._rope.rotate(e.keys, delta) if delta else e.keys
                     for li, (_, kv) in enumerate(self._kv):
                         self._layout.write(kv, keys[li], e.values[li], slots)
+        self._copies = self._layout.copy_plan(copies, self.block_size) if copies else None
+        self._copy_dst = {b for ld, _ in plans if ld.fresh for b in ld.block_ids}
+        self._copied = set()
         for ld, items in plans:
             self.store.loads += 1
             self.store.loaded_tokens += sum(e.n_tokens for e, _, _ in items)
@@ -384,12 +451,31 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
         return errors
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return
+        """Before a layer's attention (its KV for this step's tokens is written by then): copy the
+        entries computed in this step by their savers into the requests that load them."""
+        if self._copies is None:
+            return
+        li = self._layer_of[layer_name]
+        assert self._layout is not None
+        self._layout.copy_layer(self._kv[li][1], self._copies)
+        self._copied.add(li)
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         return  # saved once per step in wait_for_save, after every layer has written its KV
 
+    def _check_copies(self) -> None:
+        """The same-step copies must have reached every layer (vLLM calls wait_for_layer_load only
+        around attention it runs in Python); where not, the requests that relied on them fail."""
+        if self._copies is None:
+            return
+        if len(self._copied) != len(self._kv):
+            logger.error("kvaudit connector: same-step copies reached %d of %d layers; failing their requests",
+                         len(self._copied), len(self._kv))
+            self._load_errors.update(self._copy_dst)
+        self._copies, self._copied = None, set()
+
     def wait_for_save(self) -> None:
+        self._check_copies()
         meta = self._get_connector_metadata()
         if not isinstance(meta, KvauditConnectorMetadata) or not meta.saves:
             return

@@ -201,6 +201,30 @@ class PagedKV:
             CP=_next_pow2(self.heads * half), BT=tokens_per_program, num_warps=num_warps,
             enable_fp_fusion=False)  # products rounded as in RopeSpec.rotate: the same bits
 
+    # ------------------------------------------------------------------ same-step copies
+
+    def copy_plan(self, copies: list[tuple[list[int], list[int], int, int]],
+                  block_size: int) -> tuple[torch.Tensor, ...]:
+        """(source block, source offset, destination block, destination offset) index tensors, on
+        the cache's device (one transfer), of positions [start, end) copied from one request's
+        blocks to another's, for each (source block ids, destination block ids, start, end)."""
+        idx: list[list[int]] = [[], [], [], []]
+        for src, dst, a, b in copies:
+            for pos in range(a, b):
+                blk, off = divmod(pos, block_size)
+                idx[0].append(src[blk])
+                idx[1].append(off)
+                idx[2].append(dst[blk])
+                idx[3].append(off)
+        return tuple(torch.tensor(idx, dtype=torch.int64).to(self.device, non_blocking=True).unbind(0))
+
+    def copy_layer(self, kv: torch.Tensor, plan: tuple[torch.Tensor, ...]) -> None:
+        """One layer's keys and values (the whole ``2 * head_dim`` row) from the plan's source slots
+        to its destination slots: a gather and a scatter on the stream, after the layer's KV write."""
+        sb, so, db, do = plan
+        t = kv.transpose(1, 2)  # [blocks, block_size, kv_heads, 2 * head_dim], a view
+        t[db, do] = t[sb, so]
+
     def _slots(self, block_ids: list[int], pos0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         pos = torch.arange(pos0, pos0 + n, device=self.device)
         blocks = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
