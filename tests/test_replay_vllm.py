@@ -60,6 +60,8 @@ def test_a_killed_segment_replay_resumes_and_is_held_to_the_simulator(workload, 
     s = _replay(workload, out, "segment", "20MB")  # 434 tokens of fp32 KV: it evicts
     recs = ReplayDir(out).read_requests()
     assert sorted(r.index for r in recs) == list(range(100))  # nothing lost, nothing twice
+    # the first request found nothing held: its head and documents were prefilled, not hits
+    assert next(r for r in recs if r.index == 0).segment_hit_tokens == 0
     assert s["sessions"] == 2 and {r.session for r in recs[served:]} == {1}
     hr = s["hit_rate"]
     assert s["requests"] == 100 and s["evictions"] > 0

@@ -88,7 +88,7 @@ def serve_wave(backend: Backend, policy: str, prompts: list[Prompt], request_ids
     wall = time.perf_counter() - t0
     evictions = (backend.cache.stats.evictions - ev0) / len(prompts)
     warmup_s = sum(o.build_s for o in outs)  # the wave's warm-ups, one batch before any request of it
-    head_s = max(o.head_s for o in outs)  # the wave's head prefills, one batch
+    head_s = max(o.head_s for o in outs)  # the wave's head requests where they go first (0 in-process vLLM)
     stores_heads = getattr(backend, "stores_heads", False)
     records = []
     for p, rid, idx, out in zip(prompts, request_ids, indices, outs, strict=True):
@@ -98,7 +98,8 @@ def serve_wave(backend: Backend, policy: str, prompts: list[Prompt], request_ids
         seg_hit = 0
         warm_tokens = 0
         if policy == "segment":
-            seg_hit = res.cache_hit_tokens + (p.head_len if stores_heads and out.head_s == 0 else 0)
+            held_head = stores_heads and out.head_s == 0 and not out.head_prefilled
+            seg_hit = res.cache_hit_tokens + (p.head_len if held_head else 0)
             warm_tokens = seg_tokens - res.cache_hit_tokens
         ids, toks, kinds = _pieces(p, rid, template_len)
         records.append(RequestRecord(

@@ -61,6 +61,9 @@ class ArmOutput:
     first_logits: torch.Tensor  # what ``logit_diff_vs_recompute`` is computed from (see logit_diff_kind)
     build_s: float  # segment KV built for this arm (one-time caching cost, not in TTFT)
     head_s: float = 0.0  # cached-segment arms on an engine that prefills the head as its own request
+    # The head's KV was prefilled for this request (a head not held before), whether by a request of
+    # its own first (``head_s`` > 0) or in the same engine step as this one (vLLM in-process).
+    head_prefilled: bool = False
     # A repair arm's account (positions recomputed, counts, selection and recompute seconds): the
     # runner records it as the arm's ArmResult.repair.
     detail: dict[str, Any] | None = None

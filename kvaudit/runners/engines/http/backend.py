@@ -583,7 +583,7 @@ class OpenAIBackend(Backend):
                                tokens_reused=reused, cache_hit_tokens=hit, fingerprints=fps, canary=canary,
                                engine=engine)
         return ArmOutput(result=res, first_logits=logits_from_top(run.first_lp, self.vocab), build_s=build_s,
-                         head_s=head_s)
+                         head_s=head_s, head_prefilled=head_s > 0)
 
     def close(self) -> None:
         self.client.close()

@@ -524,12 +524,14 @@ class VllmBackend(Backend):
         self.sync_store()
         canaries = self._score(reqs, arm_keys)
         outs = []
-        for r, run, keys, hit, c in zip(reqs, runs, seg_keys, hits, canaries):
+        prefilled = {i for i, _, _ in new_heads.values()}  # each new head charged to its first prompt
+        for k, (r, run, keys, hit, c) in enumerate(zip(reqs, runs, seg_keys, hits, canaries)):
             prompt = r.prompt
             fps = {sid: info[k][0] for sid, k in zip(prompt.segment_ids, keys)}
             res = self._result(spec, prompt, run, run.ttft_s, prompt.tail_start - prompt.head_len, hit, fps, c)
             outs.append(ArmOutput(result=res, first_logits=self._first_logits(run.first_lp),
-                                  build_s=build_s / len(reqs), engine_ttft_s=run.engine_ttft_s))
+                                  build_s=build_s / len(reqs), engine_ttft_s=run.engine_ttft_s,
+                                  head_prefilled=k in prefilled))
         return outs
 
     def _score(self, reqs: list[ArmRequest], arm_keys: list[str | None]) -> list[dict[str, float] | None]:
