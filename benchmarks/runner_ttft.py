@@ -18,9 +18,14 @@ Measured in the same run, beside the runner's numbers:
 - head alone: each case's head (template start, system message, user-turn start and prefix:
   ``ids[:Prompt.head_len]``) sent through the same backend as a plain recompute (fresh cache salt);
   median over the cases. The issue's target is reuse <= warm + head alone + 5 ms.
-- the reuse arm split as the backend runs it: its head request (``ArmOutput.head_s``, 0 when the
-  head was already held) and the rest (the main request: connector load and the tail). identity
-  runs after reuse and finds the head held, so its TTFT has no head request in it.
+- the reuse arm split as the backend runs it: a head request that went before the main request
+  (``ArmOutput.head_s``; 0 when the head was held or, as vLLM in-process now runs it, went in the
+  main request's own engine step, the connector copying it over layer by layer) and the rest.
+  identity runs after reuse and finds the head held. The first-token step of reuse's head request
+  and of the head alone are recorded beside the warm hit's (``reuse_head_step_phases_s``).
+- ``--time-connector``: the connector's saves and loads per arm (a cached-segment arm's warm-ups,
+  captures and head request labelled ``<arm>:warmup`` and so on), and ``--profile-arms ...
+  --profile-dir D`` writes each profile to a file.
 - the engine's own first-token time for the warm-hit request (and for reuse's main request):
   vLLM's ``RequestOutput.metrics`` (``RequestStateStats.first_token_latency``: first-token
   iteration minus arrival, wall clock), collected by a benchmark-side wrapper around the engine's
@@ -562,7 +567,7 @@ def _ms(v: float | None, fmt: str = ".1f") -> str:
 
 def print_table(modes: list[dict[str, Any]]) -> None:
     print("\nTTFT as pairs.jsonl records it (medians over the cases, ms); head = the head alone as a plain "
-          "recompute;\nreuse = its head request + main; engine = vLLM's own first-token time for the warm hit; "
+          "recompute;\nreuse = a head request sent before it (0: none, the head went in the same step) + main; engine = vLLM's own first-token time for the warm hit; "
           "target: reuse <= warm + head + 5 ms")
     cols = ("tokens", "mode", "recompute", "pc cold", "warm", "reuse", "=head", "+main", "identity", "again",
             "head", "engine", "warm-eng", "rec/reuse", "reuse/warm", "target", "met")
