@@ -74,6 +74,17 @@ def test_engine_order_store_differs_from_end_of_request_eviction_only_when_full(
     assert simulate_segment_store(big, 12).tolist() == [0, 0, 6]
 
 
+def test_a_head_saved_after_the_load_changes_what_a_full_store_gives_up():
+    # capacity 6; request 1: head H (2) and document A (4); request 2: H again and B (2).
+    # Head stored before the load (a head request first): the store ends request 1 as H, A (A most
+    # recent); B evicts H, then H evicts A: request 2 finds nothing. Head stored after the load
+    # (vLLM in-process, saved at the end of the step that loads A): A, H; B evicts A and H is held.
+    tr = trace_from_requests([[("prefix", "H", 2), ("document", "A", 4)], [("prefix", "H", 2), ("document", "B", 2)]])
+    before = simulate_segment_store(tr, 6, stored_after=("prefix",), touch_on_load=True)
+    after = simulate_segment_store(tr, 6, stored_after=("prefix",), touch_on_load=True, late_stored_after_load=True)
+    assert before.tolist() == [0, 0] and after.tolist() == [0, 2]
+
+
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wl") / "w.jsonl"

@@ -101,6 +101,7 @@ def _engine_facts(backend: Any, dtype: str, model: str) -> dict[str, Any]:
         "bytes_per_token": bpt,
         "kv_tokens": int(backend.kv_cache_tokens()) if hasattr(backend, "kv_cache_tokens") else None,
         "stores_heads": bool(getattr(backend, "stores_heads", False)),
+        "heads_saved_after_load": bool(getattr(backend, "heads_saved_after_load", False)),
         "max_prompt_tokens": int(backend.max_prompt_tokens),
     }
 

@@ -67,10 +67,11 @@ def _session_traces(records: list[RequestRecord], merge_head: bool) -> list[tupl
 
 
 def simulated_hits(records: list[RequestRecord], policy: str, capacity_tokens: int, block_size: int,
-                   stores_heads: bool, *, engine_order: bool = False) -> np.ndarray:
+                   stores_heads: bool, *, engine_order: bool = False, heads_after_load: bool = False) -> np.ndarray:
     """Hit tokens per record the simulator predicts for the same prompts and capacity;
     ``engine_order``: the segment store's operations in the backend's own order
-    (:func:`~kvaudit.simulator.segment_cache.simulate_segment_store`)."""
+    (:func:`~kvaudit.simulator.segment_cache.simulate_segment_store`; ``heads_after_load``: a new
+    head is stored after the request's load, as vLLM in-process saves it at the end of that step)."""
     hits = np.zeros(len(records), np.int64)
     if policy == "recompute":
         return hits
@@ -79,7 +80,7 @@ def simulated_hits(records: list[RequestRecord], policy: str, capacity_tokens: i
             h = simulate_prefix(trace, capacity_tokens, block_size)
         elif engine_order:
             h = simulate_segment_store(trace, capacity_tokens, stored_after=("prefix",) if stores_heads else (),
-                                       touch_on_load=stores_heads)
+                                       touch_on_load=stores_heads, late_stored_after_load=heads_after_load)
         else:
             kinds = ("document", "prefix") if stores_heads else ("document",)
             h, _ = simulate_segment(trace, capacity_tokens, "neutral", kinds)
@@ -120,7 +121,8 @@ def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[s
     in_order = None
     if config.policy == "segment":
         in_order = token_hit_rate(simulated_hits(records, "segment", capacity, 0, bool(engine.get("stores_heads")),
-                                                 engine_order=True), prompt)
+                                                 engine_order=True,
+                                                 heads_after_load=bool(engine.get("heads_saved_after_load"))), prompt)
     waves = {r.wave: r.wall_s for r in records}
     busy = sum(waves.values())
     return {

@@ -132,6 +132,9 @@ class Backend(ABC):
     # connector loads only a prompt prefix, so the head is stored like a prefix-cache entry): its
     # hits are store hits, and it shares the store's budget (``kvaudit replay``, the simulator).
     stores_heads: bool = False
+    # True where a new head is stored after the request that loads it has loaded its documents (vLLM
+    # in-process: the head goes in that request's engine step and is saved at its end), not before.
+    heads_saved_after_load: bool = False
     prefix_cache_name: str = "the engine's own prefix cache"  # what the engine-prefix arms measure, in its words
 
     def arm_reason(self, spec: ArmSpec) -> str:

@@ -73,14 +73,17 @@ def simulate_segment(trace: Trace, capacity_tokens: int, capture: str = "neutral
 
 
 def simulate_segment_store(trace: Trace, capacity_tokens: int, *, kinds: tuple[str, ...] = ("document",),
-                           stored_after: tuple[str, ...] = (), touch_on_load: bool = False) -> np.ndarray:
+                           stored_after: tuple[str, ...] = (), touch_on_load: bool = False,
+                           late_stored_after_load: bool = False) -> np.ndarray:
     """Hit tokens per request when the store's operations are replayed in an engine's own order:
     the request's held pieces are marked used, its missing pieces are stored one by one in prompt
     order (each evicting least recently used entries until it fits, as
     :class:`~kvaudit.runners.kvstore.ByteLRU` does), then the pieces of ``stored_after`` kinds (the
     head, which vLLM's backend stores after the documents' warm-ups) are hit or stored the same
     way, and with ``touch_on_load`` every cached piece is marked used again in prompt order (the
-    connector's load). :func:`simulate_segment` evicts once per request instead; the two differ
+    connector's load); ``late_stored_after_load`` stores a missing ``stored_after`` piece after that
+    load instead (vLLM in-process computes a new head in the loading request's engine step and saves
+    it at the step's end). :func:`simulate_segment` evicts once per request instead; the two differ
     only in which entries a full store gives up (``kvaudit replay`` reports both)."""
     wanted = {KINDS.index(k) for k in kinds} | {KINDS.index(k) for k in stored_after}
     late = {KINDS.index(k) for k in stored_after}
@@ -110,16 +113,21 @@ def simulate_segment_store(trace: Trace, capacity_tokens: int, *, kinds: tuple[s
         for i in first:
             if content[i] not in lru:
                 put(content[i], tokens[i])
+        after_load = []
         for i in mine:
             if kind[i] in late:
                 if content[i] in lru:
                     lru.move_to_end(content[i])
                     hit += tokens[i]
+                elif late_stored_after_load:
+                    after_load.append(i)
                 else:
                     put(content[i], tokens[i])
         if touch_on_load:
             for i in mine:
                 if content[i] in lru:
                     lru.move_to_end(content[i])
+        for i in after_load:
+            put(content[i], tokens[i])
         hits[r] = hit
     return hits

@@ -103,6 +103,7 @@ class VllmBackend(Backend):
     name = "vllm"
     prefix_cache_name = "vLLM's automatic prefix caching"
     stores_heads = True  # head_entries
+    heads_saved_after_load = True  # a new head goes in its loading request's step (run_arms)
 
     def __init__(self, llm: Any, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,
                  decoding: Decoding | None = None, cache_bytes: int = 2 << 30,
