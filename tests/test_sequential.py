@@ -184,15 +184,16 @@ def test_a_sequential_run_stops_when_decided_and_the_gate_reads_its_design(tmp_p
     from kvaudit.core.run_dir import RunDir
 
     ds, run, pol = tmp_path / "ds", tmp_path / "run", tmp_path / "p.toml"
-    assert main(["generate", "boxoffice", "--out", str(ds), "--cases", "40", "--seed", "1", "--min-docs", "1",
+    assert main(["generate", "boxoffice", "--out", str(ds), "--cases", "20", "--seed", "1", "--min-docs", "1",
                  "--max-docs", "2"]) == 0
     pol.write_text(POLICY.format(-95.0))
     args = ["run", "--dataset", str(ds), "--out", str(run), "--arms", "recompute,reuse", "--until-decided",
-            "--policy", str(pol), "--max-cases", "40", "--look-every", "10", "--no-progress"]
+            "--policy", str(pol), "--max-cases", "20", "--look-every", "5", "--max-new-tokens", "8",
+            "--no-progress"]
     assert main(args) == 0
     seq = RunDir(run).read_manifest().extra["sequential"]
     stopped = seq["stopped"]["cases"]
-    assert stopped < 40 and "every delta threshold decided" in seq["stopped"]["why"]  # a -95 margin: decided early
+    assert stopped < 20 and "every delta threshold decided" in seq["stopped"]["why"]  # a -95 margin: decided early
     assert len(RunDir(run).read_pairs()) == stopped and seq["order"] == "shuffled"
     assert main(["gate", str(run), "--policy", str(pol)]) == 0
     assert f"at {stopped} cases" in capsys.readouterr().out
