@@ -426,6 +426,14 @@ def test_a_head_copied_in_the_same_step_is_the_bytes_its_request_computed(backen
         backend.store_rpc("drop", [k_head, k_seen])
 
 
+def test_a_load_the_connector_cannot_make_fails_the_arm_loudly(backend):
+    """An entry missing from the store fails the request in the engine (vLLM's load-failure policy
+    "fail"); the backend raises rather than record whatever the request returned."""
+    ids = backend.tok.encode("A prompt whose first tokens name a store entry that does not exist.")
+    with pytest.raises(KvauditError, match="failed in the engine"):
+        backend._one(ids, max_tokens=1, transfer={"n_load": 5, "plan": [[f"tmp:test:none:{uuid.uuid4().hex}", 0, False]]})
+
+
 def test_a_request_waits_for_a_head_whose_request_was_cut_into_chunks(backend):
     """When the step's token budget cuts the head's request in two, the request that loads the
     head is not scheduled beside it: it waits (the connector answers vLLM "not yet") until the head

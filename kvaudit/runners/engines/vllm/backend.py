@@ -270,6 +270,11 @@ class VllmBackend(Backend):
                 raise KvauditError(f"vLLM request {rid} did not finish")
             out, total = final[rid]
             comp = out.outputs[0]
+            if comp.finish_reason == "error":
+                # vLLM failed it: a KV load the connector could not make (an entry missing from the
+                # store, or a same-step copy that did not reach every layer; the engine log says which)
+                raise KvauditError(f"vLLM request {rid} failed in the engine (finish reason 'error'): a KV load "
+                                   "through kvaudit's connector could not be made; see the engine's log")
             lps = comp.logprobs[0] if comp.logprobs else {}
             runs[rid] = _Run(token_ids=list(comp.token_ids), first_lp={int(k): float(v.logprob) for k, v in lps.items()},
                              ttft_s=first.get(rid, total), total_s=total,
