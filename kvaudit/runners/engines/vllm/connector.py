@@ -437,7 +437,7 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
                     keys = self._rope.rotate(e.keys, delta) if delta else e.keys
                     for li, (_, kv) in enumerate(self._kv):
                         self._layout.write(kv, keys[li], e.values[li], slots)
-        self._copies = self._layout.copy_plan(copies, self.block_size) if copies else None
+        self._copies = self._layout.copy_plan(copies) if copies else None
         self._copy_dst = {b for ld, _ in plans if ld.fresh for b in ld.block_ids}
         self._copied = set()
         for ld, items in plans:

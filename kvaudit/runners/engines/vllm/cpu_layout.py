@@ -80,11 +80,11 @@ class CpuLayout:
         vs = torch.gather(areas[blk, :, 1], 2, vpos.unsqueeze(1).expand(-1, h, -1))
         return ks, vs
 
-    def copy_plan(self, copies: list[tuple[list[int], list[int], int, int]], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def copy_plan(self, copies: list[tuple[list[int], list[int], int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Source and destination slots of positions [start, end) copied from one request's blocks
         to another's, for each (source block ids, destination block ids, start, end)."""
-        src = torch.cat([slots_for(s, block_size, a, b) for s, _, a, b in copies])
-        dst = torch.cat([slots_for(d, block_size, a, b) for _, d, a, b in copies])
+        src = torch.cat([slots_for(s, self.block_size, a, b) for s, _, a, b in copies])
+        dst = torch.cat([slots_for(d, self.block_size, a, b) for _, d, a, b in copies])
         return src, dst
 
     def copy_layer(self, kv: torch.Tensor, plan: tuple[torch.Tensor, torch.Tensor]) -> None:

@@ -203,15 +203,14 @@ class PagedKV:
 
     # ------------------------------------------------------------------ same-step copies
 
-    def copy_plan(self, copies: list[tuple[list[int], list[int], int, int]],
-                  block_size: int) -> tuple[torch.Tensor, ...]:
+    def copy_plan(self, copies: list[tuple[list[int], list[int], int, int]]) -> tuple[torch.Tensor, ...]:
         """(source block, source offset, destination block, destination offset) index tensors, on
         the cache's device (one transfer), of positions [start, end) copied from one request's
         blocks to another's, for each (source block ids, destination block ids, start, end)."""
         idx: list[list[int]] = [[], [], [], []]
         for src, dst, a, b in copies:
             for pos in range(a, b):
-                blk, off = divmod(pos, block_size)
+                blk, off = divmod(pos, self.block_size)
                 idx[0].append(src[blk])
                 idx[1].append(off)
                 idx[2].append(dst[blk])
