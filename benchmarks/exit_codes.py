@@ -1,9 +1,10 @@
 """Commands x hostile inputs: the exit code each gets and whether a traceback escaped (run by hand).
 
-Builds every bad input of issue 23 in a temporary folder (synthetic runs, no model), runs the real
-`kvaudit` command on each as a separate process, and prints one Markdown row per case: the exit
-code, the code the contract asks for (docs/reports.md, "Exit codes"), whether stderr held a
-traceback, and the first line of stderr. Exits 1 when any row breaks the contract.
+Builds every bad input of issue 23 (and of issue 38, numbered 38.N) in a temporary folder
+(synthetic runs; only the rows of 38.8's and 38.10's preflight checks load SmolLM2), runs the real `kvaudit` command on each as a separate process, and
+prints one Markdown row per case: the exit code, the code the contract asks for (docs/reports.md,
+"Exit codes"), whether stderr held a traceback, and the first line of stderr. Exits 1 when any
+row breaks the contract.
 
     python benchmarks/exit_codes.py
 """
@@ -11,6 +12,7 @@ traceback, and the first line of stderr. Exits 1 when any row breaks the contrac
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kvaudit.core.attestation import KEY_ENV, attest  # noqa: E402
+from kvaudit.core.errors import printable  # noqa: E402
 from kvaudit.reports.synthetic import make_run  # noqa: E402
 from tests.example_dataset import edited_example  # noqa: E402
 
@@ -44,6 +47,107 @@ def dataset(tmp: Path, name: str, edit=None, card=None) -> Path:
     return edited_example(tmp / name, edit, card)
 
 
+def issue38_inputs(tmp: Path) -> tuple[Path, dict[str, Path]]:
+    """A corpus holding a link to /etc/passwd, and request logs of a 50 MB line, of a request
+    of 5000 pieces, and of a line that makes (?:a|aa)+$ backtrack."""
+    corpus = tmp / "corpus"
+    corpus.mkdir()
+    for i in range(4):
+        (corpus / f"doc{i}.txt").write_text("\n\n".join(
+            f"The river market of town {i} opened before council {k} met. Traders from the mountain "
+            "village brought stone and music to the city library." for k in range(4)))
+    (corpus / "passwd.txt").symlink_to("/etc/passwd")
+    logs = {"line": tmp / "line.jsonl", "pieces": tmp / "pieces.jsonl", "regex": tmp / "regex.jsonl"}
+    logs["line"].write_text('{"prompt": "' + "word " * 10_000_000 + '"}\n')
+    logs["pieces"].write_text('{"prompt": "' + "w " * 5000 + '"}\n')
+    logs["regex"].write_text('{"prompt": "' + "a" * 30_000 + 'b"}\n')
+    return corpus, logs
+
+
+FAKE = "\x1b[2J\x1b[H\x1b[32maudit PASSED\x1b[0m"  # paints a fake verdict when printed raw
+
+
+def kvaudit_io(args: list[str], fsize: int | None = None) -> tuple[int, str, str]:
+    """``(exit code, stdout, stderr)``; ``fsize``: the most bytes a file it writes may hold
+    (RLIMIT_FSIZE: a write past it fails with EFBIG and names no file, as one on a full disk
+    fails with ENOSPC)."""
+    def limit() -> None:
+        if fsize is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
+    p = subprocess.run([sys.executable, "-m", "kvaudit.cli", *args], capture_output=True, text=True,
+                       preexec_fn=limit)
+    return p.returncode, p.stdout, p.stderr
+
+
+def issue38_output_cases(tmp: Path) -> list[tuple]:
+    """Issue 38, findings 6 and 8: ``(command, what, args, want, fsize, check(out, err))``; the
+    check is what the exit code cannot show (no raw escape on the terminal, no file left)."""
+    from kvaudit.reports.synthetic import make_pairs
+
+    def raw(out: str, err: str) -> bool:
+        return "\x1b" not in out + err
+
+    def tasks_run(name: str, tasks: list[str]) -> Path:
+        return make_run(tmp / name, n_per_task=4, leak_probes=0, loss={t: 0.2 for t in tasks})
+
+    def n_files(folder: Path, n: int):
+        return lambda out, err: len(list(folder.glob("*"))) == n and all(len(f.name) < 256 for f in folder.iterdir())
+
+    pairs = make_pairs(n_per_task=5, leak_probes=0)
+    pairs[0].case_id = "case" + FAKE
+    hostile = make_run(tmp / "hostile-id", pairs, audit_passed=False)
+    pairs = make_pairs(n_per_task=5, leak_probes=0)
+    pairs[0].case_id = "c" * 5000
+    wide = make_run(tmp / "wide-id", pairs)
+    full = make_run(tmp / "full-disk", n_per_task=8, leak_probes=0)
+    kvaudit_io(["report", str(full)])
+    (full / "summary.json").unlink()
+    page = (full / "report.html").stat().st_size
+    lm = ["export", "--format", "lm-eval", "--out"]
+    return [
+        ("audit", "a failing case id holding escape sequences (38.8)", ["audit", str(hostile)], 1, None,
+         lambda out, err: raw(out, err) and "case\\x1b[2J" in out),
+        ("audit", "a run path holding escape sequences (38.8)", ["audit", str(tmp / f"no{FAKE}")], 2, None, raw),
+        ("report", "a 5,000-character case id: cells wrap (38.8)", ["report", str(wide)], 0, None,
+         lambda out, err: "overflow-wrap: anywhere" in (wide / "report.html").read_text()),
+        ("report", "disk full while writing: no new summary.json beside the old page (38.8)", [
+            "report", str(full)], 2, page // 2,
+         lambda out, err: str(full) in err and not (full / "summary.json").exists()),
+        *[("report", f"--near-tie {v} (38.8)", ["report", str(full), f"--near-tie={v}"], 2, None,
+           lambda out, err: "--near-tie" in err) for v in ("nan", "inf", "-1")],
+        ("gate", "--policy a directory: also one line on stderr (38.8)", ["gate", str(full), "--policy", str(tmp)],
+         2, None, lambda out, err: "CANNOT JUDGE" in out and err.startswith("kvaudit: error: ")),
+        ("export lm-eval", "tasks qa-hard, qa.hard, qa_hard: three tasks (38.6)", [
+            lm[0], str(tasks_run("collide", ["qa-hard", "qa.hard", "qa_hard"])), *lm[1:], str(tmp / "lm1")], 0, None,
+         n_files(tmp / "lm1" / "synthetic", 4)),
+        ("export lm-eval", "a 300-character task name (38.6)", [
+            lm[0], str(tasks_run("long-task", ["t" * 300])), *lm[1:], str(tmp / "lm2")], 0, None,
+         n_files(tmp / "lm2" / "synthetic", 2)),
+        ("export lm-eval", "disk full: no folder left (38.6)", [
+            lm[0], str(full), *lm[1:], str(tmp / "lm3" / "out")], 2, 2000,
+         lambda out, err: str(tmp / "lm3") in err and not (tmp / "lm3").exists()),
+        ("export inspect", "disk full: no folder left (38.6)", [
+            "export", str(full), "--format", "inspect", "--out", str(tmp / "in1" / "logs")], 2, 2000,
+         lambda out, err: str(tmp / "in1") in err and not (tmp / "in1").exists()),
+    ]
+
+
+def issue38_gate_inputs(tmp: Path, key: str) -> dict[str, Path]:
+    """Issue 38, findings 1-4: a signed run whose reuse loses 42 points (the shipped policy fails
+    it), the same with a simulation.json of rate 57.0 added after its audit, and the same with its
+    identity control broken before the audit, re-audited with --identity-tol 1."""
+    loss = {"single_doc": 0.65, "multi_hop_bridge": 0.65, "aggregate": 0.65}
+    runs = {name: make_run(tmp / name, n_per_task=40, loss=loss, n_docs=40, leak_probes=0,
+                           audit_passed=name != "loose-tol") for name in ("loser", "loser-sim", "loose-tol")}
+    for run in runs.values():
+        attest(run, key.encode(), {"tool": "kvaudit run"})
+    (runs["loser-sim"] / "simulation.json").write_text(
+        '{"results": [{"policy": "segment", "capacity": "30GB", "token_hit_rate": 57.0}]}')
+    kvaudit(["audit", str(runs["loose-tol"]), "--identity-tol", "1"])
+    return runs
+
+
 def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="kvaudit-exit-"))
     passing = make_run(tmp / "pass", n_per_task=100, loss=NO_LOSS, n_docs=40, leak_probes=80)
@@ -66,6 +170,9 @@ def main() -> int:
     m = edited / "manifest.json"
     m.write_text(m.read_text().replace('"float32"', '"bfloat16"'))
     kvaudit(["audit", str(edited)])
+    signed = issue38_gate_inputs(tmp, key)
+    lenient = '[[delta]]\ngroup = "overall"\nmin_lower_bound = -60.0\n'  # the 42-point loss passes it
+    prov = "[provenance]\nrequire_attestation = true\n"
     sym = tmp / "symrun"
     sym.mkdir()
     (tmp / "outside.jsonl").write_text("")
@@ -77,6 +184,16 @@ def main() -> int:
     box = tmp / "box"
     kvaudit(["generate", "boxoffice", "--out", str(box), "--cases", "12", "--no-progress"])
     run = ["run", "--no-progress", "--dataset"]
+    corpus, logs = issue38_inputs(tmp)
+    log = ["generate", "workload", "--out", str(tmp / "wl.jsonl"), "--from-log"]
+    # 38.8 and 38.10 load SmolLM2 (a few seconds each): a case longer than its context, and a
+    # workload whose waves of 4 need more segment KV than 8 MB holds (one request fits)
+    too_long = dataset(tmp, "d6", lambda c: c.update(question="Who? " + "Answer briefly. " * 3000))
+    tiny = tmp / "tiny.jsonl"
+    kvaudit(["generate", "workload", "--out", str(tiny), "--requests", "8", "--documents", "8", "--queries", "5",
+             "--docs-per-request", "2", "--doc-tokens", "uniform:30:70", "--prefix-tokens", "12",
+             "--question-tokens", "fixed:6", "--no-progress"])
+    replay = ["replay", "--workload", str(tiny), "--out", str(tmp / "rp"), "--no-progress", "--policy", "segment"]
 
     cases: list[tuple[str, str, list[str], int, dict]] = [
         ("gate", "a passing run", ["gate", str(passing)], 0, {}),
@@ -94,8 +211,27 @@ def main() -> int:
             "hr.toml", "[hit_rate]\nmin = -1\n")], 2, {}),
         ("gate", "--policy a directory (8)", ["gate", str(passing), "--policy", str(tmp)], 2, {}),
         ("gate", "manifest edited, re-audited, attestation required (11)", ["gate", str(edited), "--policy", policy(
-            "prov.toml", "[audit]\nrequire_passed = true\n[provenance]\nrequire_attestation = true\n")], 2,
+            "prov.toml", lenient + "[audit]\nrequire_passed = true\n" + prov)], 2, {KEY_ENV: key}),
+        ("gate", "[provenance] alone, on a signed run losing 42 points (38.1)", ["gate", str(signed["loser"]),
+                                                                               "--policy", policy("p1.toml", prov)],
+         2, {KEY_ENV: key}),
+        ("gate", "every [[delta]] skipped beside [provenance] (38.1)", ["gate", str(signed["loser"]), "--policy", policy(
+            "p2.toml", '[[delta]]\ngroup = "task:none_*"\nmin_lower_bound = -2.0\nmissing = "skip"\n' + prov)], 2,
          {KEY_ENV: key}),
+        ("gate", "simulation.json of rate 57.0 added after the audit, attestation required (38.2)", [
+            "gate", str(signed["loser-sim"]), "--policy", policy("p3.toml", lenient + '[hit_rate]\nmin = 0.5\n'
+                                                                  'source = "simulated"\nkey = "segment @ 30GB"\n'
+                                                                  + prov)], 2, {KEY_ENV: key}),
+        ("audit", "--identity-tol 5 (38.3)", ["audit", str(signed["loose-tol"]), "--identity-tol", "5"], 2, {}),
+        ("audit", "--identity-tol nan (38.3)", ["audit", str(signed["loose-tol"]), "--identity-tol", "nan"], 2, {}),
+        ("gate", "identity control failed, re-audited with --identity-tol 1 (38.3)", [
+            "gate", str(signed["loose-tol"]), "--policy", policy("p4.toml", lenient + "[audit]\n" + prov)], 2,
+         {KEY_ENV: key}),
+        ("gate", 'arm = "identity" on the signed 42-point loser (38.4)', ["gate", str(signed["loser"]), "--policy",
+                                                                          policy("p5.toml", 'arm = "identity"\n'
+                                                                                 + lenient + prov)], 2, {KEY_ENV: key}),
+        ("gate", 'arm = "recompute_again" (38.4)', ["gate", str(signed["loser"]), "--policy", policy(
+            "p6.toml", 'arm = "recompute_again"\n' + lenient + prov)], 2, {KEY_ENV: key}),
         ("audit", "missing run directory", ["audit", str(tmp / "nowhere")], 2, {}),
         ("run", '"strata": null (5)', [*run, str(dataset(tmp, "d1", lambda c: c.update(strata=None))),
                                        "--out", str(tmp / "r1")], 2, {}),
@@ -117,6 +253,29 @@ def main() -> int:
                                                         "--no-progress"], 2, {}),
         ("generate boxoffice", "a different dataset over one in --out (8)", [
             "generate", "boxoffice", "--out", str(box), "--cases", "12", "--seed", "1", "--no-progress"], 2, {}),
+        ("generate corpus", "a link to /etc/passwd in the corpus: skipped, warned (38.5)", [
+            "generate", "corpus", str(corpus), "--out", str(tmp / "c1"), "--no-progress"], 0, {}),
+        ("generate corpus", "the same, --strict (38.5)", [
+            "generate", "corpus", str(corpus), "--out", str(tmp / "c2"), "--strict", "--no-progress"], 2, {}),
+        ("generate workload", "--from-log a 50 MB line, --split 'delimiter: ' (38.7)", [
+            *log, str(logs["line"]), "--split", "delimiter: "], 2, {}),
+        ("generate workload", "--from-log 5000 pieces in a request (38.7)", [
+            *log, str(logs["pieces"]), "--split", "delimiter: "], 2, {}),
+        ("generate workload", "--split 'regex:(?:a|aa)+$' on 30,000 characters (38.7)", [
+            *log, str(logs["regex"]), "--split", "regex:(?:a|aa)+$"], 2, {}),
+        ("generate workload", "--from-log /dev/null (38.8)", [*log, "/dev/null"], 2, {}),
+        ("generate workload", "--from-log a directory (38.8)", [*log, str(tmp)], 2, {}),
+        ("run", "a case longer than the model's context, refused before the first case (38.8)", [
+            *run, str(too_long), "--out", str(tmp / "r7")], 2, {}),
+        ("run", "--cache-budget inf (38.9)", [*run, str(EXAMPLE), "--out", str(tmp / "r8"), "--cache-budget", "inf"],
+         2, {}),
+        ("run", "--cache-budget=-1GB (38.9)", [*run, str(EXAMPLE), "--out", str(tmp / "r8"), "--cache-budget=-1GB"],
+         2, {}),
+        ("replay", "--budget nan (38.9)", [*replay, "--budget", "nan"], 2, {}),
+        ("simulate", "--capacity 30GB,inf (38.9)", ["simulate", "--workload", str(workload), "--out",
+                                                    str(tmp / "s1"), "--capacity", "30GB,inf"], 2, {}),
+        ("replay", "segment, a wave of 4 over --budget 8MB, refused before any request (38.10)", [
+            *replay, "--budget", "8MB", "--concurrency", "4"], 2, {}),
     ]
     broken = 0
     print("| command | bad input (finding) | exit | contract | traceback | stderr |")
@@ -133,6 +292,13 @@ def main() -> int:
         broken += code != want or tb or not (tmp / "j.xml").exists()
         print(f"| gate | stdout closed after one line (4), {'passing' if want == 0 else 'failing'} run | {code} | "
               f"{want} | {'yes' if tb else 'no'} | {err.strip()[:90]} |")
+    for command, what, args, want, fsize, check in issue38_output_cases(tmp):
+        code, out, err = kvaudit_io(args, fsize)
+        tb, ok = "Traceback" in err, check(out, err)
+        broken += code != want or tb or not ok
+        first = (err.strip().splitlines() or [""])[-1][:90].replace("|", "\\|").replace(str(tmp), "TMP")
+        print(f"| {command} | {what} | {code} | {want} | {'yes' if tb else 'no'} | "
+              f"{'' if ok else '(CHECK FAILED) '}{printable(first)} |")
     print(f"\n{broken} row(s) break the contract")
     return 1 if broken else 0
 

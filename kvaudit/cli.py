@@ -17,16 +17,11 @@ import os
 import sys
 
 from kvaudit.commands import COMMANDS, GENERATORS
-from kvaudit.core.errors import USER_ERRORS, cut, os_error_message
+from kvaudit.core.errors import USER_ERRORS, cut, error_line, os_error_message
 from kvaudit.core.registry import Entry
 
 MAX_INTERNAL = 300  # characters of an internal error's message
 _DEBUG_HELP = "show the traceback of an error instead of one line"
-
-
-def error_line(message: str) -> None:
-    """Print ``kvaudit: error: <message>`` (one line, cut) to stderr."""
-    _stderr(f"kvaudit: error: {cut(message)}")
 
 
 def _stderr(line: str) -> None:

@@ -100,7 +100,8 @@ def test_untampered_run_passes(run_copy, capsys):
         assert set(c) == {"name", "passed", "required", "detail", "failing_cases", "warning", "cannot_judge"}
         assert c["cannot_judge"] is False
     assert result["verdict"] == "passed" and result["format"] == 2
-    assert set(result["inputs"]) == {"pairs.jsonl", "manifest.json", "dataset"}
+    assert set(result["inputs"]) == {"pairs.jsonl", "manifest.json", "dataset", "simulation.json"}
+    assert result["inputs"]["simulation.json"] is None  # the run has none: bound as absent
     # the noise floor and the leak probes report numbers, not just a verdict
     assert "recompute_again flips 0 of 8" in checks_["noise_floor"]["detail"]
     assert "tolerance 0.0001 for float32" in checks_["identity_control"]["detail"]

@@ -294,3 +294,61 @@ def test_progress_bars_change_no_bytes(folder, tmp_path, capsys, monkeypatch):
     assert "drafting cases" not in capsys.readouterr().err
     for f in (SEGMENTS_FILE, CASES_FILE, CARD_FILE):
         assert (tmp_path / "bars" / f).read_bytes() == (tmp_path / "quiet" / f).read_bytes()
+
+
+def test_links_out_of_the_corpus_are_skipped_and_named(folder, tmp_path, capsys):
+    """Issue 38 (5): a link to a file or folder outside the corpus is not read, but named on
+    stderr and in dataset.json; a link inside it never makes the walk loop."""
+    outside = tmp_path / "secrets"
+    outside.mkdir()
+    (outside / "passwd.txt").write_text("root:x:0:0:root:/root:/bin/bash\n" * 20)
+    (folder / "passwd.txt").symlink_to(outside / "passwd.txt")
+    (folder / "sub" / "etc").symlink_to(outside, target_is_directory=True)
+    (folder / "sub" / "up").symlink_to(folder, target_is_directory=True)  # a loop, if followed
+    (folder / "gone.txt").symlink_to(tmp_path / "nowhere.txt")
+    (folder / "copy.txt").symlink_to(folder / "doc0.txt")  # inside: read like a file
+    assert _gen(folder, tmp_path / "o") == 0
+    err = capsys.readouterr().err
+    ds = read_dataset(tmp_path / "o")
+    assert "root:" not in (tmp_path / "o" / SEGMENTS_FILE).read_text()
+    skipped = {Path(s["file"]).name: (s["kind"], s["reason"]) for s in ds.card.counts["skipped_files"]}
+    assert skipped == {
+        "passwd.txt": ("outside", f"a link to {outside / 'passwd.txt'}, outside the corpus folder {folder}"),
+        "etc": ("outside", f"a link to {outside}, outside the corpus folder {folder}"),
+        "gone.txt": ("outside", f"a link to {tmp_path / 'nowhere.txt'}, outside the corpus folder {folder}")}
+    counts = ds.card.counts["skipped"]
+    assert counts["links_outside"] == 3 and counts["linked_folders"] == 1
+    assert f"warning: {folder / 'passwd.txt'}: skipped, a link to {outside / 'passwd.txt'}" in err
+    assert f"warning: {folder / 'sub' / 'etc'}: skipped" in err
+    assert ds.card.counts["documents_read"] == 11  # the 10 of the folder, and copy.txt
+    assert _gen(folder, tmp_path / "o2", "--strict") == 2
+    assert "outside the corpus folder" in _err(capsys) and not (tmp_path / "o2").exists()
+
+
+def test_a_link_loop_inside_the_corpus_is_a_broken_link(folder, tmp_path):
+    (folder / "a.txt").symlink_to(folder / "b.txt")
+    (folder / "b.txt").symlink_to(folder / "a.txt")
+    skipped: list = []
+    docs = corpus_files.load_corpus(folder, skipped_files=skipped)
+    assert len(docs) == 10
+    assert [(Path(s["file"]).name, s["kind"]) for s in skipped] == [("a.txt", "unreadable"), ("b.txt", "unreadable")]
+    assert skipped[0]["reason"].startswith("a broken link")
+
+
+def test_a_failed_write_leaves_no_dataset_folder(folder, tmp_path, capsys, monkeypatch):
+    """Issue 38 (8): a generate that fails while writing removes the folder it made (and the
+    parents it made for it); a folder that was there before stays, without the files it added."""
+    from kvaudit.core import dataset_format
+
+    def full_disk(path, obj):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(dataset_format, "write_json", full_disk)  # the card, written last
+    out = tmp_path / "new" / "deeper" / "ds"
+    assert _gen(folder, out) == 2
+    assert "No space left on device" in _err(capsys)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("kept")
+    assert _gen(folder, tmp_path / "mine") == 2
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["notes.txt"]

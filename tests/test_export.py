@@ -5,8 +5,10 @@ synthetic runs (no model)."""
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import re
+import resource
 from pathlib import Path
 
 import pytest
@@ -224,3 +226,93 @@ def test_lm_eval_out_must_be_a_folder(run_dir, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     code, _, err = _export(run_dir, "lm-eval", tmp_path / "file", capsys)
     assert code == 2 and "writes a folder" in err
+
+
+# --------------------------------------------------------------------------- issue 38, finding 6
+
+
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """Writes past ``nbytes`` fail with EFBIG, a real write error naming no file (as ENOSPC does);
+    Python ignores SIGXFSZ, so the write returns the error instead of killing the process."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def _tasks_run(tmp_path: Path, tasks: list[str]) -> Path:
+    return make_run(tmp_path / "run", n_per_task=4, leak_probes=0, loss={t: 0.2 for t in tasks})
+
+
+def test_lm_eval_tasks_that_sanitise_alike_are_not_merged(tmp_path, capsys):
+    """Before: `qa-hard` and `qa.hard` both became kvaudit_qa_hard: one result overwrote the
+    other and both tasks' samples went into one file."""
+    run = _tasks_run(tmp_path, ["qa-hard", "qa.hard", "qa_hard"])
+    code, _, err = _export(run, "lm-eval", tmp_path / "lm", capsys)
+    assert code == 0, err
+    folder = tmp_path / "lm" / "synthetic"
+    r = json.loads(next(folder.glob("results_*.json")).read_text())
+    names = [t for t in r["results"] if t != "kvaudit"]
+    assert len(names) == 3 and "kvaudit_qa_hard" in names
+    samples = sorted(folder.glob("samples_*.jsonl"))
+    assert len(samples) == 3
+    seen = set()
+    for f in samples:
+        tasks = {json.loads(x)["doc"]["task"] for x in f.read_text().splitlines()}
+        assert len(tasks) == 1 and _task_of(f.name) in names
+        seen |= tasks
+    assert seen == {"qa-hard", "qa.hard", "qa_hard"}
+    assert {r["configs"][t]["description"] for t in names} == {
+        f"kvaudit task family {t!r}: each filter is an arm of the run" for t in seen}
+
+
+def test_lm_eval_long_task_name_is_cut_with_a_hash(tmp_path, capsys):
+    """Before: a 300-character task name exited 2 (file name too long) after the results file
+    and folder were written."""
+    long_a, long_b = "x" * 300, "x" * 299 + "y"
+    run = _tasks_run(tmp_path, [long_a, long_b])
+    code, _, err = _export(run, "lm-eval", tmp_path / "lm", capsys)
+    assert code == 0, err
+    files = list((tmp_path / "lm" / "synthetic").iterdir())
+    assert len(files) == 3 and all(len(f.name.encode()) <= 255 for f in files)
+    samples = [f for f in files if f.name.startswith("samples_")]
+    assert len({_task_of(f.name) for f in samples}) == 2
+
+
+def test_lm_eval_export_that_fails_leaves_no_new_folder(run_dir, tmp_path, capsys):
+    out = tmp_path / "new" / "lm"
+    with file_size_limit(2000):
+        code, _, err = _export(run_dir, "lm-eval", out, capsys)
+    assert code == 2 and "Traceback" not in err
+    assert "File too large" in err and str(out / "synthetic") in err  # names the file it was writing
+    assert not (tmp_path / "new").exists()
+    # an existing folder keeps exactly what it had
+    out.mkdir(parents=True)
+    (out / "keep.txt").write_text("x")
+    with file_size_limit(2000):
+        assert _export(run_dir, "lm-eval", out, capsys)[0] == 2
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_inspect_long_task_name_and_failed_write_leave_nothing(tmp_path, capsys):
+    pytest.importorskip("inspect_ai")
+    run = _tasks_run(tmp_path, ["qa"])
+    manifest = read_json(run / "manifest.json")
+    manifest["dataset"]["name"] = "g" * 300
+    manifest["sessions"] = SESSIONS
+    write_json(run / "manifest.json", manifest)
+    code, out, err = _export(run, "inspect", tmp_path / "logs", capsys)
+    assert code == 0, err
+    (path,) = (tmp_path / "logs").iterdir()
+    assert len(path.name.encode()) <= 255
+    with file_size_limit(2000):
+        code, _, err = _export(run, "inspect", tmp_path / "new" / "logs", capsys)
+    assert code == 2 and "Traceback" not in err and str(tmp_path / "new" / "logs") in err
+    assert not (tmp_path / "new").exists()
+    with file_size_limit(2000):
+        code, _, err = _export(run, "inspect", tmp_path / "f" / "run.eval", capsys)
+    assert code == 2 and str(tmp_path / "f" / "run.eval") in err
+    assert not (tmp_path / "f").exists()

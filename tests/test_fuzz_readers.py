@@ -693,6 +693,43 @@ def _check_kv_config(shape: Any, d: Path) -> None:
     shape.to_dict()
 
 
+_REQUEST_LOG = [
+    {"custom_id": "a", "body": {"messages": [
+        {"role": "system", "content": "You are a support bot."},
+        {"role": "user", "content": "Doc: the refund policy is 30 days."},
+        {"role": "user", "content": [{"type": "text", "text": "How long?"}]}]}},
+    {"messages": [{"role": "system", "content": "You are a support bot."},
+                  {"role": "user", "content": "Doc: shipping takes 5 days."},
+                  {"role": "user", "content": "And shipping?"}], "created": 7},
+]
+
+
+def _read_request_log(d: Path) -> Any:
+    """``kvaudit generate workload --from-log`` on the log, cut by message and by a regex, with a
+    tight --max-pieces (tokens: whitespace words)."""
+    from kvaudit.generators.workload_log import import_log
+
+    def words(text: str) -> int:
+        return len(text.split())
+
+    return [import_log(d / "log.jsonl", split, words, keep_text=True, max_pieces=64)
+            for split in ("messages", r"regex:\n|Doc:")]
+
+
+def _check_request_log(results: list, d: Path) -> None:
+    from kvaudit.core.trace import read_trace
+    from kvaudit.generators.workload_log import iter_lines
+
+    for k, res in enumerate(results):
+        for s in res.skipped:  # each skipped line is named in one printable line
+            check_message(f"{d / 'log.jsonl'}, line {s['line']}: skipped: {s['reason']}", d / "log.jsonl")
+        # what was read is a workload the simulator reads back, request for request
+        out = d / f"w{k}.jsonl"
+        out.write_text("".join(iter_lines(res)), encoding="utf-8")
+        assert read_trace(out).n_requests == len(res.requests) > 0
+        assert all(math.isfinite(v) for v in res.card.values() if isinstance(v, float))
+
+
 def _replay_files() -> dict[str, bytes]:
     """A replay directory as `kvaudit replay` leaves it: its config and two request records."""
     from dataclasses import asdict
@@ -765,6 +802,8 @@ READERS: dict[str, Reader] = {r.name: r for r in (
            "kvaudit.core.replay_format"),
     Reader("kv_config", "json", "config.json", lambda: {"config.json": json.dumps(_KV_CONFIG).encode()},
            _read_kv_config, _check_kv_config, "kvaudit.simulator.kv_bytes"),
+    Reader("request_log", "jsonl", "log.jsonl", lambda: {"log.jsonl": _jsonl(_REQUEST_LOG)}, _read_request_log,
+           _check_request_log, "kvaudit.generators.workload_log"),
 )}
 
 

@@ -170,22 +170,29 @@ def test_security_checks_without_probes_cannot_pass(passing, tmp_path, capsys):
     # An in-process run has no tenant probes: a policy that asks for isolation or a timing bound
     # must not pass it (missing = error, the default), and says what is missing.
     policy = tmp_path / "p.toml"
-    policy.write_text("[security]\nrequire_tenant_isolation = true\nmax_timing_auc = 0.75\n")
+    policy.write_text('[[delta]]\ngroup = "overall"\nmin_lower_bound = -2.0\n'
+                      "[security]\nrequire_tenant_isolation = true\nmax_timing_auc = 0.75\n")
     assert cli([str(passing), "--policy", str(policy)]) == 2
     out = capsys.readouterr().out
     assert "tenant isolation" in out and "timing side channel" in out and "no tenant-probe arm" in out
 
 
 def test_simulated_hit_rate_source(passing, tmp_path):
+    from kvaudit.audit.audit_cli import audit
+
     policy = tmp_path / "p.toml"
-    policy.write_text('[hit_rate]\nmin = 0.5\nsource = "simulated"\nkey = "segment @ 30GB"\n')
+    policy.write_text('[[delta]]\ngroup = "overall"\nmin_lower_bound = -2.0\n'
+                      '[hit_rate]\nmin = 0.5\nsource = "simulated"\nkey = "segment @ 30GB"\n')
     assert cli([str(passing), "--policy", str(policy)]) == 2  # no simulation.json yet
     write_json(passing / "simulation.json", {"results": [
         {"policy": "segment", "capacity": "30GB", "token_hit_rate": 0.639}]})
     try:
+        assert cli([str(passing), "--policy", str(policy)]) == 2  # not bound to the run until audited
+        audit(passing)
         assert cli([str(passing), "--policy", str(policy)]) == 0
     finally:
         (passing / "simulation.json").unlink()
+        audit(passing)
 
 
 # ---------------------------------------------------------------- issue 12 regressions

@@ -1,5 +1,6 @@
 """Issue #23 (findings 3, 4, 9, 10) and the exit-code contract: 0 pass, 1 a verdict that failed,
-2 anything else, never a traceback without ``--debug``.
+2 anything else, never a traceback without ``--debug``; issue #38 (a gate that cannot be talked
+into a pass) at the end.
 
 Each test failed before the fix; the comment above it says how (exit code or traceback).
 """
@@ -70,16 +71,19 @@ def test_a_gate_whose_every_threshold_was_skipped_cannot_pass(passing, tmp_path,
     assert cli([str(passing), "--policy", str(p)]) == 2
     out = capsys.readouterr().out
     assert out.startswith("## kvaudit gate: ⚠️ CANNOT JUDGE")
-    assert "| thresholds checked | ⚠️ cannot judge | 0 of 1 decided (1 skipped)" in out
-    assert "the gate checked nothing" in out
+    assert "| quality checked | ⚠️ cannot judge | 0 of 1 quality thresholds decided (1 skipped)" in out
+    assert "the gate did not check quality" in out
 
 
-def test_completeness_and_noise_rows_do_not_count_as_thresholds_checked():
+def test_only_a_decided_quality_row_counts_as_checked():
+    """Issue 38, finding 1: completeness, noise-floor, audit and provenance rows are not quality."""
     rows = [ThresholdResult("run complete", "completeness", "pass", "", ""),
             ThresholdResult("x: noise floor", "noise_control", "pass", "", ""),
             ThresholdResult("x", "delta", "skip", "", "")]
     assert verdict(rows) == "error"
-    assert verdict(rows + [ThresholdResult("audit passed", "audit", "pass", "", "")]) == "pass"
+    assert verdict(rows + [ThresholdResult("audit passed", "audit", "pass", "", "")]) == "error"  # before: pass
+    assert verdict(rows + [ThresholdResult("run attested by kvaudit run", "provenance", "pass", "", "")]) == "error"
+    assert verdict(rows + [ThresholdResult("y", "delta", "pass", "", "")]) == "pass"
     assert verdict([]) == "error"
 
 
@@ -186,9 +190,10 @@ def test_policy_bounds_and_switches_are_validated(passing, tmp_path, capsys, tex
 
 
 def test_valid_switches_still_work(tmp_path):
-    p = load_policy(policy(tmp_path, "[audit]\nrequire_passed = false\n[hit_rate]\nmin = 0\n"
+    p = load_policy(policy(tmp_path, '[[delta]]\ngroup = "overall"\nmin_lower_bound = -2\n'
+                                      "[audit]\nrequire_passed = false\n[hit_rate]\nmin = 0\n"
                                       "[leak]\nmax_neutral_text_leak_rate = 1\nforbid_neutral_exposure = false\n"))
-    assert [c.kind for c in p.checks] == ["hit_rate", "leak_text"]
+    assert [c.kind for c in p.checks] == ["delta", "hit_rate", "leak_text"]
 
 
 def test_an_unknown_field_name_is_cut_in_the_message(tmp_path):
@@ -226,7 +231,8 @@ def test_a_policy_that_is_a_directory_is_exit_2_without_traceback(passing, tmp_p
     """Before: a traceback (IsADirectoryError) and exit 1."""
     assert kvaudit_cli.main(["gate", str(passing), "--policy", str(tmp_path)]) == 2
     out, err = capsys.readouterr()
-    assert "Traceback" not in out + err and err == ""
+    assert "Traceback" not in out + err
+    assert err.startswith("kvaudit: error: ") and err.count("\n") == 1  # issue 38: stderr too
     assert "⚠️ CANNOT JUDGE" in out and "cannot read the policy file" in out
 
 
@@ -309,7 +315,8 @@ def test_ctrl_c_is_still_130(passing, monkeypatch, capsys):
 # ---------------------------------------------------------------- finding 11: provenance
 
 KEY = "a-ci-secret-of-32-characters-xyz"
-PROVENANCE = '[audit]\nrequire_passed = true\n\n[provenance]\nrequire_attestation = true\n'
+QUALITY = '[[delta]]\ngroup = "overall"\nmin_lower_bound = -60.0\n'  # decided on the small runs below
+PROVENANCE = QUALITY + '[audit]\nrequire_passed = true\n\n[provenance]\nrequire_attestation = true\n'
 
 
 @pytest.fixture
@@ -377,4 +384,285 @@ def test_without_the_policy_field_no_attestation_is_asked_for(attested, tmp_path
     from kvaudit.core.attestation import ATTESTATION_FILE
 
     (attested / ATTESTATION_FILE).unlink()
-    assert cli([str(attested), "--policy", str(policy(tmp_path, "[audit]\nrequire_passed = true\n"))]) == 0
+    assert cli([str(attested), "--policy", str(policy(tmp_path, QUALITY + "[audit]\nrequire_passed = true\n"))]) == 0
+
+
+# ---------------------------------------------------------------- issue 38: a gate that cannot be talked into a pass
+
+# Reuse turns 65% of the correct answers wrong: it loses about 42 points. The shipped policy fails it.
+LOSER = dict(n_per_task=40, loss={"single_doc": 0.65, "multi_hop_bridge": 0.65, "aggregate": 0.65}, n_docs=40,
+             leak_probes=0)
+LENIENT = '[[delta]]\ngroup = "overall"\nmin_lower_bound = -60.0\n'  # the 42-point loss passes it (bound about -51)
+SIGNED = "[provenance]\nrequire_attestation = true\n"
+
+
+def _sign(run: Path) -> None:
+    from kvaudit.core.attestation import attest
+
+    attest(run, KEY.encode(), {"tool": "kvaudit run", "kvaudit_version": "test", "git_revision": None})
+
+
+@pytest.fixture
+def signed_loser(tmp_path, monkeypatch):
+    """A signed run whose reuse arm loses 42 points, and the CI's key in the environment."""
+    from kvaudit.core.attestation import KEY_ENV
+
+    run = make_run(tmp_path / "loser", **LOSER)
+    monkeypatch.setenv(KEY_ENV, KEY)
+    _sign(run)
+    return run
+
+
+def test_the_signed_loser_fails_the_shipped_policy(signed_loser, capsys):
+    from kvaudit.reports.analysis import Analysis, load_run
+
+    assert Analysis(load_run(signed_loser)).delta("reuse")["delta"] < -40
+    assert cli([str(signed_loser)]) == 1
+    assert "| overall quality | ❌ fail |" in capsys.readouterr().out
+
+
+# finding 1: provenance (or any other precondition) is no quality threshold
+
+
+@pytest.mark.parametrize("text", [SIGNED, "[audit]\nrequire_passed = true\n" + SIGNED,
+                                  "[hit_rate]\nmin = 0.5\n[security]\nrequire_tenant_isolation = true\n"])
+def test_a_policy_without_a_quality_threshold_is_refused(signed_loser, tmp_path, capsys, text):
+    """Before: `[provenance] require_attestation = true` alone passed the 42-point loser (exit 0, one row)."""
+    p = policy(tmp_path, text, "noquality.toml")
+    with pytest.raises(KvauditError, match="noquality.toml") as e:
+        load_policy(p)
+    assert "no [[delta]] thresholds" in str(e.value) and "[provenance]" in str(e.value)
+    assert cli([str(signed_loser), "--policy", str(p)]) == 2
+    assert "sets no threshold on quality" in capsys.readouterr().out
+
+
+def test_skipped_quality_beside_provenance_cannot_pass(signed_loser, tmp_path, capsys):
+    """Before: `missing = "skip"` on an absent group plus [provenance] passed (exit 0)."""
+    p = policy(tmp_path, '[[delta]]\ngroup = "task:no_such_family_*"\nmin_lower_bound = -2.0\nmissing = "skip"\n'
+               + SIGNED)
+    assert cli([str(signed_loser), "--policy", str(p)]) == 2
+    out = capsys.readouterr().out
+    assert "| run attested by kvaudit run | ✅ pass |" in out
+    assert "| quality checked | ⚠️ cannot judge | 0 of 1 quality thresholds decided (1 skipped)" in out
+
+
+def test_a_decided_quality_threshold_beside_provenance_passes(signed_loser, tmp_path):
+    assert cli([str(signed_loser), "--policy", str(policy(tmp_path, LENIENT + SIGNED))]) == 0
+
+
+# finding 2: simulation.json decides a row only when the audit and the attestation bind it
+
+SIMULATED = LENIENT + '[hit_rate]\nmin = 0.5\nsource = "simulated"\nkey = "segment @ 30GB"\n'
+
+
+def _simulation(run: Path, rate: object) -> None:
+    """Write the cache simulator's results into ``run``; ``rate`` is JSON text (``NaN`` included)."""
+    entry = '{"policy": "segment", "capacity": "30GB", "token_hit_rate": ' + str(rate) + "}"
+    (run / "simulation.json").write_text('{"results": [' + entry + "]}")
+
+
+def test_an_unbound_simulation_cannot_decide_the_hit_rate_row(signed_loser, tmp_path, capsys):
+    """Before: 57.0 written into the run passed under require_attestation, showing "5700.0%"."""
+    p = str(policy(tmp_path, SIMULATED + SIGNED))
+    _simulation(signed_loser, "57.0")
+    assert cli([str(signed_loser), "--policy", p]) == 2
+    out = capsys.readouterr().out
+    assert "5700" not in out
+    assert "| reuse token hit rate (simulated) | ⚠️ cannot judge | not bound to the run |" in out
+    assert "records no sha256 for it" in out and "re-run `kvaudit audit" in out
+    # bound by the audit, but not signed by `kvaudit run`
+    assert kvaudit_cli.main(["audit", str(signed_loser)]) == 0
+    capsys.readouterr()
+    assert cli([str(signed_loser), "--policy", p]) == 2
+    assert "is not in the run's attestation" in capsys.readouterr().out
+    # bound and signed, the rate is read and refused: the file and the field are named
+    _sign(signed_loser)  # `kvaudit run` rerun: it resumes, runs nothing and signs the files there now
+    assert cli([str(signed_loser), "--policy", p]) == 2
+    out = capsys.readouterr().out
+    assert "simulation.json: field 'results[0].token_hit_rate' must be a rate in [0, 1], got 57" in out
+    # a plausible rate, bound and signed
+    _simulation(signed_loser, "0.6")
+    assert kvaudit_cli.main(["audit", str(signed_loser)]) == 0
+    _sign(signed_loser)
+    capsys.readouterr()
+    assert cli([str(signed_loser), "--policy", p]) == 0
+    assert "| reuse token hit rate (simulated) | ✅ pass | 60.0% |" in capsys.readouterr().out
+    # edited after both: the audit's hash and the signature no longer hold
+    _simulation(signed_loser, "0.61")
+    assert cli([str(signed_loser), "--policy", p]) == 2
+    assert "changed after the audit" in capsys.readouterr().out
+    assert cli([str(signed_loser), "--policy", str(policy(tmp_path, LENIENT + SIGNED))]) == 2
+    assert "simulation.json changed after `kvaudit run` attested it" in capsys.readouterr().out
+
+
+def test_an_audit_without_the_simulation_binding_still_reads(signed_loser, tmp_path, capsys):
+    """An audit.json written before the binding existed: the run reads, the simulated row cannot judge."""
+    import json
+
+    _simulation(signed_loser, "0.6")
+    assert kvaudit_cli.main(["audit", str(signed_loser)]) == 0
+    audit = json.loads((signed_loser / "audit.json").read_text())
+    del audit["inputs"]["simulation.json"]
+    (signed_loser / "audit.json").write_text(json.dumps(audit))
+    capsys.readouterr()
+    assert cli([str(signed_loser)]) == 1  # the shipped policy: read and judged as before
+    assert "| audit passed | ✅ pass |" in capsys.readouterr().out
+    assert cli([str(signed_loser), "--policy", str(policy(tmp_path, SIMULATED))]) == 2
+    out = capsys.readouterr().out
+    assert "the audit predates this binding" in out and "re-run `kvaudit audit" in out
+
+
+@pytest.mark.parametrize("rate, shown", [("NaN", "nan"), ("Infinity", "inf"), ("-0.1", "-0.1"), ("1.5", "1.5"),
+                                         ('"0.6"', "str"), ("true", "bool")])
+def test_a_simulated_rate_outside_0_1_is_refused(tmp_path, rate, shown):
+    from kvaudit.core.errors import DatasetError
+    from kvaudit.reports.analysis import Analysis, load_run
+
+    run = make_run(tmp_path / "run", n_per_task=5, n_docs=4, leak_probes=0)
+    _simulation(run, rate)
+    with pytest.raises(DatasetError) as e:
+        Analysis(load_run(run)).simulated_hit_rates()
+    assert str(e.value) == (f"{run / 'simulation.json'}: field 'results[0].token_hit_rate' must be a rate "
+                            f"in [0, 1], got {shown}")
+
+
+def test_the_attestation_signs_a_simulation_already_in_the_run(tmp_path):
+    from kvaudit.core.attestation import verify_attestation
+
+    run = make_run(tmp_path / "run", n_per_task=5, n_docs=4, leak_probes=0)
+    _sign(run)
+    assert set(verify_attestation(run, KEY.encode()).subject) == {"manifest.json", "pairs.jsonl"}
+    _simulation(run, "0.6")
+    _sign(run)
+    found = verify_attestation(run, KEY.encode())
+    assert found.state == "verified" and "simulation.json" in found.subject
+    (run / "simulation.json").unlink()
+    found = verify_attestation(run, KEY.encode())
+    assert found.state == "broken" and "simulation.json not found" in found.reason
+
+
+# finding 3: the audit's identity tolerance is range-checked, recorded, shown and judged
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "1e308", "5", "2.5", "abc"])
+def test_an_absurd_identity_tolerance_is_refused_at_the_cli(tmp_path, capsys, value):
+    """Before: --identity-tol 5 (and 1e308) accepted; a failed identity control passed."""
+    run = make_run(tmp_path / "run", n_per_task=5, n_docs=4, leak_probes=0)
+    before = (run / "audit.json").read_bytes()
+    assert kvaudit_cli.main(["audit", str(run), "--identity-tol", value]) == 2
+    err = capsys.readouterr().err
+    assert "argument --identity-tol" in err and "Traceback" not in err
+    assert "not a number" in err if value == "abc" else "must be in [0, 2] logits" in err
+    assert (run / "audit.json").read_bytes() == before  # nothing written
+
+
+def test_the_api_refuses_an_absurd_identity_tolerance(tmp_path):
+    from kvaudit.audit.audit_cli import audit
+
+    run = make_run(tmp_path / "run", n_per_task=5, n_docs=4, leak_probes=0)
+    for bad in (float("nan"), float("inf"), -1e-9, 5.0):
+        with pytest.raises(KvauditError, match="--identity-tol must be in"):
+            audit(run, identity_tol=bad)
+
+
+@pytest.fixture
+def signed_broken_identity(tmp_path, monkeypatch):
+    """The 42-point loser with its identity control broken (a 0.9-logit difference) before the
+    audit, signed: its honest audit fails."""
+    from kvaudit.core.attestation import KEY_ENV
+
+    run = make_run(tmp_path / "broken", audit_passed=False, **LOSER)
+    monkeypatch.setenv(KEY_ENV, KEY)
+    _sign(run)
+    return run
+
+
+def test_a_loosened_identity_tolerance_cannot_pass_unless_the_policy_allows_it(signed_broken_identity, tmp_path,
+                                                                               capsys):
+    """Before: `kvaudit audit RUN --identity-tol 5` by anyone without the key, and the gate passed,
+    its table silent about the tolerance."""
+    import json
+
+    run = signed_broken_identity
+    p = str(policy(tmp_path, LENIENT + "[audit]\nrequire_passed = true\n" + SIGNED))
+    assert cli([str(run), "--policy", p]) == 1
+    out = capsys.readouterr().out
+    assert "| audit passed | ❌ fail | failed |" in out and "identity tolerance 0.0001 (the float32 default)" in out
+    assert kvaudit_cli.main(["audit", str(run), "--identity-tol", "1"]) == 0  # within range: the audit passes
+    out = capsys.readouterr().out
+    assert "note: --identity-tol 1 is looser than the float32 default 0.0001" in out
+    assert json.loads((run / "audit.json").read_text())["parameters"]["identity_tol"] == 1.0  # recorded
+    assert cli([str(run), "--policy", p]) == 2
+    out = capsys.readouterr().out
+    assert "| audit passed | ⚠️ cannot judge | passed at a loosened tolerance | passed, identity tolerance ≤ 0.0001 |" in out
+    assert "the audit ran with --identity-tol 1, looser than the float32 default 0.0001" in out
+    allowing = str(policy(tmp_path, LENIENT + "[audit]\nmax_identity_tol = 1.0\n" + SIGNED, "allow.toml"))
+    assert cli([str(run), "--policy", allowing]) == 0  # allowed explicitly, and shown
+    assert "identity tolerance 1 (--identity-tol; the float32 default is 0.0001)" in capsys.readouterr().out
+    low = str(policy(tmp_path, LENIENT + "[audit]\nmax_identity_tol = 0.5\n" + SIGNED, "low.toml"))
+    assert cli([str(run), "--policy", low]) == 2
+    assert "and than the policy's [audit] max_identity_tol 0.5" in capsys.readouterr().out
+
+
+def test_a_tighter_identity_tolerance_needs_no_permission(tmp_path, capsys):
+    run = make_run(tmp_path / "run", **{**LOSER, "loss": NO_LOSS})
+    assert kvaudit_cli.main(["audit", str(run), "--identity-tol", "0.0001"]) == 0
+    capsys.readouterr()
+    assert cli([str(run), "--policy", str(policy(tmp_path, LENIENT + "[audit]\n"))]) == 0
+    assert "identity tolerance 0.0001 (--identity-tol; the float32 default is 0.0001)" in capsys.readouterr().out
+
+
+def test_a_hand_edited_recorded_tolerance_is_refused(signed_broken_identity, capsys):
+    import json
+
+    run = signed_broken_identity
+    assert kvaudit_cli.main(["audit", str(run)]) == 1
+    audit = json.loads((run / "audit.json").read_text())
+    audit["parameters"]["identity_tol"] = 1e308
+    (run / "audit.json").write_text(json.dumps(audit))
+    capsys.readouterr()
+    assert cli([str(run)]) in (1, 2)  # the shipped policy fails the quality anyway
+    out = capsys.readouterr().out
+    assert "| audit passed | ⚠️ cannot judge | refused |" in out
+    assert "field 'parameters.identity_tol' must be in [0, 2] logits" in out
+
+
+@pytest.mark.parametrize("value, message", [("nan", "finite"), ("-1", "in [0, 2]"), ("5", "in [0, 2]"),
+                                            ('"loose"', "must be a number")])
+def test_max_identity_tol_is_validated(tmp_path, value, message):
+    p = policy(tmp_path, LENIENT + f"[audit]\nmax_identity_tol = {value}\n", "bad.toml")
+    with pytest.raises(KvauditError, match="bad.toml") as e:
+        load_policy(p)
+    assert "field 'audit.max_identity_tol' (logits)" in str(e.value) and message in str(e.value)
+
+
+# finding 4: the policy's arm is an arm under test, never a control
+
+
+@pytest.mark.parametrize("arm", ["identity", "recompute_again"])
+def test_a_control_arm_cannot_be_judged_in_place_of_reuse(signed_loser, tmp_path, capsys, arm):
+    """Before: both equal the reference by construction, so the 42-point loser passed (exit 0)."""
+    p = policy(tmp_path, f'arm = "{arm}"\n[[delta]]\ngroup = "overall"\nmin_lower_bound = -5.0\n' + SIGNED)
+    assert cli([str(signed_loser), "--policy", str(p)]) == 2
+    out = capsys.readouterr().out
+    assert f"field 'arm': '{arm}'" in out and "not an arm under test" in out
+
+
+@pytest.mark.parametrize("arm, role", [
+    ("identity", "identity control"), ("recompute_again", "noise floor"), ("reuse_norope", "position control"),
+    ("reuse_first_user", "leak capture"), ("prefix_cache_flushed", "engine prefix flushed"),
+    ("prefix_cache_other_tenant", "tenant probe"), ("reuse_other_tenant", "segment tenant probe"),
+    ("oracle", "oracle"), ("blend@1", "equals the reference by construction"),
+])
+def test_only_arms_under_test_are_allowed(tmp_path, arm, role):
+    p = policy(tmp_path, f'arm = "{arm}"\n' + LENIENT, "arm.toml")
+    with pytest.raises(KvauditError, match="arm.toml") as e:
+        load_policy(p)
+    msg = str(e.value)
+    assert f"field 'arm': '{arm}'" in msg and role in msg
+    assert "Allowed arms: reuse, prefix_cache_cold, prefix_cache, blend@R (R in [0, 1)), epic@K (K >= 0)" in msg
+
+
+@pytest.mark.parametrize("arm", ["reuse", "prefix_cache", "prefix_cache_cold", "blend@0", "blend@0.15", "epic@16"])
+def test_arms_under_test_still_load(tmp_path, arm):
+    assert load_policy(policy(tmp_path, f'arm = "{arm}"\n' + LENIENT)).arm == arm

@@ -100,11 +100,14 @@ def test_the_report_shows_the_security_probes_and_the_gate_judges_them(run_dir, 
     t = timing["prefix cache"]
     assert t["n"] == 5 and t["lower"] <= t["auc"] <= t["upper"]
     assert t["median_hit_s"] < t["median_miss_s"] and t["auc"] > 0.5 and t["requests_needed"] is not None
-    policy = tmp_path / "policy.toml"
-    policy.write_text("[audit]\nrequire_passed = true\n")
-    assert main(["gate", str(run_dir), "--policy", str(policy)]) == 0
-    policy.write_text("[audit]\nrequire_passed = true\n[security]\nrequire_tenant_isolation = true\n")
-    assert main(["gate", str(run_dir), "--policy", str(policy)]) == 1
+    policy, gate = tmp_path / "policy.toml", tmp_path / "gate.md"
+    quality = '[[delta]]\ngroup = "overall"\nmin_lower_bound = -2.0\n'  # every policy checks quality
+    policy.write_text(quality + "[audit]\nrequire_passed = true\n")
+    # the audit passes, but 5 cases on fewer than 10 documents decide no quality threshold: cannot judge
+    assert main(["gate", str(run_dir), "--policy", str(policy), "--markdown", str(gate)]) == 2
+    assert "| audit passed | ✅ pass |" in gate.read_text()
+    policy.write_text(quality + "[audit]\nrequire_passed = true\n[security]\nrequire_tenant_isolation = true\n")
+    assert main(["gate", str(run_dir), "--policy", str(policy)]) == 1  # the isolation failure is a decision
 
 
 def test_http_recompute_answers_equal_the_in_process_vllm_backends(run_dir, dataset):

@@ -84,7 +84,8 @@ def test_the_audit_says_what_llama_cpp_cannot_show_and_finds_its_shared_cache(tw
     cfw = json.loads((run_dir / "summary.json").read_text())["security"]["cold_flushed_warm"]
     assert cfw["n"] == 5 and sum(cfw["counts"].values()) == 5
     policy = tmp_path / "policy.toml"
-    policy.write_text('[audit]\nrequire_passed = true\naccept_cannot_judge = ["server_consumed_ids"]\n'
+    policy.write_text('arm = "prefix_cache"\n[[delta]]\ngroup = "overall"\nmin_lower_bound = -2.0\n'
+                      '[audit]\nrequire_passed = true\naccept_cannot_judge = ["server_consumed_ids"]\n'
                       "[security]\nrequire_tenant_isolation = true\n")
     gate = tmp_path / "gate.md"
     assert main(["gate", str(run_dir), "--policy", str(policy), "--markdown", str(gate)]) == 1  # isolation fails

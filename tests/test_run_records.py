@@ -214,7 +214,8 @@ def test_audit_record_round_trips_and_verifies(tmp_path):
     assert isinstance(rec, AuditRecord) and rec.format == AUDIT_FORMAT and rec.verdict == "passed"
     write_audit(run, rec)
     assert read_audit(run) == rec
-    assert read_json(run / "audit.json")["inputs"].keys() == {"pairs.jsonl", "manifest.json", "dataset"}
+    assert read_json(run / "audit.json")["inputs"].keys() == {"pairs.jsonl", "manifest.json", "dataset",
+                                                              "simulation.json"}
     v = verify(run)
     assert v.state == "verified" and v.checks == rec.checks
 

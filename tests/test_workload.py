@@ -128,3 +128,47 @@ def test_cli_writes_workload(tmp_path, capsys):
     tr = read_trace(out)
     assert tr.n_requests == 50 and len(tr.kind) == 50 * 5
     assert "wrote" in capsys.readouterr().out
+
+
+def _umask(mask: int) -> int:
+    import os
+
+    return os.umask(mask)
+
+
+def test_outputs_get_the_mode_a_plain_open_gives(tmp_path):
+    """Issue 38 (8): the workload was written 0600 (the temp file's mode); now 0666 less the
+    umask, as every file written atomically."""
+    from kvaudit.cli import main
+
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"prompt": "sys##doc##q"}\n')
+    old = _umask(0o022)
+    try:
+        assert main(["generate", "workload", "--out", str(tmp_path / "w.jsonl"), "--requests", "5",
+                     "--documents", "20", "--no-progress"]) == 0
+        assert main(["generate", "workload", "--from-log", str(log), "--split", "delimiter:##",
+                     "--tokenizer", "smollm2", "--out", str(tmp_path / "l.jsonl")]) == 0
+        _umask(0o027)
+        assert main(["generate", "workload", "--out", str(tmp_path / "w2.jsonl"), "--requests", "5",
+                     "--documents", "20", "--no-progress"]) == 0
+    finally:
+        _umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir() if p.name != "log.jsonl"}
+    assert modes == {"w.jsonl": 0o644, "l.jsonl": 0o644, "l.card.json": 0o644, "w2.jsonl": 0o640}
+
+
+def test_a_failed_write_leaves_no_folder_or_file(tmp_path, monkeypatch, capsys):
+    """Issue 38 (8): the folders --out needed are made for the write and removed when it fails."""
+    from kvaudit.cli import main
+
+    def interrupted(trace, params):
+        yield "{}\n"
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(workload, "workload_lines", interrupted)
+    out = tmp_path / "new" / "sub" / "w.jsonl"
+    assert main(["generate", "workload", "--out", str(out), "--requests", "5", "--documents", "20",
+                 "--no-progress"]) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

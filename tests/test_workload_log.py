@@ -104,3 +104,89 @@ def test_fuzzed_logs_give_a_workload_or_a_named_error(tmp_path, rows, split):
     for r in res.requests:
         assert r["pieces"] and all(p["tokens"] >= 1 and p["id"].startswith("c-") for p in r["pieces"])
     assert len(res.requests) + len(res.skipped) == sum(1 for _ in rows)
+
+
+# --------------------------------------------------------------------------- issue 38: bounds
+
+
+def _gen(log: Path, out: Path, *extra: str) -> int:
+    return main(["generate", "workload", "--from-log", str(log), "--out", str(out), *extra])
+
+
+def test_what_from_log_names_is_said_as_it_is(tmp_path, capsys):
+    """/dev/null and a folder were "file not found"."""
+    import os
+
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    os.mkfifo(tmp_path / "fifo")
+    for path, message in ((Path("/dev/null"), "not a regular file (a character device)"),
+                          (tmp_path, "is a directory, not a file"),
+                          (tmp_path / "fifo", "not a regular file (a pipe)"),
+                          (tmp_path / "empty.jsonl", "empty (0 bytes)"),
+                          (tmp_path / "nothing.jsonl", "file not found")):
+        assert _gen(path, tmp_path / "w.jsonl") == 2
+        assert f"{path}: {message}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl", "fifo"]
+
+
+def test_a_line_over_the_limit_is_refused_naming_it(tmp_path, capsys):
+    """A 50 MB line once ran 460 s at 2.7 GB: a line is read with a bound (--max-line-bytes)."""
+    log = _write(tmp_path / "log.jsonl", [{"prompt": "a##b"}, {"prompt": "x" * 200}])
+    with pytest.raises(DatasetError, match=r"log\.jsonl, line 2: longer than 100 bytes \(--max-line-bytes"):
+        read_log(log, "delimiter:##", max_line_bytes=100)
+    n = len(json.dumps({"prompt": "x" * 200}))  # the limit counts a line's bytes without its newline
+    assert len(read_log(log, "delimiter:##", max_line_bytes=n)[0]) == 2
+    with pytest.raises(DatasetError, match="line 2: longer than"):
+        read_log(log, "delimiter:##", max_line_bytes=n - 1)
+    assert len(read_log(log, "delimiter:##", max_line_bytes=0)[0]) == 2  # 0: no limit
+    (tmp_path / "big.jsonl").write_bytes(b'{"prompt": "' + b"word " * 2_000_000 + b'"}\n')
+    assert _gen(tmp_path / "big.jsonl", tmp_path / "w.jsonl", "--split", "delimiter: ") == 2
+    assert "big.jsonl, line 1: longer than 8388608 bytes" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("split, row", [
+    ("delimiter: ", {"prompt": "w " * 5000}),
+    ("regex: +", {"prompt": "w " * 5000}),
+    ("messages", {"messages": [{"role": "user", "content": "hi"}] * 5000}),
+])
+def test_a_request_of_too_many_pieces_is_refused_naming_it(tmp_path, capsys, split, row):
+    log = _write(tmp_path / "log.jsonl", [{"messages": [SYSTEM, REFUND], "prompt": "a b"}, row])
+    assert _gen(log, tmp_path / "w.jsonl", "--split", split) == 2
+    err = capsys.readouterr().err
+    assert f"log.jsonl, line 2: --split {split!r} cuts this request into more than 4096 pieces (--max-pieces)" in err
+    assert not (tmp_path / "w.jsonl").exists()
+    assert len(read_log(log, split, max_pieces=5001)[0]) == 2
+
+
+def test_a_catastrophic_regex_ends_in_seconds_naming_the_option(tmp_path, capsys):
+    """(?:a|aa)+$ on 30,000 characters backtracked for over 150 s."""
+    import time
+
+    log = _write(tmp_path / "log.jsonl", [{"prompt": "a" * 30_000 + "b"}])
+    t0 = time.monotonic()
+    assert _gen(log, tmp_path / "w.jsonl", "--split", "regex:(?:a|aa)+$") == 2
+    assert time.monotonic() - t0 < 15
+    assert "--split 'regex:(?:a|aa)+$': matching took over 2 s on" in capsys.readouterr().err
+    assert not (tmp_path / "w.jsonl").exists()
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (b'{"prompt": "caf\xe9"}', "not UTF-8 text (byte 15 of the line)"),
+    (b'{"prompt": 1' + b"0" * 5000 + b"}", "unreadable JSON value"),
+    (b'{"prompt": "a\\ud800"}', "field 'prompt' is not Unicode text"),
+    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "JSON nested too deeply"),
+])
+def test_an_unreadable_line_is_skipped_and_named(tmp_path, raw, reason):
+    log = tmp_path / "log.jsonl"
+    log.write_bytes(b'{"prompt": "a##b"}\n' + raw + b"\n")
+    requests, skipped = read_log(log, "delimiter:##")
+    assert len(requests) == 1 and skipped[0]["line"] == 2 and skipped[0]["reason"].startswith(reason)
+
+
+def test_lines_end_at_newlines_only(tmp_path):
+    """A raw U+2028 inside a JSON string is no line break (str.splitlines took it for one)."""
+    log = tmp_path / "log.jsonl"
+    log.write_text('\ufeff{"prompt": "a\u2028b##c"}\r\n{"prompt": "d\x85e"}\n', encoding="utf-8")
+    requests, skipped = read_log(log, "delimiter:##")
+    assert skipped == [] and [r.pieces for r in requests] == [[("prefix", "a\u2028b"), ("question", "c")],
+                                                              [("question", "d\x85e")]]

@@ -2,16 +2,21 @@
 
 ``kvaudit audit RUN`` writes an :class:`~kvaudit.core.audit_format.AuditRecord` (format
 :data:`~kvaudit.core.audit_format.AUDIT_FORMAT`: the sha256 of ``pairs.jsonl`` and ``manifest.json``,
-the dataset's content hash, the parameters, the verdict and the checks; see
-:mod:`kvaudit.core.audit_format`).
+the dataset's content hash, the sha256 of ``simulation.json`` when the run has one, the
+parameters, the verdict and the checks; see :mod:`kvaudit.core.audit_format`).
 
 :func:`verify` is what every reader that acts on the audit (the gate, the report) calls. It
 refuses an ``audit.json`` that is missing, of another format or kvaudit version, malformed, or
 whose recorded hashes no longer match the run's files (the run was resumed, extended or edited
 after its audit), and then reruns the checks with the recorded parameters: the verdict it
 returns is derived from those fresh checks, never read from the file, and a file whose
-recorded checks disagree with the fresh ones (hand-written or edited) is refused too. A caller
-that has read the run already passes its manifest and pairs, so they are not parsed twice.
+recorded checks disagree with the fresh ones (hand-written or edited) is refused too, and so is
+one whose recorded ``--identity-tol`` is out of range (:func:`~kvaudit.audit.checks.check_identity_tol`).
+A caller that has read the run already passes its manifest and pairs, so they are not parsed twice.
+
+``simulation.json`` is not judged by the audit: its recorded sha256 only binds it to the run, and
+the gate's simulated hit-rate row checks it (:class:`VerifiedAudit` carries the recorded inputs
+and parameters for that, and for the gate's audit row to show the tolerance).
 """
 
 from __future__ import annotations
@@ -20,7 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.audit.checks import CheckResult, LoadedRun, load_for_audit, run_checks
+from kvaudit.audit.checks import (
+    CheckResult,
+    LoadedRun,
+    check_identity_tol,
+    load_for_audit,
+    run_checks,
+)
 from kvaudit.core.audit_format import (
     AUDIT_FORMAT,
     VERDICTS,
@@ -28,11 +39,11 @@ from kvaudit.core.audit_format import (
     AuditParameters,
     AuditRecord,
 )
-from kvaudit.core.errors import USER_ERRORS
+from kvaudit.core.errors import USER_ERRORS, KvauditError
 from kvaudit.core.jsonio import file_sha256
 from kvaudit.core.manifest import Manifest, RunFileError
 from kvaudit.core.run_dir import RunDir
-from kvaudit.core.run_format import MANIFEST_FILE, PAIRS_FILE, PairRecord
+from kvaudit.core.run_format import MANIFEST_FILE, PAIRS_FILE, SIMULATION_FILE, PairRecord
 
 __all__ = ["AUDIT_FORMAT", "VERDICTS", "VerifiedAudit", "build_audit", "file_sha256", "verdict_of", "verify"]
 
@@ -61,7 +72,8 @@ def _audit_of(run: LoadedRun, identity_tol: float | None, dataset_dir: str | Pat
     return AuditRecord(
         kvaudit_version=_kvaudit_version(),
         inputs=AuditInputs(pairs_sha256=hashes[PAIRS_FILE], manifest_sha256=hashes[MANIFEST_FILE],
-                           dataset=run.dataset.card.content_hash if run.dataset is not None else None),
+                           dataset=run.dataset.card.content_hash if run.dataset is not None else None,
+                           simulation_sha256=hashes.get(SIMULATION_FILE)),
         parameters=AuditParameters(identity_tol=identity_tol,
                                    dataset_dir=None if dataset_dir is None else str(dataset_dir)),
         verdict=verdict, passed=verdict == "passed", checks=checks)
@@ -71,8 +83,16 @@ def build_audit(run_dir: str | Path, *, identity_tol: float | None = None,
                 dataset_dir: str | Path | None = None) -> AuditRecord:
     """Run every check on ``run_dir`` and return its :class:`AuditRecord` (not written: see
     :func:`kvaudit.core.audit_format.write_audit`)."""
+    if identity_tol is not None:
+        try:
+            check_identity_tol(identity_tol)
+        except ValueError as e:
+            raise KvauditError(f"--identity-tol {e}") from None
     run = load_for_audit(run_dir, dataset_dir)
-    hashes = {PAIRS_FILE: file_sha256(run.files.pairs_file), MANIFEST_FILE: file_sha256(run.files.manifest_file)}
+    files = run.files
+    hashes = {PAIRS_FILE: file_sha256(files.pairs_file), MANIFEST_FILE: file_sha256(files.manifest_file)}
+    if files.simulation_file.is_file():
+        hashes[SIMULATION_FILE] = file_sha256(files.simulation_file)
     return _audit_of(run, identity_tol, dataset_dir, hashes)
 
 
@@ -80,13 +100,16 @@ def build_audit(run_dir: str | Path, *, identity_tol: float | None = None,
 class VerifiedAudit:
     """The state of a run's audit: ``state`` is ``verified`` (``verdict`` and ``checks`` are the
     fresh ones), ``missing``, or ``refused`` (``reason`` says why: stale, foreign, hand-written).
-    ``run`` is the run as the fresh audit read it (``None`` unless verified)."""
+    ``run`` is the run as the fresh audit read it, ``inputs`` and ``parameters`` what
+    ``audit.json`` records (``None`` unless verified)."""
 
     state: str
     reason: str = ""
     verdict: str | None = None
     checks: list[CheckResult] = field(default_factory=list)
     run: LoadedRun | None = field(default=None, repr=False, compare=False)
+    inputs: AuditInputs | None = None
+    parameters: AuditParameters | None = None
 
     @property
     def passed(self) -> bool | None:
@@ -127,6 +150,11 @@ def verify(run_dir: str | Path, *, manifest: Manifest | None = None,
             return VerifiedAudit("refused", f"{at} changed after the audit (its sha256 differs "
                                             f"from {file}, field 'inputs.{name}'): the audit is stale; {rerun}")
     params = recorded.parameters
+    if params.identity_tol is not None:
+        try:
+            check_identity_tol(params.identity_tol)
+        except ValueError as e:
+            return VerifiedAudit("refused", f"{file}: field 'parameters.identity_tol' {e}: {rerun}")
     try:
         run = load_for_audit(path, params.dataset_dir, manifest=manifest, pairs=pairs)
         fresh = _audit_of(run, params.identity_tol, params.dataset_dir, hashes)
@@ -141,4 +169,5 @@ def verify(run_dir: str | Path, *, manifest: Manifest | None = None,
             or recorded.verdict != fresh.verdict or recorded.passed != fresh.passed:
         return VerifiedAudit("refused", f"{file} does not match a fresh audit of the same files "
                                         f"(edited or hand-written): {rerun}")
-    return VerifiedAudit("verified", "", fresh.verdict, list(fresh.checks), run=run)
+    return VerifiedAudit("verified", "", fresh.verdict, list(fresh.checks), run=run, inputs=recorded.inputs,
+                         parameters=params)

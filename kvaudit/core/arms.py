@@ -253,6 +253,22 @@ CANONICAL_ORDER = ("recompute", "reuse", "reuse_other_tenant", "identity", "reus
 _check_registry()
 # The arms a routing frontier compares: the policy under test and its repairs.
 FRONTIER_ROLES = ("under_test", "repair")
+# The roles of the arms a gate policy may judge (its ``arm``): what a deployment would run. Every
+# other arm is the reference, a control (equal to the reference by construction, or isolating one
+# cause), a probe or a diagnostic: a policy that judged one would pass whatever reuse does.
+GATED_ROLES = ("under_test", "repair", "engine_prefix", "engine_prefix_warm")
+
+
+def is_gated(spec: ArmSpec) -> bool:
+    """Whether a gate policy may judge arm ``spec``: its role is in :data:`GATED_ROLES` and its
+    parameter does not make it a control (``blend@1`` recomputes every segment token: it equals
+    the reference by construction)."""
+    return spec.role in GATED_ROLES and not (spec.repair == "blend" and spec.param == 1.0)
+
+
+def gated_arms() -> list[str]:
+    """The arms a gate policy may judge, for messages: the registry's, then the repair families."""
+    return [a.name for a in ARMS.values() if is_gated(a)] + ["blend@R (R in [0, 1))", "epic@K (K >= 0)"]
 # The repairs' frontier sweep (`kvaudit demo --repairs`, docs/repairs.md): the reference, reuse, its
 # controls, both repair families at a few settings with their controls at each end, and the oracle pair.
 REPAIR_SWEEP = ("recompute", "reuse", "identity", "recompute_again", "blend@0", "blend@0.15", "blend@0.3",

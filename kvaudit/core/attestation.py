@@ -7,7 +7,8 @@ tolerance). An attestation closes that gap in the manner of in-toto / SLSA prove
 shared secret instead of a public-key infrastructure: when ``KVAUDIT_ATTESTATION_KEY`` is set,
 ``kvaudit run`` writes ``RUN/attestation.json`` at the end of every session, an HMAC-SHA256 over
 the two files' sha256 (and the kvaudit version and git revision that wrote them), keyed by that
-secret. A CI that holds the same secret asks for it with the policy's
+secret; a ``simulation.json`` already in the run (``kvaudit simulate --out RUN``, which decides
+the gate's simulated hit-rate row) is signed with them (:data:`OPTIONAL_SUBJECTS`). A CI that holds the same secret asks for it with the policy's
 ``[provenance] require_attestation = true``; ``kvaudit gate`` then re-derives the hashes and the
 MAC, and cannot judge (exit 2) a run whose attestation is missing, stale or forged.
 
@@ -20,18 +21,20 @@ import hashlib
 import hmac
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvaudit.core.errors import DatasetError
 from kvaudit.core.jsonio import dump_json, file_sha256, read_json, write_atomic
-from kvaudit.core.run_format import ATTESTATION_FILE, MANIFEST_FILE, PAIRS_FILE
+from kvaudit.core.run_format import ATTESTATION_FILE, MANIFEST_FILE, PAIRS_FILE, SIMULATION_FILE
 
 ATTESTATION_FORMAT = 1
 KEY_ENV = "KVAUDIT_ATTESTATION_KEY"
 MIN_KEY_BYTES = 16
 SUBJECTS = (MANIFEST_FILE, PAIRS_FILE)
+# Signed when present at signing time; once signed, a change (or removal) breaks the attestation.
+OPTIONAL_SUBJECTS = (SIMULATION_FILE,)
 _PAYLOAD_FIELDS = {"format", "producer", "subject", "key_id", "created"}
 
 
@@ -62,13 +65,15 @@ def _mac(key: bytes, payload: dict[str, Any]) -> str:
 
 
 def attest(run_dir: str | os.PathLike, key: bytes, producer: dict[str, Any]) -> Path:
-    """Write ``RUN/attestation.json`` over the run's current files; ``producer`` says what wrote
-    them (kvaudit version, git revision)."""
+    """Write ``RUN/attestation.json`` over the run's current files (those of
+    :data:`OPTIONAL_SUBJECTS` that exist too); ``producer`` says what wrote them (kvaudit
+    version, git revision)."""
     d = Path(run_dir)
+    names = list(SUBJECTS) + [n for n in OPTIONAL_SUBJECTS if (d / n).is_file()]
     payload = {
         "format": ATTESTATION_FORMAT,
         "producer": dict(producer),
-        "subject": {name: file_sha256(d / name) for name in SUBJECTS},
+        "subject": {name: file_sha256(d / name) for name in names},
         "key_id": key_id(key),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
@@ -80,11 +85,13 @@ def attest(run_dir: str | os.PathLike, key: bytes, producer: dict[str, Any]) -> 
 @dataclass
 class Attestation:
     """What :func:`verify_attestation` found: ``state`` is ``verified``, ``missing``, ``no_key``
-    or ``broken``; ``reason`` one sentence for the gate's table."""
+    or ``broken``; ``reason`` one sentence for the gate's table; ``subject`` the sha256 of every
+    file it signed, by name (verified only)."""
 
     state: str
     reason: str
     producer: dict[str, Any] | None = None
+    subject: dict[str, str] = field(default_factory=dict)
 
 
 def verify_attestation(run_dir: str | os.PathLike, key: bytes | None) -> Attestation:
@@ -113,14 +120,15 @@ def verify_attestation(run_dir: str | os.PathLike, key: bytes | None) -> Attesta
                                      f"{str(payload['key_id'])[:16]}, ours {key_id(key)})")
     if not hmac.compare_digest(mac, _mac(key, payload)):
         return Attestation("broken", f"{path}: the signature does not match its content (edited after signing)")
-    subject = payload["subject"]
-    for name in SUBJECTS:
-        want = subject.get(name) if isinstance(subject, dict) else None
+    subject = payload["subject"] if isinstance(payload["subject"], dict) else {}
+    signed = [*SUBJECTS, *(n for n in OPTIONAL_SUBJECTS if n in subject)]
+    for name in signed:
         if not (d / name).is_file():
-            return Attestation("broken", f"{d / name} not found")
-        if want != file_sha256(d / name):
+            return Attestation("broken", f"{d / name} not found (`kvaudit run` signed it)")
+        if subject.get(name) != file_sha256(d / name):
             return Attestation("broken", f"{d / name} changed after `kvaudit run` attested it "
                                          "(its sha256 differs from the signed one)")
     producer = payload["producer"] if isinstance(payload["producer"], dict) else {}
     return Attestation("verified", f"signed by `kvaudit run` (key id {payload['key_id']}, "
-                                   f"{payload['created']}); files unchanged since", producer)
+                                   f"{payload['created']}); {', '.join(signed)} unchanged since", producer,
+                       {name: subject[name] for name in signed})

@@ -3,7 +3,8 @@
 ``kvaudit audit RUN`` writes it (format :data:`AUDIT_FORMAT`)::
 
     {"format": 2, "kvaudit_version": "...",
-     "inputs": {"pairs.jsonl": sha256, "manifest.json": sha256, "dataset": content hash or null},
+     "inputs": {"pairs.jsonl": sha256, "manifest.json": sha256, "dataset": content hash or null,
+                "simulation.json": sha256 or null},
      "parameters": {"identity_tol": float or null, "dataset_dir": str or null},
      "verdict": "passed" | "failed" | "cannot_judge", "passed": bool, "checks": [...]}
 
@@ -13,6 +14,12 @@ then every field's type; a malformed file raises
 *means* (whether its hashes still match the run's files and its checks a fresh audit) is for
 :func:`kvaudit.audit.trust.verify` to say; this module only reads and writes it. Keys the format
 does not define are ignored (the record is re-derived from the run whenever it is read).
+
+``inputs["simulation.json"]`` binds the cache simulator's results in the run (which decide the
+gate's ``[hit_rate] source = "simulated"`` row) to the run: null when the run had none at audit
+time; an audit written before this field existed reads as null (the row then cannot judge until
+the run is audited again). ``parameters.identity_tol`` is the ``--identity-tol`` override (null:
+the dtype's default); the gate shows it and refuses a loosened one the policy does not allow.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from typing import Any
 from kvaudit.core.errors import excerpt
 from kvaudit.core.jsonio import write_json
 from kvaudit.core.manifest import Fields, RunFileError, read_record
-from kvaudit.core.run_format import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE
+from kvaudit.core.run_format import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE, SIMULATION_FILE
 
 AUDIT_FORMAT = 2
 VERDICTS = ("passed", "failed", "cannot_judge")
@@ -46,15 +53,18 @@ class CheckResult:
 
 @dataclass
 class AuditInputs:
-    """The sha256 of the two run files the audit judged and the content hash of the dataset it
-    read (``None``: none was found)."""
+    """The sha256 of the two run files the audit judged, the content hash of the dataset it
+    read (``None``: none was found) and the sha256 of the run's ``simulation.json`` (``None``:
+    the run had none), which the audit binds to the run for the gate."""
 
     pairs_sha256: str
     manifest_sha256: str
     dataset: str | None = None
+    simulation_sha256: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {PAIRS_FILE: self.pairs_sha256, MANIFEST_FILE: self.manifest_sha256, "dataset": self.dataset}
+        return {PAIRS_FILE: self.pairs_sha256, MANIFEST_FILE: self.manifest_sha256, "dataset": self.dataset,
+                SIMULATION_FILE: self.simulation_sha256}
 
 
 @dataclass
@@ -92,7 +102,7 @@ class AuditRecord:
         f = Fields(obj, file)
         inputs = f.record("inputs", lambda g: AuditInputs(
             pairs_sha256=g.string(PAIRS_FILE, required=True), manifest_sha256=g.string(MANIFEST_FILE, required=True),
-            dataset=g.string("dataset")))
+            dataset=g.string("dataset"), simulation_sha256=g.string(SIMULATION_FILE)))
         params = f.record("parameters", lambda g: AuditParameters(
             identity_tol=g.number("identity_tol"), dataset_dir=g.string("dataset_dir")))
         if inputs is None or params is None:

@@ -1,6 +1,7 @@
 """User-facing errors: the CLI prints their message as one clear sentence, never a traceback."""
 
 import os
+import sys
 
 MAX_MESSAGE = 500  # characters of an error message (they may echo user input)
 
@@ -20,9 +21,17 @@ class UnsupportedModelError(KvauditError):
 USER_ERRORS = (KvauditError, DatasetError)
 
 
+def printable(text: object) -> str:
+    """``text`` safe to print on a terminal: control and other non-printable characters (ESC,
+    newlines, bidi overrides) shown escaped as ``\\x1b``, ``\\n``, ``\\u202e``; the rest as is."""
+    s = str(text)
+    return s if s.isprintable() else "".join(c if c.isprintable() else ascii(c)[1:-1] for c in s)
+
+
 def cut(text: object, limit: int = MAX_MESSAGE) -> str:
-    """``text`` on one line, at most ``limit`` characters (an ellipsis marks a cut)."""
-    one = " ".join(str(text).splitlines())
+    """``text`` on one line, at most ``limit`` characters (an ellipsis marks a cut), control
+    characters escaped (:func:`printable`): every error line goes through it to the terminal."""
+    one = printable(" ".join(str(text).splitlines()))
     return one if len(one) <= limit else one[: limit - 3] + "..."
 
 
@@ -36,5 +45,13 @@ def os_error_message(e: OSError) -> str:
 
 def excerpt(text: str, n: int = 80) -> str:
     """User input echoed in a message: control characters escaped, cut to ``n`` characters."""
-    shown = text[:n] if text[:n].isprintable() else ascii(text[:n])[1:-1]
+    shown = printable(text[:n])
     return shown if len(text) <= n else shown + f"... ({len(text)} chars)"
+
+
+def error_line(message: str) -> None:
+    """Print ``kvaudit: error: <message>`` (one line, cut) to stderr; silent if stderr is closed."""
+    try:
+        print(f"kvaudit: error: {cut(message)}", file=sys.stderr)
+    except (OSError, ValueError):  # stderr closed too: nothing left to tell
+        pass

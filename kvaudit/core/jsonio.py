@@ -12,10 +12,13 @@ import hashlib
 import json
 import os
 import re
+import secrets
+import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from kvaudit.core.errors import DatasetError
 
@@ -40,23 +43,94 @@ def file_sha256(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file and rename, so readers never see half a file."""
+@contextmanager
+def atomic_open(path: str | os.PathLike) -> Iterator[TextIO]:
+    """A UTF-8 text file to write that appears at ``path`` whole when the block ends, or not at all
+    when it raises: written to a temp file beside ``path``, synced, given the mode a plain
+    ``open()`` would give (0666 less the umask; the temp file's own is 0600), then renamed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise naming(e, path) from e
         raise
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file and rename, so readers never see half a file."""
+    with atomic_open(path) as f:
+        f.write(text)
+
+
+@contextmanager
+def removed_on_failure(*paths: str | os.PathLike) -> Iterator[None]:
+    """Run the block that writes ``paths`` (files or folders); when it raises, remove each of them
+    that did not exist before it, with everything in it, and the parent folders the block made
+    for it. A failed command leaves no empty or half-written output of its own behind."""
+    made = []
+    for p in map(Path, paths):
+        new = []
+        while not os.path.lexists(p) and p != p.parent:
+            new.append(p)
+            p = p.parent
+        made.append(new)
+    try:
+        yield
+    except BaseException:
+        for new in made:
+            for i, p in enumerate(new):
+                if i == 0 and p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                elif i == 0:
+                    p.unlink(missing_ok=True)
+                else:
+                    with suppress(OSError):
+                        p.rmdir()  # only if empty: a parent also holding another output stays
+        raise
+
+
+def naming(e: OSError, path: str | os.PathLike) -> OSError:
+    """``e`` naming ``path``, the file the user asked for: a failed write (ENOSPC, EFBIG, EIO)
+    names no file, and a failed temp file or rename names the temp file."""
+    return OSError(e.errno, e.strerror or str(e) or type(e).__name__, os.fspath(path))
+
+
+def write_all(files: Mapping[str | os.PathLike, str]) -> None:
+    """Write several files so that either every one is new or none is: each text goes to a temp
+    file beside its path (:func:`atomic_open`), and only once all are written are they renamed
+    into place (a rename needs no space). When a write fails, the temp files and the folders
+    made for them are removed (:func:`removed_on_failure`); an OSError names the file."""
+    paths = [Path(p) for p in files]
+    temps: list[Path] = []
+    with removed_on_failure(*{p.parent for p in paths}):
+        try:
+            for path, text in zip(paths, files.values()):
+                temps.append(path.with_name(f".{path.name[:32]}.{secrets.token_hex(4)}.tmp"))
+                try:
+                    with atomic_open(temps[-1]) as f:
+                        f.write(text)
+                except OSError as e:
+                    raise naming(e, path) from e
+            for tmp, path in zip(temps, paths):
+                try:
+                    os.replace(tmp, path)
+                except OSError as e:
+                    raise naming(e, path) from e
+        except BaseException:
+            for tmp in temps:
+                tmp.unlink(missing_ok=True)
+            raise
 
 
 def check_writable_dir(path: str | os.PathLike, flag: str = "--out") -> Path:
@@ -251,9 +325,35 @@ class JsonlAppender:
         self.written = 0
 
     def append(self, rec: Any) -> None:
-        self._f.write(dump_jsonl([self._to_dict(rec)]))
+        try:
+            self._f.write(dump_jsonl([self._to_dict(rec)]))
+        except OSError as e:  # a full disk: the error names no file
+            raise naming(e, self._f.name) from e
         self.written += 1
 
     def flush(self) -> None:
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as e:
+            raise naming(e, self._f.name) from e
+
+
+@contextmanager
+def appending_jsonl(path: str | os.PathLike, to_dict: Any) -> Iterator[JsonlAppender]:
+    """A :class:`JsonlAppender` on ``path`` (created with its folder), flushed and closed when the
+    block ends; an error of that flush or close (a full disk) names ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a", encoding="utf-8")  # noqa: SIM115 (closed below, its error named)
+    appender = JsonlAppender(f, to_dict)
+    try:
+        yield appender
+    finally:
+        try:
+            appender.flush()
+        finally:
+            try:
+                f.close()  # flushes again what the failed flush left in the buffer
+            except OSError as e:
+                raise naming(e, path) from e

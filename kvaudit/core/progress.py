@@ -34,7 +34,10 @@ def progress_bar(iterable: Any = None, *, total: int | None = None, desc: str = 
 
 def progress_print(bar: Any, line: str) -> None:
     """Print ``line`` to stderr above ``bar`` (a plain print while the bar is not shown yet:
-    tqdm's own write would draw a bar still inside its delay)."""
+    tqdm's own write would draw a bar still inside its delay), control characters escaped."""
+    from kvaudit.core.errors import printable
+
+    line = printable(line)
     shown = getattr(bar, "last_print_t", 0.0) >= getattr(bar, "start_t", 0.0) + PROGRESS_DELAY_S
     if shown and not bar.disable:
         bar.write(line, file=sys.stderr)

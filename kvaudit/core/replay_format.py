@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.errors import DatasetError, KvauditError, excerpt
-from kvaudit.core.jsonio import JsonlAppender, iter_jsonl, mend_jsonl_tail, read_json, write_json
+from kvaudit.core.jsonio import (
+    JsonlAppender,
+    appending_jsonl,
+    iter_jsonl,
+    mend_jsonl_tail,
+    read_json,
+    write_json,
+)
 from kvaudit.core.run_format import REPLAY_CONFIG_FILE, REPLAY_FILE, REPLAY_REQUESTS_FILE
 from kvaudit.core.run_lock import run_lock
 from kvaudit.core.trace import KINDS, MAX_PIECE_TOKENS
@@ -198,13 +205,8 @@ class ReplayDir:
 
     @contextlib.contextmanager
     def appending_requests(self) -> Iterator[JsonlAppender]:
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.requests_file, "a", encoding="utf-8") as f:
-            appender = JsonlAppender(f, asdict)
-            try:
-                yield appender
-            finally:
-                appender.flush()
+        with appending_jsonl(self.requests_file, asdict) as appender:
+            yield appender
 
     # ------------------------------------------------------------------ replay.json
     def read_summary(self) -> dict[str, Any]:

@@ -27,10 +27,11 @@ from kvaudit.core.audit_format import AuditRecord, read_audit, write_audit
 from kvaudit.core.errors import DatasetError, KvauditError
 from kvaudit.core.jsonio import (
     JsonlAppender,
+    appending_jsonl,
+    dump_json,
     dump_jsonl,
     read_json,
-    write_atomic,
-    write_json,
+    write_all,
     write_jsonl,
 )
 from kvaudit.core.manifest import Manifest, read_manifest, write_manifest
@@ -153,13 +154,8 @@ class RunDir:
     @contextlib.contextmanager
     def appending_pairs(self) -> Iterator[JsonlAppender]:
         """Append records to ``pairs.jsonl`` (mend its tail first: :meth:`finished`)."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.pairs_file, "a", encoding="utf-8") as f:
-            appender = JsonlAppender(f, pair_to_dict)
-            try:
-                yield appender
-            finally:
-                appender.flush()
+        with appending_jsonl(self.pairs_file, pair_to_dict) as appender:
+            yield appender
 
     def write_pairs(self, pairs: Iterable[PairRecord]) -> None:
         """Write ``pairs.jsonl`` whole, atomically (synthetic runs; the same bytes as appending)."""
@@ -182,14 +178,11 @@ class RunDir:
         self.attestation_file.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ the report's files
-    def write_summary(self, summary: dict[str, Any]) -> None:
-        write_json(self.summary_file, summary)
-
-    def write_samples(self, rows: Iterable[dict[str, Any]]) -> None:
-        write_atomic(self.samples_file, dump_jsonl(rows))
-
-    def write_report(self, html: str) -> Path:
-        write_atomic(self.report_file, html)
+    def write_report(self, summary: dict[str, Any], rows: Iterable[dict[str, Any]], html: str) -> Path:
+        """Write ``report.html``, ``summary.json`` and ``samples.jsonl`` all new or none (a full
+        disk must not leave a new summary beside an old page); the page's path."""
+        write_all({self.report_file: html, self.summary_file: dump_json(summary),
+                   self.samples_file: dump_jsonl(rows)})
         return self.report_file
 
     # ------------------------------------------------------------------ simulation.json

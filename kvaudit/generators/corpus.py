@@ -19,8 +19,10 @@ planting needles in :mod:`kvaudit.generators.needles`.
 Anything not used is counted in ``dataset.json`` (``counts``), never dropped silently. A file
 that cannot be used (unreadable: not UTF-8, permission denied, damaged JSONL or parquet; empty; or
 larger than ``--max-file-bytes``) is skipped and named with its reason in ``counts.skipped_files``
-and the printed summary; ``--strict`` refuses the corpus instead. Skipping a file changes nothing
-about the other files' segments and cases: they are byte-identical to a run without it.
+and the printed summary; ``--strict`` refuses the corpus instead. The walk stays inside the
+folder: a link that resolves outside it is skipped, named there and in a warning on stderr.
+Skipping a file changes nothing about the other files' segments and cases: they are
+byte-identical to a run without it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import random
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -337,6 +340,9 @@ def build(args: argparse.Namespace, count_tokens: TokenCounter | None = None,
                   progress=show_progress(args, quiet), overwrite=args.overwrite)
     if not quiet and counts["skipped_files"]:
         print(format_skipped(counts["skipped_files"]))
+    for s in counts["skipped_files"]:
+        if s["kind"] == "outside":
+            print(f"warning: {s['file']}: skipped, {s['reason']}", file=sys.stderr)
     return card
 
 

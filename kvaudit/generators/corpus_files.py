@@ -5,6 +5,11 @@ each, ``.jsonl`` and ``.parquet`` files one document per row (text in ``text_fie
 cannot be used (unreadable: not UTF-8, permission denied, damaged JSONL or parquet; empty; or
 larger than ``max_file_bytes``) is skipped and named with its reason, or refused with ``strict``;
 hidden and unsupported files and empty documents are counted. A whole file is used or skipped.
+
+The walk stays inside the folder: a link that resolves outside it (a file or a folder) is skipped
+and named (kind ``outside``), a broken link too; a link to a file inside the folder is read; a
+link to a folder is never descended into (one inside the folder is counted: its files are read
+under their own path), so no link can make the walk loop.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from kvaudit.core.progress import progress_bar
 
 SUFFIXES = (".txt", ".md", ".jsonl", ".parquet")
 DEFAULT_MAX_FILE_BYTES = 64 * 2**20  # 64 MiB; 0 = no limit
-SKIP_KINDS = ("unreadable", "empty", "oversized")
+SKIP_KINDS = ("unreadable", "empty", "oversized", "outside")
 
 
 @dataclass
@@ -178,6 +183,31 @@ def _load_saved_dataset(path: Path, text_field: str, split: str | None,
     return out
 
 
+def _link_usable(link: Path, root: Path, skipped: Counter, skipped_files: list[dict[str, str]],
+                 strict: bool) -> bool:
+    """Whether a link in the corpus folder is read: a link to a file inside the folder is; a link
+    that resolves outside the folder, or to nothing, is skipped and named (refused with
+    ``strict``); a link to a folder inside it is counted and passed over (that folder is read
+    under its own path)."""
+    target = Path(os.path.realpath(link))  # never raises, even on a link loop
+    if not target.is_relative_to(root):
+        e = SkippedFile("outside", f"a link to {target}, outside the corpus folder {root}")
+        counter = "links_outside"
+    elif target.is_dir():
+        skipped["linked_folders"] += 1
+        return False
+    elif not target.is_file():
+        e = SkippedFile("unreadable", "a broken link (it leads to no file, or loops)")
+        counter = "broken_links"
+    else:
+        return True
+    if strict:
+        raise _refuse(link, e)
+    skipped[counter] += 1
+    skipped_files.append({"file": str(link), "kind": e.kind, "reason": e.reason})
+    return False
+
+
 def _refuse(path: Path, e: SkippedFile) -> KvauditError:
     return KvauditError(f"{path}: {e.reason}; refused by --strict (without it the file is skipped "
                         "and named in dataset.json)")
@@ -207,10 +237,15 @@ def load_corpus(path: str | Path, text_field: str = "text", split: str | None = 
         files = [p]
     else:
         files = []
+        root = Path(os.path.realpath(p))
+        # rglob lists a link but never descends into a linked folder, so the walk stays in the
+        # folder's own tree and cannot loop; a link is then judged by where it resolves to.
         for f in sorted(p.rglob("*"), key=lambda f: f.relative_to(p).as_posix()):
             rel = f.relative_to(p)
             if any(part.startswith(".") for part in rel.parts):
                 skipped["hidden_files"] += int(f.is_file())
+            elif f.is_symlink() and not _link_usable(f, root, skipped, skipped_files, strict):
+                continue
             elif f.is_dir():
                 if not os.access(f, os.R_OK | os.X_OK):  # rglob passes over it without a word
                     e = SkippedFile("unreadable", "cannot read folder (permission denied)")

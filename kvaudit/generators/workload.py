@@ -23,10 +23,9 @@ The defaults are calibrated against the published capacity study (see docs/simul
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -34,9 +33,10 @@ import numpy as np
 
 from kvaudit.core.arg_types import non_negative_int, positive_int
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.jsonio import check_writable_dir
+from kvaudit.core.jsonio import atomic_open, check_writable_dir, removed_on_failure
 from kvaudit.core.progress import add_progress_argument, progress_bar
 from kvaudit.core.trace import DOCUMENT, PREFIX, QUESTION, Trace
+from kvaudit.generators.workload_log import MAX_LINE_BYTES, MAX_PIECES, REGEX_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -209,20 +209,12 @@ def write_workload(path: str | Path, trace: Trace, params: WorkloadParams,
     """Write the workload JSONL atomically (temp file, then rename); ``progress``: a bar on
     stderr over the requests, when writing takes over 2 s.
 
-    Streams line by line instead of using ``kvaudit.core.jsonio.write_atomic``, which takes the whole
-    text: a million requests are 680 MB of JSON.
+    Streams line by line (``kvaudit.core.jsonio.atomic_open``) instead of building the whole
+    text first: a million requests are 680 MB of JSON.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(progress_bar(workload_lines(trace, params), total=trace.n_requests,
-                                      desc="writing requests", unit="request", enabled=progress))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        f.writelines(progress_bar(workload_lines(trace, params), total=trace.n_requests,
+                                  desc="writing requests", unit="request", enabled=progress))
 
 
 # --------------------------------------------------------------------------- CLI
@@ -253,7 +245,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="a JSONL request log: chat-completions requests (messages, also Batch API lines), "
                         "completions requests (prompt) or plain prompts (text, or JSON strings); docs/simulator.md")
     g.add_argument("--split", default="messages",
-                   help="how a prompt is cut into pieces: messages (default), delimiter:STRING or regex:PATTERN")
+                   help="how a prompt is cut into pieces: messages (default), delimiter:STRING or regex:PATTERN "
+                        f"(a regex may take {REGEX_TIMEOUT_S:g} s of CPU time per request)")
+    g.add_argument("--max-line-bytes", type=non_negative_int, default=MAX_LINE_BYTES,
+                   help="a longer log line refuses the log, naming it (default 8 MiB; 0 = no limit)")
+    g.add_argument("--max-pieces", type=positive_int, default=MAX_PIECES,
+                   help=f"most pieces --split may cut one request into (default {MAX_PIECES}); more "
+                        "refuses the log, naming the line")
     g.add_argument("--tokenizer", default="smollm2",
                    help="token counts from this model's tokenizer: smollm2 (default) or a local checkpoint directory")
     g.add_argument("--keep-text", action="store_true",
@@ -276,20 +274,23 @@ def card_path(out: Path) -> Path:
 def run_from_log(args: argparse.Namespace, out: Path) -> int:
     import sys
 
-    from kvaudit.core.jsonio import write_atomic, write_json
+    from kvaudit.core.jsonio import write_json
     from kvaudit.generators.workload_log import import_log, iter_lines, parse_split
     from kvaudit.models import load_tokenizer
 
-    parse_split(args.split)  # a bad --split is refused before the tokenizer loads
-    tok = load_tokenizer(args.tokenizer)
+    parse_split(args.split)  # a bad --split, or log, is refused before the tokenizer loads (seconds)
+    tokenizer = functools.cache(lambda: load_tokenizer(args.tokenizer))
 
     def count(text: str) -> int:
-        return len(tok(text, add_special_tokens=False)["input_ids"])
+        return len(tokenizer()(text, add_special_tokens=False)["input_ids"])
 
-    result = import_log(args.from_log, args.split, count, keep_text=args.keep_text, strict=args.strict)
-    write_atomic(out, "".join(iter_lines(result)))
+    result = import_log(args.from_log, args.split, count, keep_text=args.keep_text, strict=args.strict,
+                        max_line_bytes=args.max_line_bytes, max_pieces=args.max_pieces)
     card = {**result.card, "tokenizer": args.tokenizer, "skipped": result.skipped}
-    write_json(card_path(out), card)
+    with removed_on_failure(out, card_path(out)):  # both files or neither
+        with atomic_open(out) as f:
+            f.writelines(iter_lines(result))
+        write_json(card_path(out), card)
     for s in result.skipped[:20]:
         print(f"{args.from_log}, line {s['line']}: skipped: {s['reason']}", file=sys.stderr)
     if len(result.skipped) > 20:
@@ -311,7 +312,8 @@ def run(args: argparse.Namespace) -> int:
         return run_from_log(args, out)
     params = params_from_args(args)
     trace = generate(params)
-    write_workload(args.out, trace, params, progress=not args.no_progress)
+    with removed_on_failure(out):  # no empty folder left by a failed write
+        write_workload(out, trace, params, progress=not args.no_progress)
     s = trace.summary()
     print(f"wrote {args.out}: {s['requests']} requests, {s['prompt_tokens']} prompt tokens "
           f"({s['mean_prompt_tokens']:.0f} per request), {s['distinct_documents']} distinct documents")

@@ -16,24 +16,41 @@ Empty pieces are dropped. A piece's id is the hash of its text (same text, same 
 appears) and its token count the tokenizer's count of the text alone. Only ids and counts are
 written unless ``keep_text`` (logs hold user data).
 
-A line that cannot be read (not JSON, no prompt, a message without text) is skipped and named with
-its reason; ``strict`` refuses the file at the first one instead. The card
-(:func:`reuse_card`) says how much of the log's prompt tokens repeat earlier content, and how much
-of that repeated content sits at positions an exact prefix cache cannot reach.
+A line that cannot be read (not UTF-8 or not JSON, no prompt, a message without text) is skipped
+and named with its reason; ``strict`` refuses the file at the first one instead.
+
+Bounds, so that no log runs unbounded in time or memory: the log is read a line at a time, and a
+line over ``max_line_bytes`` (:data:`MAX_LINE_BYTES`, 8 MiB) refuses the log, naming the line; a
+request the split cuts into more than ``max_pieces`` pieces (:data:`MAX_PIECES`) refuses it too;
+a ``regex:`` pattern runs in the ``regex`` module with a limit of :data:`REGEX_TIMEOUT_S` s of CPU
+time per request, and a pattern that runs past it (catastrophic backtracking) refuses the log,
+naming ``--split``.
+
+The card (:func:`reuse_card`) says how much of the log's prompt tokens repeat earlier content, and
+how much of that repeated content sits at positions an exact prefix cache cannot reach.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-import re
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
+
+import regex
 
 from kvaudit.core.errors import DatasetError, KvauditError, excerpt
-from kvaudit.core.jsonio import read_bytes
+from kvaudit.core.jsonio import unwritable
+
+MAX_LINE_BYTES = 8 * 2**20  # default --max-line-bytes: longest request line, newline not counted
+MAX_PIECES = 4096  # default --max-pieces: most pieces one request may be cut into
+REGEX_TIMEOUT_S = 2.0  # the most CPU seconds a --split regex may take on one request
+
+Cutter = Callable[[str], list[str]]
 
 
 @dataclass
@@ -54,22 +71,50 @@ class _Skip(Exception):
     """A line that cannot be read as a request: its reason."""
 
 
-def parse_split(spec: str) -> Callable[[str], list[str]] | None:
-    """``messages`` -> None (cut by chat message); ``delimiter:S`` / ``regex:P`` -> a text cutter."""
+class _TooManyPieces(Exception):
+    """A request cut into more pieces than allowed."""
+
+
+class _TooSlow(Exception):
+    """A ``--split`` regex that ran past :data:`REGEX_TIMEOUT_S` on one request."""
+
+
+def parse_split(spec: str, max_pieces: int = MAX_PIECES) -> Cutter | None:
+    """``messages`` -> None (cut by chat message); ``delimiter:S`` / ``regex:P`` -> a text cutter
+    that raises :class:`_TooManyPieces` past ``max_pieces`` pieces and :class:`_TooSlow` when a
+    regex runs past :data:`REGEX_TIMEOUT_S`."""
     if spec == "messages":
         return None
     kind, _, arg = spec.partition(":")
     if kind == "delimiter" and arg:
-        return lambda text: text.split(arg)
+        return _bounded(lambda text: text.split(arg, max_pieces), max_pieces)
     if kind == "regex" and arg:
         try:
-            pat = re.compile(arg)
-        except re.error as e:
-            raise KvauditError(f"--split regex:{arg}: not a regular expression ({e})") from None
+            pat = regex.compile(arg)
+        except (regex.error, OverflowError, RecursionError) as e:
+            raise KvauditError(f"--split regex:{excerpt(arg)}: not a regular expression ({e})") from None
         if pat.groups:
-            raise KvauditError(f"--split regex:{arg}: capturing groups would be kept as pieces; use (?:...)")
-        return pat.split
-    raise KvauditError(f"--split {spec!r}: expected messages, delimiter:STRING or regex:PATTERN")
+            raise KvauditError(f"--split regex:{excerpt(arg)}: capturing groups would be kept as pieces; "
+                               "use (?:...)")
+
+        def split(text: str) -> list[str]:
+            try:
+                return pat.split(text, maxsplit=max_pieces, timeout=REGEX_TIMEOUT_S)
+            except TimeoutError:
+                raise _TooSlow from None
+
+        return _bounded(split, max_pieces)
+    raise KvauditError(f"--split {excerpt(spec)!r}: expected messages, delimiter:STRING or regex:PATTERN")
+
+
+def _bounded(cut: Cutter, max_pieces: int) -> Cutter:
+    def bounded(text: str) -> list[str]:
+        parts = cut(text)
+        if len(parts) > max_pieces:
+            raise _TooManyPieces
+        return parts
+
+    return bounded
 
 
 def _text(content: Any, where: str) -> str:
@@ -88,7 +133,7 @@ def _text(content: Any, where: str) -> str:
     raise _Skip(f"field '{where}' must be a string or a list of content parts")
 
 
-def _request(obj: Any, line: int, cut: Callable[[str], list[str]] | None) -> LogRequest:
+def _request(obj: Any, line: int, cut: Cutter | None, max_pieces: int = MAX_PIECES) -> LogRequest:
     rid = f"line-{line}"
     ts = None
     if isinstance(obj, dict):
@@ -125,6 +170,8 @@ def _request(obj: Any, line: int, cut: Callable[[str], list[str]] | None) -> Log
     if cut is None:
         if messages is None:
             raise _Skip("--split messages needs chat requests ('messages'); this line is a plain prompt")
+        if len(messages) > max_pieces:
+            raise _TooManyPieces
         system = [t for r, t in messages if r in ("system", "developer")]
         rest = [t for r, t in messages if r not in ("system", "developer")]
         pieces = ([("prefix", t) for t in system] + [("document", t) for t in rest[:-1]]
@@ -139,37 +186,119 @@ def _request(obj: Any, line: int, cut: Callable[[str], list[str]] | None) -> Log
     return LogRequest(rid, ts, pieces)
 
 
-def read_log(path: str | Path, split: str, *, strict: bool = False) -> tuple[list[LogRequest], list[dict[str, Any]]]:
-    """The log's requests and the lines skipped (``{"line", "reason"}``); ``strict`` refuses the
-    file at the first bad line with a :class:`DatasetError` naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise DatasetError(f"{path}: file not found")
-    cut = parse_split(split)
+def _parse(line: str) -> Any:
+    """One line's JSON value, or :class:`_Skip` with the reason it cannot be read."""
     try:
-        text = read_bytes(path).decode("utf-8")
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise _Skip(f"not JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise _Skip("JSON nested too deeply") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise _Skip(f"unreadable JSON value ({str(e)[:120]})") from None
+    if "\\u" in line:  # a "\ud800" escape: a lone surrogate no UTF-8 output can hold
+        bad = unwritable(obj, max_nesting=None)
+        if bad:
+            raise _Skip(bad)
+    return obj
+
+
+def _open_log(path: Path) -> BinaryIO:
+    """The log opened for reading; a :class:`DatasetError` saying what ``path`` is when it is not
+    a readable regular file."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: file not found") from None
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot be read ({e.strerror or e})") from None
+    mode = st.st_mode
+    if stat.S_ISDIR(mode):
+        raise DatasetError(f"{path}: is a directory, not a file")
+    if not stat.S_ISREG(mode):
+        what = ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
+                else "a pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+        raise DatasetError(f"{path}: not a regular file ({what}); --from-log reads a JSONL file")
+    if st.st_size == 0:
+        raise DatasetError(f"{path}: empty (0 bytes)")
+    try:
+        return path.open("rb")
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def _lines(path: Path, max_line_bytes: int) -> Iterator[tuple[int, bytes]]:
+    """``(line number, bytes)`` of each line, read one at a time; a line longer than
+    ``max_line_bytes`` (0 = no limit; its newline not counted) is a :class:`DatasetError`."""
+    with _open_log(path) as f:
+        for n in itertools.count(1):
+            raw = f.readline(max_line_bytes + 1 if max_line_bytes else -1)
+            if not raw:
+                return
+            if max_line_bytes and len(raw) > max_line_bytes and not raw.endswith(b"\n"):
+                raise DatasetError(f"{path}, line {n}: longer than {max_line_bytes} bytes "
+                                   "(--max-line-bytes; raise it for longer requests)")
+            yield n, raw
+
+
+def _line_request(raw: bytes, n: int, cut: Cutter | None, max_pieces: int) -> LogRequest | None:
+    """Line ``n``'s request, None for a blank line; :class:`_Skip` when it cannot be read."""
+    try:
+        line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    requests, skipped = [], []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+        raise _Skip(f"not UTF-8 text (byte {e.start} of the line)") from None
+    if n == 1:
+        line = line.lstrip("\ufeff")
+    if not line.strip():
+        return None
+    return _request(_parse(line), n, cut, max_pieces)
+
+
+def iter_log(path: str | Path, split: str, *, strict: bool = False, max_line_bytes: int = MAX_LINE_BYTES,
+             max_pieces: int = MAX_PIECES, skipped: list[dict[str, Any]] | None = None) -> Iterator[LogRequest]:
+    """The log's requests, one at a time; the lines skipped are appended to ``skipped``
+    (``{"line", "reason"}``). ``strict`` refuses the file at the first bad line, a line over
+    ``max_line_bytes`` or a request of more than ``max_pieces`` pieces refuses it always, each with
+    a :class:`DatasetError` naming the line."""
+    path = Path(path)
+    cut = parse_split(split, max_pieces)
+    skipped = skipped if skipped is not None else []
+    for n, raw in _lines(path, max_line_bytes):
         try:
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise _Skip(f"not JSON ({e.msg} at column {e.colno})") from None
-            requests.append(_request(obj, n, cut))
-        except (_Skip, RecursionError) as e:
-            reason = str(e) if isinstance(e, _Skip) else "nested too deeply"
+            req = _line_request(raw, n, cut, max_pieces)
+        except _TooSlow:
+            raise KvauditError(f"--split {excerpt(split)!r}: matching took over {REGEX_TIMEOUT_S:g} s on {path}, "
+                               f"line {n} (a pattern that backtracks catastrophically?); simplify the "
+                               "pattern") from None
+        except _TooManyPieces:
+            raise DatasetError(f"{path}, line {n}: --split {excerpt(split)!r} cuts this request into more than "
+                               f"{max_pieces} pieces (--max-pieces); choose a split that cuts less often, "
+                               "or raise --max-pieces") from None
+        except _Skip as e:
             if strict:
-                raise DatasetError(f"{path}, line {n}: {reason} (refused by --strict; without it the line "
+                raise DatasetError(f"{path}, line {n}: {e} (refused by --strict; without it the line "
                                    "is skipped)") from None
-            skipped.append({"line": n, "reason": excerpt(reason, 200)})
+            skipped.append({"line": n, "reason": excerpt(str(e), 200)})
+            continue
+        if req is not None:
+            yield req
+
+
+def _nothing_read(path: str | Path, skipped: list[dict[str, Any]]) -> DatasetError:
+    first = (f" ({len(skipped)} lines skipped; first: line {skipped[0]['line']}: {skipped[0]['reason']})"
+             if skipped else "")
+    return DatasetError(f"{path}: no request could be read{first}")
+
+
+def read_log(path: str | Path, split: str, *, strict: bool = False, max_line_bytes: int = MAX_LINE_BYTES,
+             max_pieces: int = MAX_PIECES) -> tuple[list[LogRequest], list[dict[str, Any]]]:
+    """The log's requests and the lines skipped (``{"line", "reason"}``), as :func:`iter_log`
+    reads them; a log without a readable request is a :class:`DatasetError`."""
+    skipped: list[dict[str, Any]] = []
+    requests = list(iter_log(path, split, strict=strict, max_line_bytes=max_line_bytes, max_pieces=max_pieces,
+                             skipped=skipped))
     if not requests:
-        raise DatasetError(f"{path}: no request could be read" + (f" ({len(skipped)} lines skipped; first: line "
-                                                                   f"{skipped[0]['line']}: {skipped[0]['reason']})"
-                                                                   if skipped else ""))
+        raise _nothing_read(path, skipped)
     return requests, skipped
 
 
@@ -212,11 +341,13 @@ def reuse_card(lines: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def import_log(path: str | Path, split: str, count_tokens: Callable[[str], int], *, keep_text: bool = False,
-               strict: bool = False) -> ImportResult:
+               strict: bool = False, max_line_bytes: int = MAX_LINE_BYTES,
+               max_pieces: int = MAX_PIECES) -> ImportResult:
     """The log as workload lines (the format ``kvaudit simulate`` and ``kvaudit replay`` read)."""
-    requests, skipped = read_log(path, split, strict=strict)
+    skipped: list[dict[str, Any]] = []
     lines = []
-    for r in requests:
+    for r in iter_log(path, split, strict=strict, max_line_bytes=max_line_bytes, max_pieces=max_pieces,
+                      skipped=skipped):
         pieces = []
         for kind, text in r.pieces:
             piece: dict[str, Any] = {"kind": kind, "id": content_id(text), "tokens": max(1, count_tokens(text))}
@@ -227,6 +358,8 @@ def import_log(path: str | Path, split: str, count_tokens: Callable[[str], int],
         if r.timestamp is not None:
             line["timestamp"] = r.timestamp
         lines.append(line)
+    if not lines:
+        raise _nothing_read(path, skipped)
     card = {"source": str(path), "split": split, "requests": len(lines), "skipped_lines": len(skipped),
             "kept_text": keep_text, **reuse_card(lines)}
     return ImportResult(lines, skipped, card)

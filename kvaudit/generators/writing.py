@@ -29,7 +29,7 @@ from kvaudit.core.dataset_format import (
     write_dataset,
 )
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.jsonio import check_writable_dir
+from kvaudit.core.jsonio import check_writable_dir, removed_on_failure
 from kvaudit.core.progress import progress_bar
 from kvaudit.generators.tokens import TokenCounter, make_token_counter
 
@@ -109,7 +109,9 @@ def finish(out: str | Path, *, generator: str, seed: int | None, params: dict[st
                                "--overwrite to replace it, or choose another --out")
         verb = "unchanged:"
     else:
-        write_dataset(out_dir, segs.values(), rows, card)
+        # a failed write leaves no folder it made, and none of the files it added, behind
+        with removed_on_failure(out_dir, *(out_dir / n for n in DATASET_FILES)):
+            write_dataset(out_dir, segs.values(), rows, card)
         verb = "wrote"
     if not quiet:
         print(f"{verb} {len(cases)} cases over {len(segs)} segments in {out_dir}")

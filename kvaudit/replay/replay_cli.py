@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.arg_types import positive_int
+from kvaudit.core.arg_types import byte_size, positive_int
 from kvaudit.core.errors import KvauditError
 from kvaudit.runners.registry import add_backend_arguments
 
@@ -22,19 +22,11 @@ POLICIES = ("recompute", "prefix", "segment")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from kvaudit.simulator.kv_bytes import parse_capacity
-
-    def capacity(text: str) -> int:
-        try:
-            return parse_capacity(text)
-        except KvauditError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
     p.add_argument("--workload", required=True, type=Path, help="workload JSONL (kvaudit generate workload)")
     p.add_argument("--policy", required=True, choices=POLICIES,
                    help="recompute (nothing cached), prefix (the engine's own prefix cache; --backend vllm) "
                         "or segment (kvaudit's segment store with neutral warm-ups)")
-    p.add_argument("--budget", required=True, type=capacity,
+    p.add_argument("--budget", required=True, type=byte_size,
                    help="KV bytes the policy may keep cached between requests, e.g. 200MB or 2GiB")
     p.add_argument("--out", required=True, type=Path, help="replay directory (rerun the same command to resume)")
     p.add_argument("--concurrency", type=positive_int, default=1,
@@ -139,7 +131,14 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.core.jsonio import check_writable_dir, file_sha256
     from kvaudit.core.progress import progress_bar
     from kvaudit.core.replay_format import ReplayConfig, ReplayDir
-    from kvaudit.replay.serve import POLICY_ARM, engine_kv_bytes, prompt_maker, replay
+    from kvaudit.replay.serve import (
+        POLICY_ARM,
+        check_waves_fit,
+        engine_kv_bytes,
+        prompt_maker,
+        replay,
+        request_kv,
+    )
     from kvaudit.replay.summary import summarise
     from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases
     from kvaudit.runners.registry import BACKENDS, backend_options, check_arms_run_on
@@ -193,14 +192,6 @@ def run(args: argparse.Namespace) -> int:
         backend = BACKENDS[args.backend].open(args.model, **common, **opts)
         try:
             engine = _engine_facts(backend, args.dtype, args.model)
-            if args.policy == "segment":
-                worst = max(requests, key=lambda r: sum(p.tokens for p in r.pieces if p.kind != "question"))
-                need = sum(p.tokens for p in worst.pieces if p.kind != "question") * engine["bytes_per_token"]
-                if need > args.budget:
-                    raise KvauditError(f"--budget {args.budget:,} B cannot hold the documents of request {worst.id!r} "
-                                       f"({need:,} B at {engine['bytes_per_token']} B per token): segment reuse needs "
-                                       "one request's documents in the store at once")
-            out.write_config(config)
             hf_tok = backend.tok.tok
             synth = None if all(p.text is not None for r in todo_requests for p in r.pieces) else SyntheticText(hf_tok)
             from kvaudit.core.dataset_format import DEFAULT_SYSTEM
@@ -208,6 +199,12 @@ def run(args: argparse.Namespace) -> int:
             template_len = len(backend.tok.head_ids(DEFAULT_SYSTEM, ""))
             todo = [(r.index, r.id, prompt_maker(case, segs, backend))
                     for r, (case, segs) in zip(todo_requests, request_cases(todo_requests, synth), strict=True)]
+            if args.policy == "segment":  # every wave's segment KV must fit: refused now, not mid-replay
+                check_waves_fit([request_kv(make(), engine["stores_heads"]) for _, _, make in todo],
+                                [rid for _, rid, _ in todo], concurrency=args.concurrency,
+                                open_loop=arrivals is not None, bytes_per_token=engine["bytes_per_token"],
+                                store_bytes=int(getattr(backend, "store_bytes", args.budget)), budget=args.budget)
+            out.write_config(config)
             bar = progress_bar(total=len(todo), desc=f"replay {args.policy}", unit="request",
                                enabled=not args.no_progress)
             t0 = time.perf_counter()

@@ -47,6 +47,65 @@ def engine_kv_bytes(budget_bytes: int, concurrency: int, max_request_tokens: int
     return budget_bytes + concurrency * blocks * block_size * bytes_per_token
 
 
+@dataclass(frozen=True)
+class RequestKV:
+    """What one request keeps in the segment store while its wave is served: its document units
+    (ids hash -> tokens, each stored once however many requests share it) and, on an engine that
+    stores heads (vLLM), its head's tokens."""
+
+    units: dict[str, int]
+    head_tokens: int = 0
+
+
+def request_kv(prompt: Prompt, stores_heads: bool) -> RequestKV:
+    units = {h: e - s for (s, e), h in zip(prompt.spans, prompt.segment_hashes, strict=True)}
+    return RequestKV(units, prompt.head_len if stores_heads else 0)
+
+
+def wave_tokens(kvs: list[RequestKV]) -> int:
+    """Tokens of segment KV a wave needs in the store at once: its distinct document units and
+    every request's head (the vLLM backend's own check, ``_fits``, counts the same)."""
+    units: dict[str, int] = {}
+    for kv in kvs:
+        units.update(kv.units)
+    return sum(units.values()) + sum(kv.head_tokens for kv in kvs)
+
+
+def wave_groups(n: int, concurrency: int, open_loop: bool) -> list[range]:
+    """The requests a wave may hold. Closed loop: the waves themselves (``concurrency`` at a time,
+    in order). Open loop: every ``concurrency`` consecutive requests (which of them arrive together
+    is known only when they do)."""
+    if not open_loop:
+        return [range(k, min(n, k + concurrency)) for k in range(0, n, concurrency)]
+    return [range(k, min(n, k + concurrency)) for k in range(max(1, n - concurrency + 1))]
+
+
+def check_waves_fit(kvs: list[RequestKV], request_ids: list[str], *, concurrency: int, open_loop: bool,
+                    bytes_per_token: int, store_bytes: int, budget: int) -> None:
+    """Refuse, before any request is served, a segment replay whose waves cannot have their
+    segment KV in the store together (the engine would stop at the first such wave): the error
+    names the wave, its need, the budget, and the ``--budget`` or ``--concurrency`` that fits.
+    ``store_bytes`` is the store's budget in the unit of ``bytes_per_token``: each worker's share
+    of ``budget`` on vLLM, ``budget`` itself in process."""
+    def worst(c: int) -> tuple[int, range]:  # the wave needing the most bytes at concurrency c
+        waves = wave_groups(len(kvs), c, open_loop)
+        return max(((wave_tokens([kvs[i] for i in g]) * bytes_per_token, g) for g in waves),
+                   key=lambda t: t[0], default=(0, range(0)))
+
+    need, wave = worst(concurrency)
+    if need <= store_bytes:
+        return
+    workers = max(1, round(budget / store_bytes))  # the budget is split evenly over vLLM's workers
+    first, last = request_ids[wave[0]], request_ids[wave[-1]]
+    what = (f"requests {first!r} to {last!r}, which may arrive together" if open_loop
+            else f"the wave of requests {first!r} to {last!r}")
+    fits_at = next((c for c in range(concurrency - 1, 0, -1) if worst(c)[0] <= store_bytes), None)
+    lower = f" or --concurrency {fits_at}" if fits_at else ""
+    raise KvauditError(f"--budget {budget:,} B cannot hold the segment KV of {what} at --concurrency {concurrency}: "
+                       f"{need // bytes_per_token:,} tokens ({need * workers:,} B) in the store at once; nothing "
+                       f"was replayed. Use --budget {need * workers} or more{lower}")
+
+
 @dataclass
 class Served:
     """One request as served: its prompt and record."""

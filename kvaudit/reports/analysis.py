@@ -5,8 +5,9 @@ of each (through :class:`kvaudit.core.run_dir.RunDir`),
 once: the audit's verification (:func:`kvaudit.audit.trust.verify`: ``missing`` when the audit
 has not run) reruns the checks on the same records, and the case questions come from the
 dataset the audit read (read again only when the audit did not read it). ``simulation.json`` is
-optional. Anything malformed raises :class:`~kvaudit.core.dataset_format.DatasetError` with the file
-and field.
+optional (its sha256 is kept, for the gate to check it against what the audit and the attestation
+bound; a rate outside [0, 1] raises when read). Anything malformed raises
+:class:`~kvaudit.core.dataset_format.DatasetError` with the file and field.
 
 :class:`Analysis` scores every (case, arm) once and then serves paired deltas for any *group*
 of cases. A group selector is ``"overall"`` (every answer-quality case), ``"task:<glob>"``
@@ -34,8 +35,8 @@ from kvaudit.audit.trust import VerifiedAudit, verify
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, get_arm, known_arm, reference_of
 from kvaudit.core.dataset_format import CASES_FILE
 from kvaudit.core.errors import DatasetError
-from kvaudit.core.jsonio import iter_jsonl
-from kvaudit.core.manifest import Manifest, run_dataset_dir
+from kvaudit.core.jsonio import file_sha256, iter_jsonl
+from kvaudit.core.manifest import Manifest, json_type, run_dataset_dir
 from kvaudit.core.run_dir import RunDir, RunRecords
 from kvaudit.core.run_format import PairRecord
 from kvaudit.reports import scoring
@@ -53,11 +54,13 @@ def arm_reason(arm: str) -> str:
 @dataclass
 class Run(RunRecords):
     """A run directory as the report reads it: ``audit`` is the verified state of its audit
-    (:func:`kvaudit.audit.trust.verify`); ``missing_cases`` the cases the manifest says the run
-    was to hold that ``pairs.jsonl`` lacks (ids from the dataset when it is still on disk)."""
+    (:func:`kvaudit.audit.trust.verify`); ``simulation_sha256`` the sha256 of the
+    ``simulation.json`` read (``None``: none); ``missing_cases`` the cases the manifest says the
+    run was to hold that ``pairs.jsonl`` lacks (ids from the dataset when it is still on disk)."""
 
     audit: VerifiedAudit
     simulation: dict[str, Any] | None = None
+    simulation_sha256: str | None = None
     questions: dict[str, str] = field(default_factory=dict)
     n_expected: int | None = None
     missing_cases: list[str] = field(default_factory=list)
@@ -103,6 +106,7 @@ def load_run(run_dir: str | Path) -> Run:
     _check_pairs(pairs, files.pairs_file)
     audit = verify(path, manifest=manifest, pairs=pairs)
     simulation = files.read_simulation()
+    simulation_sha256 = file_sha256(files.simulation_file) if simulation is not None else None
     cases = _dataset_cases(manifest, path, audit)
     n_expected = manifest.dataset.n_cases if manifest.dataset else None
     missing: list[str] = []
@@ -111,7 +115,8 @@ def load_run(run_dir: str | Path) -> Run:
         expected = [cid for cid, _ in cases[:n_expected]] if len(cases) >= n_expected else []
         missing = [cid for cid in expected if cid not in seen] or [f"({n_expected - len(pairs)} unnamed)"]
     return Run(path=path, manifest=manifest, pairs=pairs, audit=audit, simulation=simulation,
-               questions=dict(cases), n_expected=n_expected, missing_cases=missing)
+               simulation_sha256=simulation_sha256, questions=dict(cases), n_expected=n_expected,
+               missing_cases=missing)
 
 
 def _natural(v: str) -> tuple:
@@ -304,13 +309,19 @@ class Analysis:
             raise DatasetError(f"{RunDir(self.run.path).pairs_file}: field '{field_}' of arm '{arm}': {e}") from None
 
     def simulated_hit_rates(self) -> dict[str, float]:
-        """``"<policy> @ <capacity>" -> token hit rate`` from ``simulation.json`` (``results``)."""
+        """``"<policy> @ <capacity>" -> token hit rate`` from ``simulation.json`` (``results``).
+        A rate of null (no requests) is left out; one that is not a finite number in [0, 1]
+        (``57.0``, ``NaN``, a string) raises :class:`DatasetError` naming the file and field."""
         results = (self.run.simulation or {}).get("results")
         out: dict[str, float] = {}
-        for r in results if isinstance(results, list) else []:
+        for i, r in enumerate(results if isinstance(results, list) else []):
             rate = r.get("token_hit_rate") if isinstance(r, dict) else None
-            if isinstance(rate, (int, float)) and not isinstance(rate, bool):
-                out[f"{r.get('policy', '?')} @ {r.get('capacity', '?')}"] = float(rate)
+            if rate is None:
+                continue
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+                raise DatasetError(f"{RunDir(self.run.path).simulation_file}: field 'results[{i}].token_hit_rate' "
+                                   f"must be a rate in [0, 1], got {_shown(rate)}")
+            out[f"{r.get('policy', '?')} @ {r.get('capacity', '?')}"] = float(rate)
         return out
 
     def ttft(self, arm: str) -> dict[str, Any] | None:
@@ -396,6 +407,16 @@ class Analysis:
         :meth:`ttft` summarises, for the distribution figure."""
         t = self.scores.loc[self.scores["arm"] == arm, "ttft_s"].dropna().astype(float)
         return [float(x) for x in t]
+
+
+def _shown(v: Any) -> str:
+    """A JSON value for an error message: a number as %g (NaN fails ``0 <= v <= 1`` too), else its type."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return json_type(v)
+    try:
+        return f"{float(v):g}"
+    except OverflowError:
+        return "an integer too large for a float"
 
 
 def _list(x: tuple[float, float] | None) -> list[float] | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 
+from kvaudit.core.arg_types import non_negative_float
+
 FORMATS = ("inspect", "lm-eval")
 
 
@@ -23,11 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="inspect: a .eval/.json file or a folder; lm-eval: a folder")
     parser.add_argument("--policy", metavar="FILE",
                         help="gate policy TOML for the arm and confidence (default: the shipped policy)")
-    parser.add_argument("--near-tie", type=float, default=1.0, metavar="LOGITS",
-                        help="recompute first-token margins below this count as near ties (default 1.0)")
+    parser.add_argument("--near-tie", type=non_negative_float, default=1.0, metavar="LOGITS",
+                        help="recompute first-token margins below this count as near ties: a finite "
+                             "number, 0 or more (default 1.0)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvaudit.core.errors import printable
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.policy import load_policy
 
@@ -40,11 +44,11 @@ def run(args: argparse.Namespace) -> int:
                   min_icc=policy.min_icc)
     if args.format == "inspect":
         path = write_inspect(an, args.out)
-        print(f"wrote {path} ({len(an.run.pairs)} samples, {len(an.arms)} arms); "
-              f"open it with: inspect view --log-dir {path.parent}")
+        print(f"wrote {printable(path)} ({len(an.run.pairs)} samples, {len(an.arms)} arms); "
+              f"open it with: inspect view --log-dir {printable(path.parent)}")
     else:
         from kvaudit.reports.export_lm_eval import write_lm_eval
 
         paths = write_lm_eval(an, args.out)
-        print(f"wrote {paths[0]} and {len(paths) - 1} samples file(s) beside it")
+        print(f"wrote {printable(paths[0])} and {len(paths) - 1} samples file(s) beside it")
     return 0

@@ -22,7 +22,14 @@ folder that gets ``<created>_<task>_<id>.eval``, the name inspect gives its logs
 
 from __future__ import annotations
 
+import gc
+import hashlib
+import os
 import re
+import secrets
+import sys
+import tempfile
+import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -70,7 +77,7 @@ def build_inspect_log(an: Any) -> Any:
     created = (started or datetime.now(timezone.utc)).isoformat()
     dataset = manifest.dataset or DatasetRef()
     # no "_" in the task: inspect reads the task back from the file name <created>_<task>_<id>
-    task = "kvaudit-" + re.sub(r"[\W_]+", "-", str(dataset.generator or dataset.name or "run"))
+    task = _task_name(str(dataset.generator or dataset.name or "run"))
     decoding = manifest.decoding or {}
     ident = digest(manifest.identity.to_dict() if manifest.identity else None, [p.case_id for p in run.pairs])
     gen = {"max_tokens": decoding.get("max_new_tokens")}
@@ -147,6 +154,19 @@ def build_inspect_log(an: Any) -> Any:
                        samples=samples)
 
 
+MAX_TASK = 100  # bytes of the task, which the log's file name holds (a file name holds 255 bytes)
+
+
+def _task_name(name: str) -> str:
+    """``kvaudit-<name>`` with every run of non-word characters and ``_`` as ``-``; one longer than
+    :data:`MAX_TASK` bytes is cut, with a hash of ``name`` so that two long names stay apart."""
+    task = "kvaudit-" + re.sub(r"[\W_]+", "-", name)
+    if len(task.encode()) <= MAX_TASK:
+        return task
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return task.encode()[: MAX_TASK - 9].decode("utf-8", "ignore") + "-" + digest
+
+
 def inspect_log_name(ev: Any) -> str:
     """``<created>_<task>_<id>.eval``, the file name inspect gives a log."""
     clean = re.sub(r"[^\w.+-]", "-", ev.eval.created)
@@ -154,16 +174,61 @@ def inspect_log_name(ev: Any) -> str:
 
 
 def write_inspect(an: Any, out: str | Path) -> Path:
-    """Write the inspect-ai log to ``out`` (a ``.eval``/``.json`` file, or a folder)."""
+    """Write the inspect-ai log to ``out`` (a ``.eval``/``.json`` file, or a folder): whole or, when
+    writing fails, not at all, with no folder made for it left behind (an OSError names ``out``)."""
+    from kvaudit.core.jsonio import naming, removed_on_failure
+
     log, _, _ = need_inspect()
     ev = build_inspect_log(an)
     path = Path(out)
     if path.suffix not in (".eval", ".json"):
         if path.exists() and not path.is_dir():
             raise KvauditError(f"{path}: exists and is not a folder (or name a .eval/.json file)")
-        path.mkdir(parents=True, exist_ok=True)
         path = path / inspect_log_name(ev)
-    else:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    log.write_eval_log(ev, str(path), format="json" if path.suffix == ".json" else "eval")
+    try:
+        data = _log_bytes(log, ev, "json" if path.suffix == ".json" else "eval")
+    except OSError as e:  # inspect-ai writes the log through a temp file of its own first
+        reason = e.strerror or str(e)
+        _close_quietly(e)
+        raise KvauditError(f"{path}: not written: inspect-ai's temporary file in {tempfile.gettempdir()} "
+                           f"failed ({reason})") from None
+    tmp = path.with_name(f".{path.name[:32]}.{secrets.token_hex(4)}.tmp")
+    with removed_on_failure(path.parent, tmp):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            tmp.replace(path)
+        except OSError as e:
+            raise naming(e, path) from e
     return path
+
+
+def _log_bytes(log: Any, ev: Any, fmt: str) -> bytes:
+    """The log file's bytes, made by inspect-ai's own writer in fsspec's in-memory file system, so
+    that the log file itself is written by us, whole or not at all (inspect-ai still stages an
+    ``.eval`` zip in a temp file of its own)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    folder = f"/kvaudit-export-{secrets.token_hex(8)}"
+    try:
+        log.write_eval_log(ev, f"memory://{folder}/log.{fmt}", format=fmt)
+        return fs.cat_file(f"{folder}/log.{fmt}")
+    finally:
+        if fs.exists(folder):
+            fs.rm(folder, recursive=True)
+
+
+def _close_quietly(e: BaseException) -> None:
+    """Let go of what ``e``'s traceback keeps alive (inspect-ai's half-written zip), now and without
+    the error its destructor raises being printed as a traceback at exit."""
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda _: None
+    try:
+        traceback.clear_frames(e.__traceback__)
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook

@@ -38,13 +38,45 @@ def _lm_hash(s: str) -> str:
     return hashlib.sha256(s.encode("utf-8")).hexdigest()  # lm_eval.utils.hash_string
 
 
+MAX_NAME = 100  # bytes of a task or model name in a file name (a file name holds 255)
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+
+
+def _fit(name: str, original: str) -> str:
+    """``name``, cut to :data:`MAX_NAME` bytes with a hash of ``original`` when it is longer."""
+    if len(name.encode()) <= MAX_NAME:
+        return name
+    return name.encode()[: MAX_NAME - 9].decode("utf-8", "ignore") + "_" + _short_hash(original)
+
+
 def sanitize_model_name(name: str) -> str:
-    """lm-eval's ``sanitize_model_name`` (the folder its results go in)."""
-    return re.sub(r"[\"<>:/|\\?*\[\]]+", "__", name)
+    """lm-eval's ``sanitize_model_name`` (the folder its results go in), also replacing control
+    characters and cut to a length a folder name can have; never ``.`` or ``..``."""
+    clean = re.sub(r"[\"<>:/|\\?*\[\]\x00-\x1f\x7f]+", "__", name)
+    return _fit(clean, name) if clean.strip(".") else f"model_{_short_hash(name)}"
 
 
-def _task_name(task: str) -> str:
-    return "kvaudit_" + re.sub(r"\W", "_", task)  # lm-eval's sanitize_task_name
+def task_names(tasks: list[str]) -> dict[str, str]:
+    """Each task's lm-eval name, ``kvaudit_`` and the task as lm-eval's ``sanitize_task_name``
+    writes it, all distinct (also where a file system ignores case): a name sanitising makes
+    alike for several tasks keeps the plain form only for the task already in that form, the
+    others get a hash of their own name; a name too long for a file name is cut, with the hash."""
+    base = {t: _fit("kvaudit_" + re.sub(r"\W", "_", t), t) for t in tasks}
+    alike: dict[str, list[str]] = {}
+    for t in sorted(tasks):
+        alike.setdefault(base[t].casefold(), []).append(t)
+    names = {}
+    for group in alike.values():
+        plain = [t for t in group if base[t] == "kvaudit_" + t]
+        keep = group[0] if len(group) == 1 else plain[0] if plain else None
+        names.update({t: base[t] if t == keep else _fit(f"{base[t]}_{_short_hash(t)}", t) for t in group})
+    if len({n.casefold() for n in names.values()}) < len(names):  # a hash that meets another name
+        raise KvauditError("--format lm-eval: two task names of the run map to one lm-eval task "
+                           "name; nothing was written")
+    return names
 
 
 def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]], str]:
@@ -62,10 +94,12 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
     questions = an.run.questions
     samples: dict[str, list[dict[str, Any]]] = {}
     doc_ids: dict[str, int] = {}
-    for row in sample_rows(an):
+    rows = sample_rows(an)
+    lm_name = task_names(list(dict.fromkeys([*an.tasks, *(r["task"] for r in rows)])))
+    for row in rows:
         if row["doc_id"] not in quality:
             continue  # leak probes: not answer-quality cases
-        t = _task_name(row["task"])
+        t = lm_name[row["task"]]
         doc_id = doc_ids[t] = doc_ids.get(t, -1) + 1
         target = row["target"][0] if len(row["target"]) == 1 else str(row["target"])
         question = questions.get(row["doc_id"], "")
@@ -111,7 +145,7 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
 
     hib = {"score": True, "delta_pts": True, "delta_lower_bound_pts": True}
     for task in an.tasks:
-        t = _task_name(task)
+        t = lm_name[task]
         n = len(set(an.select(f"task:{task}")))
         results[t] = metrics_of(f"task:{task}", t, n)
         higher[t] = dict(hib)
@@ -127,7 +161,7 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
             "description": f"kvaudit task family {task!r}: each filter is an arm of the run",
             "metadata": {"version": 1.0, "kvaudit_dataset_hash": dataset.hash},
         }
-    gold_tasks = [_task_name(t) for t in an.tasks if len(set(an.select(f"task:{t}")) - set(an.select("agreement")))]
+    gold_tasks = [lm_name[t] for t in an.tasks if len(set(an.select(f"task:{t}")) - set(an.select("agreement")))]
     groups = {}
     if gold_tasks:
         groups["kvaudit"] = metrics_of("overall", "kvaudit", len(set(an.select("overall"))))
@@ -168,18 +202,18 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
 
 
 def write_lm_eval(an: Any, out: str | Path) -> list[Path]:
-    """Write ``OUT/<model>/results_<time>.json`` and one ``samples_<task>_<time>.jsonl`` per task."""
-    from kvaudit.core.jsonio import write_atomic
+    """Write ``OUT/<model>/results_<time>.json`` and one ``samples_<task>_<time>.jsonl`` per task,
+    all of them or, when a write fails, none (and no folder made for them)."""
+    from kvaudit.core.jsonio import write_all
 
     results, samples, date_id = lm_eval_export(an)
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise KvauditError(f"{folder}: --format lm-eval writes a folder; this is a file")
     folder = folder / results["model_name_sanitized"]
-    paths = [folder / f"results_{date_id}.json"]
-    write_atomic(paths[0], json.dumps(results, indent=2, ensure_ascii=False, default=str))
+    files = {folder / f"results_{date_id}.json": json.dumps(results, indent=2, ensure_ascii=False, default=str)}
     for task, rows in samples.items():
-        path = folder / f"samples_{task}_{date_id}.jsonl"
-        write_atomic(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
-        paths.append(path)
-    return paths
+        files[folder / f"samples_{task}_{date_id}.jsonl"] = "".join(
+            json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows)
+    write_all(files)
+    return list(files)

@@ -4,9 +4,11 @@
 :func:`completeness` row first for a run that lacks cases; it never raises for bad user input
 (a missing or corrupt run, a bad policy: its ``error`` says why). The verdict is ``pass``,
 ``fail`` (some threshold fails, also when other rows could not be judged) or ``error``: cannot
-judge (the audit not run, stale, foreign or hand-written; a threshold without data or with too
-few documents to decide; the noise floor failing a threshold; missing cases unless they are
-allowed; every threshold skipped). :func:`markdown` is the summary (fit for a CI job summary);
+judge (the audit not run, stale, foreign or hand-written, or run with a loosened identity
+tolerance the policy does not allow; a threshold without data or with too few documents to
+decide; a ``simulation.json`` the audit and attestation do not bind; the noise floor failing a
+threshold; missing cases unless they are allowed; no quality threshold decided, whatever else
+passed). :func:`markdown` is the summary (fit for a CI job summary);
 :func:`junit_xml` has one test case per threshold, so CI systems list each threshold as a test.
 The command, ``kvaudit gate``, with its exit status, is :mod:`kvaudit.reports.gate_cli`.
 """

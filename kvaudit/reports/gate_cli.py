@@ -2,11 +2,13 @@
 
 Exit status, a contract CI acts on: 0 every threshold holds; 1 some threshold fails (a decision:
 also when other rows could not be judged, which stay listed); 2 anything else: the run cannot be
-judged (missing or corrupt files; the audit not run, stale, foreign or hand-written; a threshold
-without data or with too few documents to decide; the noise floor failing a threshold; a run
-with missing cases unless ``--allow-partial``; every threshold skipped, so nothing was checked),
-the policy is bad (no thresholds, a wrong type, a non-finite or out-of-range number, the
-reference as the arm under test), or ``--junit``/``--markdown`` cannot be written. Prints a
+judged (missing or corrupt files; the audit not run, stale, foreign or hand-written, or run with
+a loosened identity tolerance the policy does not allow; a threshold without data or with too few
+documents to decide; a ``simulation.json`` the audit and attestation do not bind; the noise floor
+failing a threshold; a run with missing cases unless ``--allow-partial``; no quality threshold
+decided, so quality was not checked), the policy is bad (no ``[[delta]]`` quality threshold, a
+wrong type, a non-finite or out-of-range number, the reference or a control as the arm under
+test), or ``--junit``/``--markdown`` cannot be written. Prints a
 Markdown summary (fit for a CI job summary) and can write JUnit XML with one test case per
 threshold, so CI systems list each threshold as a test. The files are written before anything is
 printed, so a reader that closes stdout early (``| head -1``) still gets them and the verdict's
@@ -38,10 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.core.errors import os_error_message
+    from kvaudit.core.errors import error_line, os_error_message
     from kvaudit.core.jsonio import write_atomic
 
     result, results, source, arm, error = judge(args.run_dir, args.policy, allow_partial=args.allow_partial)
+    if error:  # a bad policy or unreadable run: one line on stderr too, the Markdown stays on stdout
+        error_line(error)
     md = markdown(result, results, run_dir=str(args.run_dir), policy=source, arm=arm, error=error)
     # The files first: a verdict on stdout followed by a crash writing them would leave CI with a
     # printed PASS and no report; and a reader that stops early must not cost them.

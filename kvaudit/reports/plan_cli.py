@@ -13,7 +13,7 @@ import argparse
 import json
 
 from kvaudit.core.arg_types import non_negative_int, positive_int
-from kvaudit.core.errors import KvauditError
+from kvaudit.core.errors import KvauditError, printable
 from kvaudit.reports.plan import plan, render
 
 DEFAULT_REPS = 300
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
     check_arguments(args)
     p = plan(args)
-    print(render(p), end="")
+    print("".join(printable(line) + "\n" for line in render(p).splitlines()), end="")  # names from files
     if args.json:
         write_atomic(args.json, json.dumps(p, indent=2) + "\n")
     return 0

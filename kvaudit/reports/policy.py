@@ -18,12 +18,16 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
     accept_cannot_judge = []  # required checks accepted without their evidence, by name: the gate
                               # passes the audit row saying which (e.g. server_consumed_ids on a
                               # server that echoes no prompt ids); a failed check is never accepted
+    max_identity_tol = 0.5    # optional: the loosest `kvaudit audit --identity-tol` accepted above
+                              # the dtype's default (logits, in [0, 2]); without it an audit run
+                              # with a looser tolerance than the default cannot pass
 
     [hit_rate]
     min = 0.80               # hit rate of `arm`
     source = "segment"       # "segment": chunk-aligned (loaded / segment tokens); "measured": tokens
                              # already cached / prompt tokens (the simulator's definition);
-                             # "simulated" with key = "<entry of simulation.json>"
+                             # "simulated" with key = "<entry of simulation.json>": the file must
+                             # be bound by the audit (and signed, under [provenance]), its rates in [0, 1]
 
     [leak]
     max_neutral_text_leak_rate = 0.05   # the Wilson upper bound of the text-leak rate must be at most this
@@ -41,15 +45,28 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
 Every section may set its own ``missing``. A check's status is pass, fail, error (could not be
 judged) or skip. The gate's verdict (:func:`verdict`) is fail if any check failed (a threshold
 that failed is a decision, whatever else could not be judged; those rows stay listed), else error
-(cannot judge) if any check could not be judged, else error if no threshold reached pass or fail
-at all (every one skipped: a gate that checked nothing must not pass; :func:`evaluate` adds a
-"thresholds checked" row saying so), else pass. A policy without a single threshold is an error
-for the same reason.
+(cannot judge) if any check could not be judged, else error if no *quality* threshold (a
+``[[delta]]`` row, :data:`QUALITY_KINDS`) reached pass or fail (every one skipped: a gate that did
+not check quality must not pass; :func:`evaluate` adds a "quality checked" row saying so), else
+pass. Every policy checks quality: one without a ``[[delta]]`` is an error. The other sections
+(``[audit]``, ``[hit_rate]``, ``[leak]``, ``[security]``, ``[provenance]``) are preconditions and
+further checks beside quality, never instead of it: a policy of ``[provenance]`` alone passed any
+signed run, however much quality its reuse lost.
 
 Every field is validated: numbers must be finite and within their range (``hit_rate.min`` and
-``leak.max_neutral_text_leak_rate`` in [0, 1], ``min_lower_bound`` in [-100, 100] points),
+``leak.max_neutral_text_leak_rate`` in [0, 1], ``min_lower_bound`` in [-100, 100] points,
+``audit.max_identity_tol`` in [0, :data:`~kvaudit.audit.checks.MAX_IDENTITY_TOL`] logits),
 switches (``require_passed``, ``forbid_neutral_exposure``, ``require_tenant_isolation``) must be
-true or false, and ``arm`` must be an arm other than the reference it is compared with.
+true or false, and ``arm`` must be an arm under test (:func:`kvaudit.core.arms.is_gated`: ``reuse``,
+a repair, the engine's prefix cache): never the reference it is compared with, nor a control that
+equals the reference by construction (``identity``, ``recompute_again``, ``blend@1``), a probe or
+a diagnostic, which would pass whatever reuse does.
+
+The audit row shows the identity tolerance the audit used (``kvaudit audit --identity-tol``,
+recorded in ``audit.json``) and cannot pass an audit whose tolerance is looser than the run's
+dtype default unless ``[audit] max_identity_tol`` allows it. The simulated hit-rate row judges a
+``simulation.json`` only when the audit's hashes bind it to the run (and, under
+``[provenance]``, the attestation signs it); otherwise it cannot judge.
 
 Where the run has ``recompute_again`` (the noise floor), every delta threshold is also applied to
 it as a negative control: recompute against itself must clear the margin, or the run cannot be
@@ -64,9 +81,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, UNDER_TEST_ARM, get_arm
+from kvaudit.core.arms import (
+    NOISE_ARM,
+    REFERENCE_ARM,
+    ROLES,
+    UNDER_TEST_ARM,
+    gated_arms,
+    get_arm,
+    is_gated,
+)
 from kvaudit.core.attestation import attestation_key, verify_attestation
-from kvaudit.core.errors import KvauditError, cut
+from kvaudit.core.errors import DatasetError, KvauditError, cut
+from kvaudit.core.run_dir import RunDir
+from kvaudit.core.run_format import SIMULATION_FILE
 from kvaudit.reports.analysis import Analysis
 from kvaudit.stats.leak_tests import text_leak_decision
 from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, check_confidence
@@ -77,14 +104,16 @@ _TOP = {"arm", "confidence", "min_icc", "missing", "delta", "audit", "hit_rate",
         "provenance"}
 _SECTIONS = {
     "delta": {"name", "group", "min_lower_bound", "missing"},
-    "audit": {"require_passed", "accept_cannot_judge", "missing"},
+    "audit": {"require_passed", "accept_cannot_judge", "max_identity_tol", "missing"},
     "hit_rate": {"min", "source", "key", "missing"},
     "leak": {"max_neutral_text_leak_rate", "forbid_neutral_exposure", "missing"},
     "security": {"require_tenant_isolation", "max_timing_auc", "missing"},
     "provenance": {"require_attestation"},
 }
-# Rows that are not thresholds of the policy: they never make a gate that checked nothing pass.
-NOT_THRESHOLDS = ("completeness", "noise_control", "coverage")
+# The kinds of row that judge answer quality: a gate passes only when one of them was decided.
+# Every other row (audit, hit rate, leaks, security, provenance, completeness, the noise floor) is a
+# precondition or a further check beside quality, never instead of it.
+QUALITY_KINDS = ("delta",)
 
 
 @dataclass
@@ -226,6 +255,12 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
     if spec.compared_with == spec.name:
         raise KvauditError(f"{source}: field 'arm': '{_short(arm)}' is the reference every arm is compared with; "
                            f"the arm under test cannot be its own reference (e.g. arm = \"{UNDER_TEST_ARM}\")")
+    if not is_gated(spec):
+        what = ("recomputes every segment token: it equals the reference by construction" if spec.repair
+                else f"is the {spec.role.replace('_', ' ')} arm ({ROLES[spec.role]})")
+        raise KvauditError(f"{source}: field 'arm': '{_short(arm)}' {what}, not an arm under test: its verdict "
+                           "says nothing about the reuse a deployment runs (a control equal to the reference "
+                           "passes whatever reuse does). Allowed arms: " + ", ".join(gated_arms()))
     conf = _num(f"{source}: field 'confidence'", raw.get("confidence", DEFAULT_CONFIDENCE))
     try:
         check_confidence(conf)
@@ -264,9 +299,15 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
         _unknown(f"{source}: [{key}]", sec, _SECTIONS[key])
         missing = _missing(source, key, sec, default_missing)
         if key == "audit":
+            max_tol = sec.get("max_identity_tol")
+            if max_tol is not None:
+                from kvaudit.audit.checks import MAX_IDENTITY_TOL
+
+                max_tol = _num(f"{source}: field 'audit.max_identity_tol' (logits)", max_tol, 0.0, MAX_IDENTITY_TOL)
             if _bool(f"{source}: field 'audit.require_passed'", sec.get("require_passed", True)):
                 pol.checks.append(Check("audit passed", "audit",
-                                        {"accept": _accepted_unjudged(source, sec.get("accept_cannot_judge", []))},
+                                        {"accept": _accepted_unjudged(source, sec.get("accept_cannot_judge", [])),
+                                         "max_identity_tol": max_tol},
                                         missing))
         elif key == "hit_rate":
             lo = _num(f"{source}: field 'hit_rate.min'", sec.get("min"), 0.0, 1.0)
@@ -296,9 +337,15 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
         elif key == "provenance":
             if _bool(f"{source}: field 'provenance.require_attestation'", sec.get("require_attestation", False)):
                 pol.checks.append(Check("run attested by kvaudit run", "provenance", {}, "error"))
-    if not pol.checks:
-        raise KvauditError(f"{source}: the policy sets no threshold (no [[delta]], [audit], [hit_rate], "
-                           "[leak] or [security] check): a gate that checks nothing cannot pass a run")
+    if not any(c.kind in QUALITY_KINDS for c in pol.checks):
+        raise KvauditError(f"{source}: the policy sets no threshold on quality (no [[delta]] thresholds): every "
+                           "policy must check quality; [audit], [hit_rate], [leak], [security] and [provenance] "
+                           "are checks beside it, never instead (add e.g. [[delta]] group = \"overall\" "
+                           "min_lower_bound = -2.0)")
+    if any(c.kind == "provenance" for c in pol.checks):  # a simulated rate must be signed too
+        for c in pol.checks:
+            if c.kind == "hit_rate" and c.params["source"] == "simulated":
+                c.params["attested"] = True
     return pol
 
 
@@ -317,38 +364,111 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
+def _tolerance(an: Analysis, max_tol: float | None) -> tuple[str, str | None, float]:
+    """The identity tolerance the verified audit used, as ``(sentence, why it is not accepted or
+    None, the loosest accepted)``: an ``--identity-tol`` looser than the run's dtype default is
+    accepted only up to the policy's ``[audit] max_identity_tol``."""
+    from kvaudit.audit.checks import identity_tolerance, run_dtype
+
+    dtype = run_dtype(an.run.manifest)
+    default, _ = identity_tolerance(dtype)
+    named = f"the {_short(dtype, 20)} default" if dtype else "the default for an unknown dtype"
+    allowed = max(default, max_tol) if max_tol is not None else default
+    params = an.run.audit.parameters
+    used = params.identity_tol if params is not None else None
+    if used is None:
+        return f"identity tolerance {default:g} ({named})", None, allowed
+    text = f"identity tolerance {used:g} (--identity-tol; {named} is {default:g})"
+    if used <= allowed:
+        return text, None, allowed
+    why = (f"the audit ran with --identity-tol {used:g}, looser than {named} {default:g}"
+           + (f" and than the policy's [audit] max_identity_tol {max_tol:g}" if max_tol is not None else
+              ", and the policy does not allow a looser tolerance ([audit] max_identity_tol)")
+           + f": re-run `kvaudit audit {an.run.path}` without --identity-tol (or raise max_identity_tol "
+             "in the policy, if the looser tolerance is intended)")
+    return text, why, allowed
+
+
+def _audit_result(check: Check, an: Analysis) -> ThresholdResult:
+    """The audit row: the fresh verdict of a verified audit, with the identity tolerance it used."""
+    k, p = check.kind, check.params
+    audit = an.run.audit
+    if audit.state == "missing":
+        return _missing_result(check, "not run", "passed", audit.reason)
+    if audit.state != "verified":
+        return ThresholdResult(check.name, k, "error", "refused", "passed", audit.reason)
+    tol, loosened, allowed = _tolerance(an, p.get("max_identity_tol"))
+    thr = f"passed, identity tolerance ≤ {allowed:g}"
+    required = [c for c in audit.checks if c.required]
+    unjudged = [c.name for c in required if c.cannot_judge]
+    failed = [c.name for c in required if not c.passed and not c.cannot_judge]
+    if audit.verdict == "failed":  # a looser tolerance only passes more: this fails at the default too
+        return ThresholdResult(check.name, k, "fail", "failed", thr, f"failed checks: {', '.join(failed)}; {tol}")
+    waived = [n for n in unjudged if n in p.get("accept", ())]
+    if audit.verdict == "cannot_judge" and waived != unjudged:
+        return ThresholdResult(check.name, k, "error", "cannot judge", thr,
+                               f"checks without their evidence: {', '.join(unjudged)}; {tol}")
+    observed = "passed" if audit.verdict == "passed" else "passed except accepted unjudged"
+    if loosened:
+        return ThresholdResult(check.name, k, "error", f"{observed} at a loosened tolerance", thr,
+                               f"cannot judge: {loosened}")
+    detail = f"verified against the run's files; {tol}"
+    if waived:
+        detail += "; the policy accepts without their evidence: " + ", ".join(waived)
+    return ThresholdResult(check.name, k, "pass", observed, thr, detail)
+
+
+def simulation_unbound(an: Analysis, *, attested: bool) -> str | None:
+    """Why the run's ``simulation.json`` may not decide a gate row, or None when it may: the
+    verified audit records its sha256 (``inputs.simulation.json``) and, with ``attested``, the
+    run's attestation signs it. An audit or attestation written before the file was in the run (or
+    before this binding existed) binds nothing."""
+    files = RunDir(an.run.path)
+    path, audit = files.simulation_file, an.run.audit
+    rerun = f"re-run `kvaudit audit {an.run.path}`"
+    if audit.state != "verified" or audit.inputs is None:
+        return f"{path} is bound to the run by {files.audit_file}, which is {audit.state}: {audit.reason}"
+    recorded = audit.inputs.simulation_sha256
+    if recorded is None:
+        return (f"{path} is not bound to the run: {files.audit_file} records no sha256 for it (field "
+                f"'inputs.{SIMULATION_FILE}'; the file was added after the audit, or the audit predates "
+                f"this binding): {rerun}")
+    if recorded != an.run.simulation_sha256:
+        return (f"{path} changed after the audit (its sha256 differs from {files.audit_file}, field "
+                f"'inputs.{SIMULATION_FILE}'): {rerun}")
+    if attested:
+        found = verify_attestation(an.run.path, attestation_key())
+        if found.state != "verified":
+            return f"{path} is not signed: {found.reason}"
+        if found.subject.get(SIMULATION_FILE) != an.run.simulation_sha256:
+            return (f"{path} is not in the run's attestation ({files.attestation_file} signs only "
+                    f"{', '.join(found.subject)}): put it in the run before `kvaudit run` signs (rerun the "
+                    "same `kvaudit run` command: it resumes, runs nothing and signs again), then re-audit")
+    return None
+
+
 def evaluate_check(check: Check, an: Analysis, arm: str) -> ThresholdResult:
     k, p = check.kind, check.params
     if k == "delta":
         return _delta_result(check, an, arm)
     if k == "audit":
-        audit = an.run.audit
-        if audit.state == "missing":
-            return _missing_result(check, "not run", "passed", audit.reason)
-        if audit.state != "verified":
-            return ThresholdResult(check.name, k, "error", "refused", "passed", audit.reason)
-        required = [c for c in audit.checks if c.required]
-        unjudged = [c.name for c in required if c.cannot_judge]
-        failed = [c.name for c in required if not c.passed and not c.cannot_judge]
-        if audit.verdict == "passed":
-            return ThresholdResult(check.name, k, "pass", "passed", "passed", "verified against the run's files")
-        waived = [n for n in unjudged if n in p.get("accept", ())]
-        if audit.verdict == "cannot_judge" and waived == unjudged:
-            return ThresholdResult(check.name, k, "pass", "passed except accepted unjudged", "passed",
-                                   "verified against the run's files; the policy accepts without their evidence: "
-                                   + ", ".join(waived))
-        if audit.verdict == "cannot_judge":
-            return ThresholdResult(check.name, k, "error", "cannot judge", "passed",
-                                   "checks without their evidence: " + ", ".join(unjudged))
-        return ThresholdResult(check.name, k, "fail", "failed", "passed", "failed checks: " + ", ".join(failed))
+        return _audit_result(check, an)
     if k == "hit_rate":
         thr = f"≥ {_pct(p['min'])}"
         if p["source"] in ("measured", "segment"):
             rate = an.hit_rate(arm, "segment" if p["source"] == "segment" else "prompt")
             where = f"arm '{arm}' has no token counts in pairs.jsonl"
+        elif an.run.simulation is None:
+            rate, where = None, f"the run has no {SIMULATION_FILE} (`kvaudit simulate --out RUN`, then `kvaudit audit`)"
         else:
-            rate = an.simulated_hit_rates().get(p["key"])
-            where = f"simulation.json has no entry '{p['key']}'"
+            unbound = simulation_unbound(an, attested=p.get("attested", False))
+            if unbound:
+                return ThresholdResult(check.name, k, "error", "not bound to the run", thr, f"cannot judge: {unbound}")
+            try:
+                rate = an.simulated_hit_rates().get(p["key"])
+            except DatasetError as e:
+                return ThresholdResult(check.name, k, "error", "refused", thr, f"cannot judge: {cut(e, 300)}")
+            where = f"{SIMULATION_FILE} has no entry '{_short(p['key'])}'"
         if rate is None:
             return _missing_result(check, "n/a", thr, where)
         return ThresholdResult(check.name, k, "pass" if rate >= p["min"] else "fail", _pct(rate), thr)
@@ -522,29 +642,31 @@ def noise_control(policy: Policy, an: Analysis) -> list[ThresholdResult]:
 
 
 def _judged(results: list[ThresholdResult]) -> bool:
-    """Whether any threshold of the policy (not a completeness or noise-floor row) reached a
-    decision, pass or fail."""
-    return any(r.status in ("pass", "fail") for r in results if r.kind not in NOT_THRESHOLDS)
+    """Whether any quality threshold (a row of :data:`QUALITY_KINDS`: not the audit, hit rate,
+    leak, security, provenance, completeness or noise-floor rows) reached a decision, pass or fail."""
+    return any(r.status in ("pass", "fail") for r in results if r.kind in QUALITY_KINDS)
 
 
 def nothing_checked(results: list[ThresholdResult]) -> ThresholdResult | None:
-    """A "cannot judge" row when every threshold was skipped (``missing = "skip"`` on data the run
-    lacks): a gate that checked nothing must not pass. None when a threshold was decided, or when
-    one could not be judged (that row already says why)."""
-    thresholds = [r for r in results if r.kind not in NOT_THRESHOLDS]
-    if _judged(results) or any(r.status == "error" for r in thresholds):
+    """A "cannot judge" row when no quality threshold was decided and none says why (every one
+    skipped: ``missing = "skip"`` on data the run lacks): a gate that did not check quality must
+    not pass, whatever else passed. None when a quality threshold was decided, or when one could
+    not be judged (that row already says why)."""
+    quality = [r for r in results if r.kind in QUALITY_KINDS]
+    if _judged(results) or any(r.status == "error" for r in quality):
         return None
-    skipped = sum(r.status == "skip" for r in thresholds)
-    return ThresholdResult("thresholds checked", "coverage", "error",
-                           f"0 of {len(thresholds)} decided ({skipped} skipped)",
-                       "at least one threshold passes or fails",
-                       "cannot judge: every threshold of the policy was skipped (missing = \"skip\" on data "
-                       "this run lacks), so the gate checked nothing; a gate that checked nothing cannot pass")
+    skipped = sum(r.status == "skip" for r in quality)
+    return ThresholdResult("quality checked", "coverage", "error",
+                           f"0 of {len(quality)} quality thresholds decided ({skipped} skipped)",
+                           "at least one [[delta]] threshold passes or fails",
+                           "cannot judge: no quality threshold was decided (every [[delta]] was skipped: "
+                           "missing = \"skip\" on data this run lacks), so the gate did not check quality; "
+                           "the other rows are checks beside quality, never instead of it")
 
 
 def evaluate(policy: Policy, an: Analysis) -> list[ThresholdResult]:
-    """One row per check of the policy, then the noise-floor controls, then a "thresholds
-    checked" row when every threshold was skipped (:func:`nothing_checked`)."""
+    """One row per check of the policy, then the noise-floor controls, then a "quality checked"
+    row when no quality threshold was decided (:func:`nothing_checked`)."""
     results = [evaluate_check(c, an, policy.arm) for c in policy.checks] + noise_control(policy, an)
     row = nothing_checked(results)
     return results + ([row] if row else [])
@@ -552,8 +674,8 @@ def evaluate(policy: Policy, an: Analysis) -> list[ThresholdResult]:
 
 def verdict(results: list[ThresholdResult]) -> str:
     """``fail`` if any check failed (a failed threshold is a decision even where other rows could
-    not be judged), else ``error`` (cannot judge) if any check could not be judged or no threshold
-    reached pass or fail (all skipped, or no rows), else ``pass``."""
+    not be judged), else ``error`` (cannot judge) if any check could not be judged or no quality
+    threshold (:data:`QUALITY_KINDS`) reached pass or fail (all skipped, or no rows), else ``pass``."""
     statuses = {r.status for r in results}
     if "fail" in statuses:
         return "fail"

@@ -30,7 +30,5 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
         an = Analysis(run, near_tie=near_tie, confidence=policy.confidence, min_icc=policy.min_icc)
         summary = build_summary(an, policy)
         summary["cross_backend"] = [compare_runs(run, load_run(other)) for other in compare]
-        files = RunDir(run.path)
-        files.write_summary(summary)
-        files.write_samples(sample_rows(an))
-        return files.write_report(html.render(summary, an, policy, max_cases=max_cases))
+        page = html.render(summary, an, policy, max_cases=max_cases)  # everything before the first write
+        return RunDir(run.path).write_report(summary, sample_rows(an), page)

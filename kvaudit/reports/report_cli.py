@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import argparse
 
-from kvaudit.core.arg_types import non_negative_int
+from kvaudit.core.arg_types import non_negative_float, non_negative_int
 from kvaudit.reports.report import write_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN", help="run directory (manifest.json, pairs.jsonl, audit.json)")
     parser.add_argument("--policy", metavar="FILE", help="gate policy TOML (default: the shipped policy)")
-    parser.add_argument("--near-tie", type=float, default=1.0, metavar="LOGITS",
-                        help="recompute first-token margins below this count as near ties (default 1.0)")
+    parser.add_argument("--near-tie", type=non_negative_float, default=1.0, metavar="LOGITS",
+                        help="recompute first-token margins below this count as near ties: a finite "
+                             "number, 0 or more (default 1.0)")
     parser.add_argument("--max-cases", type=non_negative_int, default=2000, metavar="N",
                         help="cases shown in the drill-down, flips first (default 2000)")
     parser.add_argument("--compare", action="append", default=[], metavar="OTHER_RUN",

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.arg_types import positive_int
-from kvaudit.core.errors import KvauditError
+from kvaudit.core.errors import KvauditError, printable
 from kvaudit.runners import run_cli
 
 _WORD = {"pass": "passed", "fail": "failed", "error": "not decided"}
@@ -80,13 +80,16 @@ def run_until_decided(args: argparse.Namespace) -> int:
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.policy import evaluate_check, load_policy
     from kvaudit.runners.registry import arms_for, backend_options, open_from_args
-    from kvaudit.runners.runner import RunConfig, check_resumable, execute
+    from kvaudit.runners.runner import RunConfig, check_cases_fit, check_resumable, execute
     from kvaudit.stats.sequential import FUTILITY, default_look_every, design
 
     if args.max_cases is None:
         raise KvauditError("--until-decided needs --max-cases N (the most cases the run may take)")
     if args.limit is not None:
         raise KvauditError("--limit and --until-decided both bound the run: give --max-cases only")
+    if args.skip_unfit_cases:  # the looks count cases: one left out would shift every boundary
+        raise KvauditError("--skip-unfit-cases and --until-decided: a sequential run cannot leave cases out; "
+                           "shorten or remove the cases that cannot fit the model")
     backend_options(args)
     policy = load_policy(args.policy)
     deltas = [c for c in policy.checks if c.kind == "delta"]
@@ -122,12 +125,16 @@ def run_until_decided(args: argparse.Namespace) -> int:
                 raise KvauditError(f"{args.out} holds a run made {'without --until-decided' if not isinstance(old, dict) else 'with another sequential design'}; "
                                    "use a new --out directory")
             if old.get("stopped"):
-                print(f"{args.out}: already stopped at {old['stopped']['cases']} cases ({old['stopped']['why']})")
+                print(printable(f"{args.out}: already stopped at {old['stopped']['cases']} cases "
+                                f"({old['stopped']['why']})"))
                 return 0
         check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
         backend = open_from_args(args, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
                                  cache_bytes=args.cache_budget)
         ordered = _shuffled(dataset, args.order_seed)
+        # every case the design may take, checked before the first look runs (not when a look reaches it)
+        check_cases_fit(backend, ordered.cases[: args.max_cases],
+                        RunConfig(dataset=ordered, out=args.out, arms=arms, model_name=args.model))
         stopped = None
         for k, n in enumerate(plan.looks):
             cfg = RunConfig(dataset=ordered, out=args.out, arms=arms, model_name=args.model, limit=n,
@@ -136,7 +143,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
             an = Analysis(load_run(args.out), confidence=policy.confidence, min_icc=policy.min_icc)
             results = [evaluate_check(c, an, policy.arm) for c in deltas]
             line = ", ".join(f"{r.name} {_WORD.get(r.status, r.status)}" for r in results)
-            print(f"look {k + 1}/{len(plan.looks)} at {n} cases: {line}", flush=True)
+            print(f"look {k + 1}/{len(plan.looks)} at {n} cases: {printable(line)}", flush=True)
             if all(r.status in ("pass", "fail") for r in results):
                 stopped = {"cases": n, "look": k + 1, "why": "every delta threshold decided: " + line}
                 break
@@ -149,6 +156,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
         if key is not None:  # the manifest changed after the runner signed it
             attest(args.out, key, {"tool": "kvaudit run --until-decided", "kvaudit_version": manifest.kvaudit_version,
                                    "git_revision": manifest.git_revision})
-    print(f"stopped at {stopped['cases']} of at most {plan.max_cases} cases (look {stopped['look']}): {stopped['why']}")
+    print(f"stopped at {stopped['cases']} of at most {plan.max_cases} cases (look {stopped['look']}): "
+          f"{printable(stopped['why'])}")
     print(f"judge it with: kvaudit gate {args.out}" + (f" --policy {args.policy}" if args.policy else ""))
     return 0

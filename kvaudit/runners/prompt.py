@@ -126,6 +126,16 @@ def assemble(case: Case, segments: dict[str, Segment], tok: Tokenizer, max_token
     )
 
 
+def shortest_prompt_tokens(case: Case, segments: dict[str, Segment], tok: Tokenizer,
+                           prefix: str | None = None) -> int:
+    """Tokens of the shortest prompt :func:`assemble` can make for ``case``: its head, its first
+    document (truncation keeps at least one) and its tail. Over the model's limit, no prompt of
+    the case fits: tokenization only, so a run can find such cases before it starts."""
+    head = tok.head_ids(case.system, case.prefix if prefix is None else prefix)
+    first = tok.unit_ids(segments[case.segment_ids[0]].text) if case.segment_ids else []
+    return len(head) + len(first) + len(tok.tail_ids(case.system, case.question))
+
+
 def neutral_head_ids(tok: Tokenizer) -> list[int]:
     """The fixed head every neutral warm-up puts before a segment."""
     return tok.head_ids(NEUTRAL_SYSTEM, "")

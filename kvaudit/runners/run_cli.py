@@ -9,20 +9,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from kvaudit.core.arg_types import positive_int
+from kvaudit.core.arg_types import byte_size, positive_int
 from kvaudit.core.arms import ARMS, DEFAULT_ARMS
 from kvaudit.runners.registry import add_backend_arguments
-
-
-def parse_bytes(text: str) -> int:
-    units = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-    t = text.strip().upper().replace(" ", "")
-    num = t.rstrip("KMGTIB")
-    unit = t[len(num):]
-    if unit not in units or not num:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 2GiB or 500MB)")
-    return int(float(num) * units[unit])
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,7 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--limit", type=positive_int, default=None, help="run only the first N cases")
     p.add_argument("--max-new-tokens", type=positive_int, default=24)
-    p.add_argument("--cache-budget", type=parse_bytes, default="2GiB", help="segment cache capacity (default 2GiB)")
+    p.add_argument("--cache-budget", type=byte_size, default="2GiB",
+                   help="segment cache capacity, e.g. 500MB or 2GiB (default 2GiB)")
+    p.add_argument("--skip-unfit-cases", action="store_true",
+                   help="leave out the cases whose prompt cannot fit the model even with one document, "
+                        "instead of refusing the run (they are named, recorded in the manifest as "
+                        "dataset.unfit_cases and counted missing by the gate)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -59,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
         backend = open_from_args(args, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
                                  cache_bytes=args.cache_budget)
-        cfg = RunConfig(dataset=dataset, out=args.out, arms=arms, model_name=args.model, limit=args.limit)
+        cfg = RunConfig(dataset=dataset, out=args.out, arms=arms, model_name=args.model, limit=args.limit,
+                        skip_unfit=args.skip_unfit_cases)
         manifest = execute(cfg, backend, progress=not args.no_progress)
         print_run_summary(args.out, manifest)
     return 0

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvaudit.core.arms import REFERENCE_ARM, UNDER_TEST_ARM
+from kvaudit.core.errors import printable
 from kvaudit.core.manifest import Manifest
 from kvaudit.core.run_dir import RunDir
 
 
 def print_run_summary(run_dir: Path, manifest: Manifest, max_rows: int = 200) -> None:
-    """Per case and arm: answer, first-token margin, TTFT and reused tokens."""
+    """Per case and arm: answer, first-token margin, TTFT and reused tokens (case ids, arm names
+    and answers escaped: they come from the dataset and the model)."""
     run = RunDir(run_dir)
     pairs = run.read_pairs()
     print(f"\n{'case':<18} {'arm':<17} {'margin':>7} {'ttft_s':>7} {'reused':>6} {'dlogit':>8}  answer")
@@ -18,11 +20,11 @@ def print_run_summary(run_dir: Path, manifest: Manifest, max_rows: int = 200) ->
         for name in rec.arm_order:
             r = rec.arms[name]
             d = "" if r.logit_diff_vs_recompute is None else f"{r.logit_diff_vs_recompute:.2e}"
-            ans = r.answer.replace("\n", " ")[:60]
-            print(f"{rec.case_id[:18]:<18} {name:<17} {r.margin:7.3f} {r.ttft_s:7.3f} {r.tokens_reused:6d} {d:>8}  {ans}")
+            ans = printable(r.answer.replace("\n", " "))[:60]
+            print(f"{printable(rec.case_id)[:18]:<18} {printable(name):<17} {r.margin:7.3f} {r.ttft_s:7.3f} {r.tokens_reused:6d} {d:>8}  {ans}")
     if len(pairs) > max_rows:
-        print(f"... {len(pairs) - max_rows} more cases in {run.pairs_file}")
+        print(f"... {len(pairs) - max_rows} more cases in {printable(run.pairs_file)}")
     t = manifest.timing_s or {}
-    print(f"\n{len(pairs)} cases in {run_dir}; wall {t.get('wall', 0):.1f}s "
+    print(f"\n{len(pairs)} cases in {printable(run_dir)}; wall {t.get('wall', 0):.1f}s "
           f"({REFERENCE_ARM} {t.get(REFERENCE_ARM, 0):.1f}s, {UNDER_TEST_ARM} {t.get(UNDER_TEST_ARM, 0):.1f}s, "
           f"controls {t.get('controls', 0):.1f}s, one-time caching {t.get('caching', 0):.1f}s)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 import subprocess
+import sys
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
@@ -27,8 +28,8 @@ from kvaudit.core.arms import (
     get_arm,
 )
 from kvaudit.core.attestation import attest, attestation_key
-from kvaudit.core.dataset_format import Case, Dataset
-from kvaudit.core.errors import KvauditError
+from kvaudit.core.dataset_format import CASES_FILE, Case, Dataset
+from kvaudit.core.errors import KvauditError, excerpt
 from kvaudit.core.manifest import (
     DatasetRef,
     Manifest,
@@ -40,7 +41,7 @@ from kvaudit.core.manifest import (
 from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_format import MANIFEST_FILE, PAIRS_FILE, PairRecord, flipped
 from kvaudit.runners.backend import ArmRequest, Backend, check_info, logit_diff
-from kvaudit.runners.prompt import assemble
+from kvaudit.runners.prompt import assemble, shortest_prompt_tokens
 from kvaudit.runners.registry import check_arms_run_on
 
 # Wall time is split into the reference, the arm under test, "controls" (every other arm) and
@@ -56,6 +57,9 @@ class RunConfig:
     model_name: str
     limit: int | None = None
     extra_manifest: dict[str, Any] = field(default_factory=dict)
+    # Leave out the cases no prompt of which fits the model (recorded in the manifest) instead
+    # of refusing the run (:func:`check_cases_fit`).
+    skip_unfit: bool = False
 
 
 def git_revision() -> str | None:
@@ -151,6 +155,37 @@ class _CaseInputs:
     capture: Any = None
     candidates: list[str] | None = None
     evidence_prompt: Any = None
+
+
+def unfit_cases(backend: Backend, cases: list[Case], cfg: RunConfig) -> dict[str, int]:
+    """Case id -> prompt tokens of each case that cannot run on the model: even with one document
+    its prompt (or its leak-capture prompt) is over ``backend.max_prompt_tokens``. Tokenization
+    only: found before the first case runs, not when the run reaches the case."""
+    segments, limit = cfg.dataset.segments, backend.max_prompt_tokens
+    out: dict[str, int] = {}
+    for case in cases:
+        need = shortest_prompt_tokens(case, segments, backend.tok)
+        if case.canary:
+            capture = case.canary.get("capture_prefix", "")
+            need = max(need, shortest_prompt_tokens(case, segments, backend.tok, prefix=capture))
+        if need > limit:
+            out[case.id] = need
+    return out
+
+
+def check_cases_fit(backend: Backend, cases: list[Case], cfg: RunConfig) -> dict[str, int]:
+    """The unfit cases (:func:`unfit_cases`) when ``cfg.skip_unfit``; otherwise any refuses the run
+    with a :class:`KvauditError` naming the dataset's cases file and the cases."""
+    unfit = unfit_cases(backend, cases, cfg)
+    if unfit and not cfg.skip_unfit:
+        shown = ", ".join(f"{cid!r} ({n} tokens)" for cid, n in list(unfit.items())[:5])
+        more = f" and {len(unfit) - 5} more" if len(unfit) > 5 else ""
+        where = Path(cfg.dataset.path or ".") / CASES_FILE
+        raise KvauditError(f"{where}: {len(unfit)} case(s) cannot fit the model's prompt limit of "
+                           f"{backend.max_prompt_tokens} tokens even with one document: {shown}{more}; nothing "
+                           "was run. Shorten them, or pass --skip-unfit-cases to leave them out (the "
+                           "manifest records them and the gate counts them missing)")
+    return unfit
 
 
 def _case_inputs(backend: Backend, case: Case, cfg: RunConfig) -> _CaseInputs:
@@ -280,6 +315,12 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
     done = run.finished()
     cases = cfg.dataset.cases[: cfg.limit] if cfg.limit else cfg.dataset.cases
     todo = [c for c in cases if c.id not in done]
+    unfit = check_cases_fit(backend, todo, cfg)  # before the manifest or the pairs are touched
+    if unfit:
+        todo = [c for c in todo if c.id not in unfit]
+        print(f"kvaudit: leaving out {len(unfit)} case(s) that cannot fit the model: "
+              f"{', '.join(excerpt(c) for c in list(unfit)[:10])}{' ...' if len(unfit) > 10 else ''}",
+              file=sys.stderr)
     if todo:  # new pairs make any earlier audit stale: remove it rather than leave it lying
         run.forget_audit()
     # This session rewrites the manifest: an earlier attestation no longer holds (a new one is
@@ -299,8 +340,9 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
             path=str(cfg.dataset.path),
             hash=cfg.dataset.card.content_hash,
             generator=cfg.dataset.card.generator,
-            n_cases=len(cases),
+            n_cases=len(cases),  # the unfit cases stay counted: the run is partial without them
             coverage=cfg.dataset.card.coverage,
+            extra={"unfit_cases": unfit} if unfit else {},
         ),
         warmup_prefix=WarmupPrefix(system="neutral", ids_hash=backend.neutral_hash),
         cache_budget_bytes=backend.cache.capacity_bytes,

@@ -10,11 +10,11 @@ Every layer is counted as full attention, also where a model alternates sliding-
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from kvaudit.core.arg_types import parse_size
 from kvaudit.core.errors import DatasetError, KvauditError
 from kvaudit.core.jsonio import parse_json, read_bytes
 
@@ -147,19 +147,9 @@ def resolve_model(spec: str, dtype: str | None = None) -> KVShape:
     return shape_from_config(cfg, str(path), dtype)
 
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
 def parse_capacity(text: str) -> int:
-    """``30GB`` -> 30e9 bytes (decimal units; ``GiB`` and friends are binary)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise KvauditError(f"capacity {text!r}: expected a number with a unit such as 30GB, 1TB, 512GiB")
-    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if value <= 0:
-        raise KvauditError(f"capacity {text!r} must be positive")
-    return int(value)
+    """``30GB`` -> 30e9 bytes: :func:`kvaudit.core.arg_types.parse_size`, the one size parser."""
+    return parse_size(text)
 
 
 def format_bytes(n: int) -> str:

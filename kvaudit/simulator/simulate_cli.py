@@ -11,11 +11,11 @@ import argparse
 import sys
 import time
 
-from kvaudit.core.arg_types import positive_int
+from kvaudit.core.arg_types import byte_sizes, positive_int
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.progress import add_progress_argument, progress_bar, progress_print
 from kvaudit.core.trace import KINDS
-from kvaudit.simulator.kv_bytes import DTYPE_BYTES, PRESETS, parse_capacity, resolve_model
+from kvaudit.simulator.kv_bytes import DTYPE_BYTES, PRESETS, resolve_model
 from kvaudit.simulator.segment_cache import CAPTURE_MODES
 
 DEFAULT_CAPACITIES = "3GB,10GB,30GB,100GB,300GB,1TB"
@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--model-config", default="gpt-oss-120b", metavar="CONFIG_OR_NAME",
       help=f"preset ({', '.join(PRESETS)}), a config.json or its folder (default gpt-oss-120b)")
     a("--kv-dtype", choices=sorted(DTYPE_BYTES), help="KV element type (default: the model's dtype)")
-    a("--capacity", default=DEFAULT_CAPACITIES, help=f"comma-separated budgets (default {DEFAULT_CAPACITIES})")
+    a("--capacity", type=byte_sizes, default=DEFAULT_CAPACITIES,
+      help=f"comma-separated budgets, e.g. 30GB or 512GiB (default {DEFAULT_CAPACITIES})")
     a("--out", required=True, help="output directory")
     a("--policies", default="segment,prefix", help="comma-separated: segment, prefix")
     a("--block-size", type=positive_int, default=16, help="prefix-cache block size in tokens (default 16)")
@@ -48,9 +49,6 @@ def _csv(text: str) -> list[str]:
 def _config(args: argparse.Namespace):
     from kvaudit.simulator.engine import POLICIES, SimConfig
 
-    labels = _csv(args.capacity)
-    if not labels:
-        raise KvauditError("--capacity: give at least one budget, e.g. 30GB")
     policies = tuple(_csv(args.policies))
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
@@ -65,7 +63,7 @@ def _config(args: argparse.Namespace):
         raise KvauditError("--cold-fraction must be within [0, 1)")
     if args.windows <= 0:
         raise KvauditError("--windows must be positive")
-    return SimConfig(capacities=[parse_capacity(c) for c in labels], labels=labels,
+    return SimConfig(capacities=[b for _, b in args.capacity], labels=[label for label, _ in args.capacity],
                      model=resolve_model(args.model_config, args.kv_dtype), policies=policies,
                      block_size=args.block_size, capture=args.capture, segment_kinds=kinds,
                      cold_fraction=args.cold_fraction, windows=args.windows)

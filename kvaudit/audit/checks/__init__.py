@@ -41,10 +41,13 @@ from kvaudit.audit.checks.identity_reuse import (
     EXACT_DTYPES,
     IDENTITY_NOISE_SLACK,
     IDENTITY_TOL,
+    MAX_IDENTITY_TOL,
     check_identity,
+    check_identity_tol,
     check_reuse_happened,
     deterministic_backend,
     identity_tolerance,
+    run_dtype,
 )
 from kvaudit.audit.checks.inputs import check_records, check_same_inputs
 from kvaudit.audit.checks.leaks import check_leak_probes
@@ -75,10 +78,10 @@ def run_checks(run: LoadedRun, identity_tol: float | None = None) -> list[CheckR
 
 __all__ = [
     "ALPHA", "CONCERNS", "DEFAULT_TOL", "EXACT_DTYPES", "IDENTITY_NOISE_SLACK", "IDENTITY_TOL",
-    "MAX_LISTED", "MIN_NEVER_CACHED_SHARE", "MIN_REFS_PER_SEGMENT", "NOISE_ARM", "REGISTRY",
+    "MAX_IDENTITY_TOL", "MAX_LISTED", "MIN_NEVER_CACHED_SHARE", "MIN_REFS_PER_SEGMENT", "NOISE_ARM", "REGISTRY",
     "CheckResult", "CheckSpec", "LoadedRun", "check", "check_configuration", "check_coverage",
-    "check_history_independence", "check_identity", "check_leak_probes", "check_noise_floor",
+    "check_history_independence", "check_identity", "check_identity_tol", "check_leak_probes", "check_noise_floor",
     "check_prefix_cache_control", "check_records", "check_reuse_happened", "check_same_inputs",
     "deterministic_backend", "identity_tolerance", "is_reuse_arm", "load_for_audit", "noise_floor",
-    "registered", "run_checks",
+    "registered", "run_checks", "run_dtype",
 ]

@@ -47,6 +47,27 @@ IDENTITY_TOL: dict[str, float] = {"float32": DEFAULT_TOL, "float64": DEFAULT_TOL
                                   "bfloat16": 1.0, "float16": 0.25}
 EXACT_DTYPES = ("float32", "float64")
 IDENTITY_NOISE_SLACK = 2.0  # identity may differ from the reference by this times the noise floor
+# The largest --identity-tol accepted (logits): real reuse moves first-token logits by 2-6 on
+# SmolLM2, so a tolerance above this could no longer tell a broken reuse path from a working one.
+MAX_IDENTITY_TOL = 2.0
+
+
+def check_identity_tol(value: float) -> float:
+    """``value`` as an identity tolerance override; a ValueError saying why for NaN, an
+    infinity, a negative number or one above :data:`MAX_IDENTITY_TOL`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"must be a number of logits, not {str(value)[:40]!r}")
+    if not math.isfinite(value) or not 0 <= value <= MAX_IDENTITY_TOL:
+        raise ValueError(f"must be in [0, {MAX_IDENTITY_TOL:g}] logits, got {value:g} (real reuse moves "
+                         "first-token logits by 2-6: a looser tolerance cannot tell a broken reuse path)")
+    return float(value)
+
+
+def run_dtype(manifest: Manifest) -> str | None:
+    """The dtype the run's arms computed in (its identity's, else its model's), or None."""
+    run_identity, model = manifest.identity, manifest.model
+    dtype = (run_identity.dtype if run_identity else None) or (model.dtype if model else None)
+    return dtype if isinstance(dtype, str) else None
 
 
 def identity_tolerance(dtype: str | None, override: float | None = None) -> tuple[float, str]:
@@ -106,9 +127,7 @@ def equals_reference(run: LoadedRun, arm: str, identity_tol: float | None = None
     :func:`check_identity`. A result without the registry's name (the caller's check gives it)."""
     from scipy.stats import binomtest
 
-    run_identity, model = run.manifest.identity, run.manifest.model
-    dtype = (run_identity.dtype if run_identity else None) or (model.dtype if model else None)
-    dtype = dtype if isinstance(dtype, str) else None
+    dtype = run_dtype(run.manifest)
     tol, why = identity_tolerance(dtype, identity_tol)
     base_tol = tol
     noise = noise_floor(run)
