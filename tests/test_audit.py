@@ -85,7 +85,6 @@ def assert_fails(run: Path, check: str, case: str | None) -> dict:
 # --------------------------------------------------------------------------- the real run
 
 
-@pytest.mark.model
 def test_untampered_run_passes(run_copy, capsys):
     rc, result = audit(run_copy)
     assert rc == 0
@@ -111,7 +110,6 @@ def test_untampered_run_passes(run_copy, capsys):
     assert "audit PASSED" in out and "identity_control" in out
 
 
-@pytest.mark.model
 def test_real_run_has_what_the_checks_rely_on(smollm2_run):
     """Guards against a vacuous pass: the run really holds the arms and numbers checked."""
     pairs = read_pairs(smollm2_run)
@@ -124,7 +122,6 @@ def test_real_run_has_what_the_checks_rely_on(smollm2_run):
     assert sum(1 for p in pairs if p.canary) == 1
 
 
-@pytest.mark.model
 def test_coverage_from_dataset_option(run_copy):
     rc, result = audit(run_copy, "--dataset", str(EXAMPLE))
     c = by_name(result)["coverage"]

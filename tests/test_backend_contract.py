@@ -23,10 +23,10 @@ from kvaudit.runners.backend import LOGIT_DIFF_KINDS, Backend
 from kvaudit.runners.registry import BACKENDS
 from kvaudit.runners.rope import RopeSpec
 
+from .conftest import CONTRACT_CASES, contract_run_args
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "kvaudit" / "data" / "example"
-CONTRACT_ARMS = "recompute,reuse,identity,recompute_again"
-N_CASES = 2
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 AVAILABLE = ["transformers"] + (["vllm"] if HAVE_VLLM else [])
 # Fields that must be equal across backends, per pair and per arm (the prompt and its accounting).
@@ -36,33 +36,19 @@ ARM_SAME = ("arm", "ids_hash", "segment_hashes", "truncation", "tokens_reused", 
             "cache_hit_tokens")
 
 
-def _run_args(backend: str, out: Path) -> list[str]:
-    return ["run", "--backend", backend, "--dataset", str(EXAMPLE), "--out", str(out), "--arms", CONTRACT_ARMS,
-            "--limit", str(N_CASES), "--max-new-tokens", "8", "--no-progress"]
-
-
-# The prompt limit is part of the configuration (records' truncation.max_tokens): vLLM's is its
-# max_model_len, transformers' the model's 8192 positions; same limit, same truncation decision.
-SAME_LIMIT = {"transformers": [], "vllm": ["--max-model-len", "8192"]}
-
-
-def _run(backend: str, out: Path) -> Path:
-    if backend == "transformers":
-        from kvaudit.cli import main
-
-        assert main(_run_args(backend, out) + SAME_LIMIT[backend]) == 0
-    else:  # its own process: one vLLM engine per process
-        proc = subprocess.run([sys.executable, "-m", "kvaudit.cli", *_run_args(backend, out),
-                               *SAME_LIMIT[backend]], cwd=ROOT,
-                              capture_output=True, text=True, timeout=1200)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-    return out
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    base = tmp_path_factory.mktemp("contract")
-    return {b: _run(b, base / b) for b in AVAILABLE}
+def contract_runs(transformers_run, boxoffice5, tmp_path_factory) -> dict[str, Path]:
+    """Each backend's run of the session's first cases: transformers in process (conftest's
+    ``transformers_run``), vLLM in its own process, so its engine never shares one with the
+    session's in-process engine."""
+    runs = {"transformers": transformers_run}
+    if HAVE_VLLM:
+        out = tmp_path_factory.mktemp("contract") / "vllm"
+        proc = subprocess.run([sys.executable, "-m", "kvaudit.cli", *contract_run_args("vllm", boxoffice5, out)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        runs["vllm"] = out
+    return runs
 
 
 def _pairs(run: Path) -> list[dict]:
@@ -79,10 +65,10 @@ def _verdicts(run: Path) -> tuple[str, dict[str, tuple[bool, bool]]]:
 # --------------------------------------------------------------------------- every backend, one case set
 
 
-def test_every_backend_writes_the_same_ids_and_fields(runs):
-    by_backend = {b: _pairs(r) for b, r in runs.items()}
+def test_every_backend_writes_the_same_ids_and_fields(contract_runs):
+    by_backend = {b: _pairs(r) for b, r in contract_runs.items()}
     ref = by_backend["transformers"]
-    assert len(ref) == N_CASES
+    assert len(ref) == CONTRACT_CASES
     arm_fields = set(ref[0]["arms"]["recompute"])
     for b, pairs in by_backend.items():
         assert [p["case_id"] for p in pairs] == [p["case_id"] for p in ref], b
@@ -101,9 +87,9 @@ def test_every_backend_writes_the_same_ids_and_fields(runs):
             assert p["arms"]["recompute"]["tokens_reused"] == 0
 
 
-def test_every_backend_says_what_its_logit_difference_measures(runs):
+def test_every_backend_says_what_its_logit_difference_measures(contract_runs):
     kinds = {}
-    for b, run in runs.items():
+    for b, run in contract_runs.items():
         m = json.loads((run / "manifest.json").read_text())
         assert m["backend"]["backend"] == b
         kinds[b] = m["backend"]["logit_diff_kind"]
@@ -113,8 +99,8 @@ def test_every_backend_says_what_its_logit_difference_measures(runs):
         assert kinds["vllm"] == "top_logprobs"
 
 
-def test_every_backend_gets_the_same_audit_verdicts(runs):
-    verdicts = {b: _verdicts(r) for b, r in runs.items()}
+def test_every_backend_gets_the_same_audit_verdicts(contract_runs):
+    verdicts = {b: _verdicts(r) for b, r in contract_runs.items()}
     ref = verdicts["transformers"]
     assert ref[0] in ("passed", "cannot_judge")
     identity = [v for k, v in ref[1].items() if k.startswith("identity")]  # the check's name: audit's
@@ -157,7 +143,7 @@ def test_registered_backends_satisfy_the_protocol():
 def test_another_backends_option_is_refused_not_ignored(backend, option, tmp_path, capsys):
     from kvaudit.cli import main
 
-    code = main(_run_args(backend, tmp_path / "run") + option)
+    code = main(contract_run_args(backend, EXAMPLE, tmp_path / "run") + option)
     assert code == 2
     err = capsys.readouterr().err
     assert option[0] in err and f"--backend {backend} does not take it" in err

@@ -236,7 +236,15 @@ def test_hostile_json_values_are_dataset_errors(tmp_path: Path, capsys, payload)
 
 
 def test_line_separators_inside_strings_do_not_split_records(tmp_path: Path):
-    d = _dataset(tmp_path, lambda c: c.update(question="Who\u2028directed\x85 Harrow\x1cPoint?"))
+    d = _dataset(tmp_path)
+    cases = d / "cases.jsonl"
+    lines = cases.read_text(encoding="utf-8").splitlines(keepends=True)
+    obj = json.loads(lines[2])
+    obj["question"] = "Who\u2028directed\x85 Harrow\x1cPoint?"
+    # raw, unescaped in the file: str.splitlines would cut the record at each of them
+    lines[2] = json.dumps(obj, ensure_ascii=False) + "\n"
+    cases.write_text("".join(lines), encoding="utf-8")
+    assert "\u2028" in cases.read_text(encoding="utf-8") and len(cases.read_text(encoding="utf-8").splitlines()) > len(lines)
     assert read_dataset(d).cases[2].question == "Who\u2028directed\x85 Harrow\x1cPoint?"
 
 

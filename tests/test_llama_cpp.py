@@ -21,8 +21,6 @@ from kvaudit.core.run_format import read_pairs
 from .http_runs import checks, run
 from .llama_server import llama_server
 
-pytestmark = pytest.mark.model
-
 ARMS = "recompute,prefix_cache_cold,prefix_cache_flushed,prefix_cache,prefix_cache_other_tenant,recompute_again"
 
 

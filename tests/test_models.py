@@ -12,7 +12,6 @@ from kvaudit import models
 from kvaudit.core.errors import KvauditError
 
 
-@pytest.mark.model
 def test_smollm2_is_converted_once_into_a_plain_checkpoint():
     path = models.resolve_model_dir("smollm2")
     assert path.parent == models.cache_dir() / "models"

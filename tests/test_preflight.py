@@ -55,7 +55,6 @@ def test_every_size_option_refuses_a_bad_size_naming_the_option(tmp_path, capsys
 # --------------------------------------------------------------------------- 8. a case that cannot fit the model
 
 
-@pytest.mark.model
 def test_a_case_longer_than_the_model_is_refused_before_the_first_case(tmp_path: Path, capsys):
     from kvaudit.core.manifest import read_manifest
     from kvaudit.core.run_format import read_pairs
@@ -122,7 +121,6 @@ def workload(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.model
 def test_a_segment_replay_whose_wave_overflows_the_budget_is_refused_before_any_request(workload, tmp_path, capsys):
     out = tmp_path / "seg"
     # 8 MB holds 173 tokens of SmolLM2's fp32 KV: one request's two documents, not four requests'

@@ -94,7 +94,6 @@ def workload(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.model
 def test_segment_replay_is_held_to_the_simulator_and_resumes_without_loss(workload, tmp_path, capsys):
     out = tmp_path / "seg"
     args = ["replay", "--workload", str(workload), "--policy", "segment", "--budget", "10MB",
@@ -126,7 +125,6 @@ def test_segment_replay_is_held_to_the_simulator_and_resumes_without_loss(worklo
     assert all(r.ttft_s >= r.warmup_s > 0 for r in recs if r.warmup_tokens > 0)
 
 
-@pytest.mark.model
 def test_a_killed_replay_resumes_without_losing_or_repeating_a_request(workload, tmp_path):
     out = tmp_path / "rec"
     args = ["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",
@@ -171,7 +169,6 @@ def test_percentile_interval_of_a_tiny_sample_is_open():
     assert p["value"] == 0.3 and p["high"] is None
 
 
-@pytest.mark.model
 def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
     from kvaudit.models import load_tokenizer
 
@@ -250,7 +247,6 @@ def test_open_loop_waves_take_what_has_arrived_when_the_engine_is_free():
     assert closed == [[0, 1], [2, 3], [4]]
 
 
-@pytest.mark.model
 def test_an_open_loop_replay_counts_the_wait_in_ttft(workload, tmp_path):
     out = tmp_path / "open"
     assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",

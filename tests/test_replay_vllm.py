@@ -18,8 +18,6 @@ pytest.importorskip("vllm")
 from kvaudit.cli import main  # noqa: E402
 from kvaudit.core.replay_format import ReplayDir  # noqa: E402
 
-pytestmark = pytest.mark.model
-
 
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory) -> Path:

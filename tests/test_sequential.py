@@ -178,14 +178,13 @@ def test_sequential_options_need_until_decided_and_a_maximum(tmp_path, capsys):
     assert not any((tmp_path / x).exists() for x in "abcde")
 
 
-@pytest.mark.model
 def test_a_sequential_run_stops_when_decided_and_the_gate_reads_its_design(tmp_path, capsys):
     from kvaudit.cli import main
     from kvaudit.core.run_dir import RunDir
 
     ds, run, pol = tmp_path / "ds", tmp_path / "run", tmp_path / "p.toml"
     assert main(["generate", "boxoffice", "--out", str(ds), "--cases", "20", "--seed", "1", "--min-docs", "1",
-                 "--max-docs", "2"]) == 0
+                 "--max-docs", "2", "--min-words", "30", "--max-words", "60"]) == 0
     pol.write_text(POLICY.format(-95.0))
     args = ["run", "--dataset", str(ds), "--out", str(run), "--arms", "recompute,reuse", "--until-decided",
             "--policy", str(pol), "--max-cases", "20", "--look-every", "5", "--max-new-tokens", "8",

@@ -1,7 +1,8 @@
 """The vLLM backend on CPU: paged layouts, re-rotation in vLLM's cache, arms, audit, tampering.
 
 Skipped where vLLM is not importable (the main ``.venv``); ``make test-vllm`` runs it in
-``.venv-vllm``. One small engine (SmolLM2, fp32, ``enforce_eager``) serves the whole module.
+``.venv-vllm``. One small engine (SmolLM2, fp32, ``enforce_eager``; conftest's ``vllm_backend``)
+serves the whole session, with its run of the shared five cases (``vllm_run``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from kvaudit.core.errors import KvauditError, UnsupportedModelError  # noqa: E40
 from kvaudit.runners.engines.vllm import connector as vc  # noqa: E402
 from kvaudit.runners.engines.vllm import cpu_layout as vcl  # noqa: E402
 
-RUN_ARMS = "recompute,reuse,identity,prefix_cache,recompute_again"
-
+from .conftest import VLLM_RUN_ARMS  # noqa: E402
 
 # --------------------------------------------------------------------------- no engine needed
 
@@ -84,36 +84,16 @@ def test_unknown_vllm_version_and_unsupported_rope_are_refused():
 # --------------------------------------------------------------------------- one engine
 
 
-@pytest.fixture(scope="module")
-def backend():
-    from kvaudit.runners.engines.vllm.backend import open_vllm_backend
-
-    b = open_vllm_backend("smollm2", max_new_tokens=8, kv_cache_bytes=768 << 20, max_model_len=4096)
-    yield b
-    b.close()
+@pytest.fixture
+def backend(vllm_backend):
+    return vllm_backend
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    from kvaudit.cli import main
+def dataset(boxoffice5):
     from kvaudit.core.dataset_format import read_dataset
 
-    out = tmp_path_factory.mktemp("vllm_box") / "dataset"
-    assert main(["generate", "boxoffice", "--out", str(out), "--cases", "5", "--seed", "3",
-                 "--families", "single_doc=2,multi_hop_bridge=1,leak_probe=1"]) == 0
-    return read_dataset(out)
-
-
-@pytest.fixture(scope="module")
-def vllm_run(backend, dataset, tmp_path_factory) -> Path:
-    from kvaudit.runners.registry import arms_for
-    from kvaudit.runners.runner import RunConfig, execute
-
-    out = tmp_path_factory.mktemp("vllm_run") / "run"
-    execute(RunConfig(dataset=dataset, out=out, arms=arms_for(RUN_ARMS, "vllm"),
-                      model_name="smollm2"),
-            backend, progress=False)
-    return out
+    return read_dataset(boxoffice5)
 
 
 def test_rerotated_neutral_kv_equals_kv_computed_at_the_new_position(backend):
@@ -240,25 +220,21 @@ def test_a_warm_prefix_cache_arm_that_found_nothing_fails(vllm_run, tmp_path):
     assert set(failed) == {"reuse_happened"} and failed["reuse_happened"]["failing_cases"] == [rec["case_id"]]
 
 
-def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, dataset, tmp_path):
-    """The cross-backend table: a transformers run of the same dataset beside the vLLM run."""
+def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, transformers_run):
+    """The cross-backend table: the transformers run of the same cases beside the vLLM run."""
     from kvaudit.core.run_format import read_pairs
     from kvaudit.reports.report import write_report
-    from kvaudit.runners.engines.transformers.backend import open_backend
-    from kvaudit.runners.registry import arms_for
-    from kvaudit.runners.runner import RunConfig, execute
 
-    tf_run = tmp_path / "tf"
-    tb = open_backend("smollm2", max_new_tokens=8)
-    execute(RunConfig(dataset=dataset, out=tf_run, arms=arms_for("recompute,reuse,identity", "transformers"),
-                      model_name="smollm2"), tb, progress=False)
+    from .conftest import CONTRACT_CASES
+
+    tf_run = transformers_run
     page = write_report(vllm_run, compare=[tf_run]).read_text()
     summary = json.loads((vllm_run / "summary.json").read_text())
     (x,) = summary["cross_backend"]
     assert (x["a"]["backend"], x["b"]["backend"]) == ("vllm", "transformers")
-    assert x["n_common"] == x["ids_equal"] == len(read_pairs(vllm_run)) and x["same_weights"]
+    assert x["n_common"] == x["ids_equal"] == len(read_pairs(tf_run)) == CONTRACT_CASES and x["same_weights"]
     rows = {r["arm"]: r for r in x["arms"]}
-    assert set(rows) == {"recompute", "reuse", "identity"}
+    assert set(rows) == {"recompute", "reuse", "identity", "recompute_again"}  # the arms both ran
     # The same fp32 weights on the same ids: greedy recompute answers agree across engines.
     assert rows["recompute"]["answers_equal"] >= rows["recompute"]["n"] - 1
     assert 'id="cross-backend-1"' in page and "Cross-backend agreement: vllm vs transformers" in page
@@ -478,7 +454,7 @@ def test_concurrent_cases_run_each_arm_as_one_batch_audit_and_refuse_another_bat
     from kvaudit.runners.runner import RunConfig, execute
 
     out = tmp_path / "run"
-    cfg = RunConfig(dataset=dataset, out=out, arms=arms_for(RUN_ARMS, "vllm"), model_name="smollm2")
+    cfg = RunConfig(dataset=dataset, out=out, arms=arms_for(VLLM_RUN_ARMS, "vllm"), model_name="smollm2")
     backend.concurrent_cases, groups, backend.max_in_flight = 3, dict(backend.groups), 0
     try:
         execute(cfg, backend, progress=False)
