@@ -497,8 +497,13 @@ def _check_simulation(run: Any, d: Path) -> None:
     assert run.simulation is None or isinstance(run.simulation, dict)
     # what the gate's hit_rate check (source "simulated") reads of it; Analysis' own
     # statistics are not needed for that, so a stand-in holds the run
-    rates = Analysis.simulated_hit_rates(SimpleNamespace(run=run))
-    assert all(isinstance(k, str) and isinstance(v, float) for k, v in rates.items())
+    try:
+        rates = Analysis.simulated_hit_rates(SimpleNamespace(run=run))
+    except USER_ERRORS as e:  # a rate outside [0, 1] or not a number: refused, naming file and field
+        check_message(str(e), d / "simulation.json")
+        assert "token_hit_rate" in str(e)
+        return
+    assert all(isinstance(k, str) and isinstance(v, float) and 0 <= v <= 1 for k, v in rates.items())
 
 
 def _generate_corpus(d: Path) -> Any:
