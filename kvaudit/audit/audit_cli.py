@@ -74,6 +74,8 @@ def audit(run_dir: str | Path, *, identity_tol: float | None = None,
 
 def _status(c: CheckResult | dict) -> str:
     d = c if isinstance(c, dict) else asdict(c)
+    if d.get("not_applicable"):
+        return "-"
     if d.get("cannot_judge"):
         return "N/A" if d["required"] else "n/a"
     if not d["passed"]:

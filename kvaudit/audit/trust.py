@@ -117,7 +117,7 @@ class VerifiedAudit:
 
 
 def _summary(checks: list[CheckResult]) -> list[tuple[Any, Any, Any, Any]]:
-    return [(c.name, c.passed, c.required, c.cannot_judge) for c in checks]
+    return [(c.name, c.passed, c.required, c.cannot_judge, c.not_applicable) for c in checks]
 
 
 def verify(run_dir: str | Path, *, manifest: Manifest | None = None,

@@ -48,9 +48,14 @@ ROLES = {
     "oracle_reference": "the reference on the evidence-only prompt: what the oracle is compared with",
     "oracle": "reuse on the evidence-only prompt: splits reuse's loss into distractors and missing "
               "cross-attention",
+    "candidate": "the candidate engine configuration (a serving change): one full prefill of the same ids there",
+    "candidate_noise_floor": "the candidate again, elsewhere in the batch order: the candidate's own A/A noise",
+    "candidate_control": "the candidate engine with the change switched off: must equal the reference",
 }
 # Arms that must compute every prompt token: a server run must show them nothing cached.
-FRESH_ROLES = ("reference", "noise_floor")
+FRESH_ROLES = ("reference", "noise_floor", "candidate", "candidate_noise_floor", "candidate_control")
+# The engines of a serving-change run (docs/serving-changes.md): every other arm runs on the baseline.
+ENGINES = ("baseline", "candidate", "candidate_off")
 REPAIRS = ("blend", "epic")  # parameterised families (get_arm)
 BLEND_SELECT_LAYER = 1  # blend@R measures KV deviation at this layer (0-based; layer 0 cannot deviate)
 PROMPTS = ("case", "evidence")
@@ -75,6 +80,10 @@ class ArmSpec:
     # other arms, or its reset for one case would wipe what a later arm of another case relies on.
     resets_engine_cache: bool = False
     reference: str = ""  # the arm this one is compared with ("": the reference arm)
+    # A serving-change arm runs on another engine (ENGINES) exactly as the arm ``runs_as`` runs on
+    # the baseline: the same request path, another engine configuration.
+    engine: str = "baseline"
+    runs_as: str = ""
 
     @property
     def compared_with(self) -> str:
@@ -123,6 +132,17 @@ ARMS: dict[str, ArmSpec] = {
                 why="reuse on the evidence-only prompt, compared only with oracle_recompute (it changes the "
                     "prompt): the loss left without distractors is missing cross-attention between the "
                     "evidence segments; the rest of reuse's loss comes with the distractors"),
+        ArmSpec("candidate", None, role="candidate", scores_candidates=True, engine="candidate",
+                runs_as="recompute",
+                why="the candidate engine configuration (kvaudit run --engines): one full prefill of the same "
+                    "ids on the engine with the change, compared with the baseline's recompute"),
+        ArmSpec("candidate_off", None, role="candidate_control", engine="candidate_off", runs_as="recompute",
+                why="the candidate's engine with the declared change set back to the baseline's values: must "
+                    "equal recompute, proving the second engine (or version) itself changes nothing"),
+        ArmSpec("candidate_again", None, role="candidate_noise_floor", perturbs_batch=True, engine="candidate",
+                runs_as="recompute_again", reference="candidate", requires=("candidate",),
+                why="the candidate again, elsewhere in the batch order, compared with candidate: the change's own "
+                    "A/A noise floor (a nondeterministic change such as speculative decoding needs its own)"),
     )
 }
 
@@ -249,14 +269,18 @@ DEFAULT_ARMS = (REFERENCE_ARM, UNDER_TEST_ARM, IDENTITY_ARM)
 # Parameterised repairs sort right after reuse (blend by share, then epic by tokens).
 CANONICAL_ORDER = ("recompute", "reuse", "reuse_other_tenant", "identity", "reuse_norope", "reuse_first_user",
                    "prefix_cache_cold", "prefix_cache_flushed", "prefix_cache", "prefix_cache_other_tenant",
-                   "oracle_recompute", "oracle", "recompute_again")
+                   "oracle_recompute", "oracle", "candidate", "candidate_off", "candidate_again",
+                   "recompute_again")
 _check_registry()
 # The arms a routing frontier compares: the policy under test and its repairs.
 FRONTIER_ROLES = ("under_test", "repair")
 # The roles of the arms a gate policy may judge (its ``arm``): what a deployment would run. Every
 # other arm is the reference, a control (equal to the reference by construction, or isolating one
 # cause), a probe or a diagnostic: a policy that judged one would pass whatever reuse does.
-GATED_ROLES = ("under_test", "repair", "engine_prefix", "engine_prefix_warm")
+GATED_ROLES = ("under_test", "repair", "engine_prefix", "engine_prefix_warm", "candidate")
+# The arms of a serving-change run (kvaudit run --engines), and its default arm set.
+SERVING_CHANGE_ARMS = tuple(a.name for a in ARMS.values() if a.engine != "baseline")
+SERVING_CHANGE_DEFAULT_ARMS = ("recompute", "candidate", "candidate_again", "recompute_again")
 
 
 def is_gated(spec: ArmSpec) -> bool:

@@ -49,6 +49,9 @@ class CheckResult:
     failing_cases: list[str] = field(default_factory=list)
     warning: str | None = None
     cannot_judge: bool = False  # the run lacks the evidence this check needs (never a pass)
+    # The check is about something this run is not (a reuse check on a serving-change run, or the
+    # reverse): shown as "does not apply", never as "pass"; it neither passes nor fails the audit.
+    not_applicable: bool = False
 
 
 @dataclass
@@ -120,7 +123,8 @@ def _read_check(g: Fields) -> CheckResult:
     return CheckResult(name=g.string("name", required=True), passed=g.boolean("passed", required=True),
                        required=g.boolean("required", required=True), detail=g.string("detail") or "",
                        failing_cases=failing or [], warning=g.string("warning"),
-                       cannot_judge=bool(g.boolean("cannot_judge")))
+                       cannot_judge=bool(g.boolean("cannot_judge")),
+                       not_applicable=bool(g.boolean("not_applicable")))
 
 
 def read_audit(run_dir: str | os.PathLike) -> AuditRecord:

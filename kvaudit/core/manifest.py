@@ -244,6 +244,33 @@ class WarmupPrefix(Record):
 
 
 @dataclass
+class ServingChange(Record):
+    """A serving-change run (``kvaudit run --engines``): the change in words, the configuration
+    keys it declares, the engines file's digest, each engine's recorded configuration (role ->
+    flat mapping, :func:`kvaudit.runners.serving_change.configuration`) and each engine as the file
+    gave it (role -> backend, model, dtype, max_new_tokens, options)."""
+
+    change: str
+    declares: list[str]
+    engines_sha256: str
+    configurations: dict[str, dict[str, Any]] = field(default_factory=dict)
+    specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def read(cls, f: Fields) -> ServingChange:
+        configurations = f.mapping("configurations") or {}
+        specs = f.mapping("specs") or {}
+        for name, group in (("configurations", configurations), ("specs", specs)):
+            for role, v in group.items():
+                if not isinstance(v, dict):
+                    raise f.error(f"{role!r} must be an object", name)
+        return cls(change=f.string("change", required=True), declares=f.str_list("declares", required=True),
+                   engines_sha256=f.string("engines_sha256", required=True), configurations=configurations,
+                   specs=specs, extra=f.extra())
+
+
+@dataclass
 class Session(Record):
     """One ``kvaudit run`` invocation on the directory (a resumed run has several)."""
 
@@ -291,6 +318,7 @@ class Manifest(Record):
     sessions: list[Session] = field(default_factory=list)
     status: str | None = None
     timing_s: dict[str, float] | None = None
+    serving_change: ServingChange | None = None  # a serving-change run's engines (None: one engine)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -311,7 +339,8 @@ class Manifest(Record):
             dataset=f.record("dataset", DatasetRef.read), warmup_prefix=f.record("warmup_prefix", WarmupPrefix.read),
             cache_budget_bytes=f.integer("cache_budget_bytes"), git_revision=f.string("git_revision"),
             sessions=f.records("sessions", Session.read), status=f.string("status"),
-            timing_s=f.number_map("timing_s"), extra=f.extra(),
+            timing_s=f.number_map("timing_s"),
+            serving_change=f.record("serving_change", ServingChange.read), extra=f.extra(),
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -43,6 +43,7 @@ from kvaudit.reports import scoring
 from kvaudit.stats import paired as stats
 from kvaudit.stats.leaks import leak_summary
 from kvaudit.stats.noninferiority import check_confidence
+from kvaudit.stats.speed import RatioInterval, median_ratio
 
 
 def arm_reason(arm: str) -> str:
@@ -347,6 +348,30 @@ class Analysis:
             out["engine_s"] = float(np.median([r.engine_ttft_s for r in timed]))
             out["client_s"] = float(np.median([r.ttft_s - r.head_s - r.engine_ttft_s for r in timed]))
         return out
+
+    def times(self, arm: str, metric: str) -> tuple[list[float], list[float]]:
+        """Per case that ran both, ``arm``'s and its reference's times for ``metric``
+        (:data:`kvaudit.stats.speed.METRICS`): TTFT, or decode seconds per output token after the
+        first (cases where either answer has fewer than two tokens are left out)."""
+        ref = reference_of(arm)
+        a, b = [], []
+        for p in self.run.pairs:
+            x, y = p.arms.get(arm), p.arms.get(ref)
+            if x is None or y is None:
+                continue
+            if metric == "ttft":
+                a.append(x.ttft_s)
+                b.append(y.ttft_s)
+            elif len(x.answer_ids) >= 2 and len(y.answer_ids) >= 2:
+                a.append(x.decode_s / (len(x.answer_ids) - 1))
+                b.append(y.decode_s / (len(y.answer_ids) - 1))
+        return a, b
+
+    def speed(self, arm: str, metric: str = "ttft") -> RatioInterval | None:
+        """``arm``'s time over its reference's, per case: the median ratio with its distribution-free
+        interval at the run's confidence (:func:`kvaudit.stats.speed.median_ratio`)."""
+        a, b = self.times(arm, metric)
+        return median_ratio(a, b, self.confidence)
 
     def speedup(self, arm: str) -> dict[str, Any] | None:
         """Recompute TTFT over ``arm`` TTFT: ratio of medians and median of per-case ratios."""

@@ -13,6 +13,13 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
     group = "overall"        # or "task:<glob>", or "<stratum key>:<glob>"
     min_lower_bound = -2.0   # points; the one-sided lower bound must be at least this
 
+    [[speed]]                # optional: one table per speed threshold, beside quality (never instead)
+    name = "TTFT no worse"
+    metric = "ttft"          # or "time_per_output_token" (decode)
+    max_ratio = 1.05         # arm time / its reference's, the median of per-case ratios: the upper end
+                             # of its distribution-free interval must be at most this
+    # min_speedup = 1.3      # instead: reference time / arm time, the interval's lower end at least this
+
     [audit]
     require_passed = true
     accept_cannot_judge = []  # required checks accepted without their evidence, by name: the gate
@@ -89,21 +96,26 @@ from kvaudit.core.arms import (
     gated_arms,
     get_arm,
     is_gated,
+    reference_of,
 )
 from kvaudit.core.attestation import attestation_key, verify_attestation
 from kvaudit.core.errors import DatasetError, KvauditError, cut
 from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_format import SIMULATION_FILE
+from kvaudit.core.toml_file import read_toml
 from kvaudit.reports.analysis import Analysis
 from kvaudit.stats.leak_tests import text_leak_decision
 from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, check_confidence
+from kvaudit.stats.speed import METRICS as SPEED_METRICS
+from kvaudit.stats.speed import speed_decision
 
 DEFAULT_POLICY = Path(__file__).with_name("policy_default.toml")
 MISSING = ("error", "fail", "skip")
-_TOP = {"arm", "confidence", "min_icc", "missing", "delta", "audit", "hit_rate", "leak", "security",
+_TOP = {"arm", "confidence", "min_icc", "missing", "delta", "speed", "audit", "hit_rate", "leak", "security",
         "provenance"}
 _SECTIONS = {
     "delta": {"name", "group", "min_lower_bound", "missing"},
+    "speed": {"name", "metric", "max_ratio", "min_speedup", "missing"},
     "audit": {"require_passed", "accept_cannot_judge", "max_identity_tol", "missing"},
     "hit_rate": {"min", "source", "key", "missing"},
     "leak": {"max_neutral_text_leak_rate", "forbid_neutral_exposure", "missing"},
@@ -158,28 +170,6 @@ class ThresholdResult:
     observed: str
     threshold: str
     detail: str = ""
-
-
-def _load_toml(path: Path) -> dict[str, Any]:
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ModuleNotFoundError:
-            raise KvauditError("reading a policy needs Python 3.11+ or the 'tomli' package") from None
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise KvauditError(f"{path}: policy file not found") from None
-    except OSError as e:  # a directory, unreadable, ...
-        raise KvauditError(f"{path}: cannot read the policy file ({e.strerror or e})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise KvauditError(f"{path}: not valid TOML ({cut(e, 200)})") from None
-    except RecursionError:
-        raise KvauditError(f"{path}: not valid TOML (nested too deeply)") from None
-    except ValueError as e:  # an integer of more digits than Python converts
-        raise KvauditError(f"{path}: not valid TOML ({cut(e, 120)})") from None
 
 
 def _num(where: str, v: Any, lo: float | None = None, hi: float | None = None) -> float:
@@ -290,6 +280,34 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
         pol.checks.append(Check(name, "delta", {"group": group, "min_lower_bound": bound},
                                 _missing(source, f"delta[{i}]", d, default_missing)))
 
+    speeds = raw.get("speed", [])
+    if not isinstance(speeds, list):
+        raise KvauditError(f"{source}: field 'speed' must be an array of tables ([[speed]])")
+    for i, d in enumerate(speeds):
+        where = f"{source}: field 'speed[{i}]"
+        if not isinstance(d, dict):
+            raise KvauditError(f"{where}' must be a table")
+        _unknown(f"{source}: speed[{i}]", d, _SECTIONS["speed"])
+        metric = d.get("metric")
+        if metric not in SPEED_METRICS:
+            raise KvauditError(f"{where}.metric' must be one of {', '.join(SPEED_METRICS)}")
+        if ("max_ratio" in d) == ("min_speedup" in d):
+            raise KvauditError(f"{where}' needs exactly one of max_ratio (arm time / reference time at most) and "
+                               "min_speedup (reference time / arm time at least)")
+        if "max_ratio" in d:
+            max_ratio = _num(f"{where}.max_ratio'", d["max_ratio"], 0.01, 100.0)
+            shown = f"{SPEED_METRICS[metric]} ratio ≤ {max_ratio:g}x"
+        else:
+            speedup = _num(f"{where}.min_speedup'", d["min_speedup"], 0.01, 100.0)
+            max_ratio = 1.0 / speedup
+            shown = f"{SPEED_METRICS[metric]} speed-up ≥ {speedup:g}x"
+        name = d.get("name", shown)
+        if not isinstance(name, str):
+            raise KvauditError(f"{where}.name' must be a string")
+        pol.checks.append(Check(name, "speed", {"metric": metric, "max_ratio": max_ratio,
+                                                "speedup": "min_speedup" in d},
+                                _missing(source, f"speed[{i}]", d, default_missing)))
+
     for key in ("audit", "hit_rate", "leak", "security", "provenance"):
         sec = raw.get(key)
         if sec is None:
@@ -352,7 +370,7 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
 def load_policy(path: str | Path | None = None) -> Policy:
     """Read a policy file (the shipped default when ``path`` is None)."""
     p = Path(path) if path is not None else DEFAULT_POLICY
-    return parse_policy(_load_toml(p), str(p))
+    return parse_policy(read_toml(p, "policy file"), str(p))
 
 
 def _missing_result(check: Check, observed: str, threshold: str, detail: str) -> ThresholdResult:
@@ -447,12 +465,43 @@ def simulation_unbound(an: Analysis, *, attested: bool) -> str | None:
     return None
 
 
+def _speed_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
+    """A speed row: the median per-case time ratio of ``arm`` over its reference and its
+    distribution-free interval (:mod:`kvaudit.stats.speed`), shown as a speed-up where the row
+    was written as one."""
+    p = check.params
+    metric, mx = p["metric"], p["max_ratio"]
+    ref = reference_of(arm)
+    thr = f"speed-up ≥ {1 / mx:.3g}x" if p["speedup"] else f"{arm}/{ref} ≤ {mx:.3g}x"
+    iv = an.speed(arm, metric)
+    if iv is None:
+        return _missing_result(check, "n/a", thr, f"no case where both '{arm}' and '{ref}' have a {SPEED_METRICS[metric]}")
+    if p["speedup"]:
+        obs = (f"{1 / iv.median:.3g}x" + ("" if iv.upper is None else f" [{1 / iv.upper:.3g}, {1 / iv.lower:.3g}]")
+               + f" on {iv.n} cases")
+    else:
+        obs = (f"{iv.median:.3g}x" + ("" if iv.upper is None else f" [{iv.lower:.3g}, {iv.upper:.3g}]")
+               + f" on {iv.n} cases")
+    dec = speed_decision(iv, mx)
+    if dec == "undecided":
+        return ThresholdResult(check.name, "speed", "error", obs, thr,
+                               f"cannot judge: {iv.n} cases are too few for a {iv.confidence:.0%} interval of the median")
+    noise = an.speed(NOISE_ARM, metric) if NOISE_ARM != arm else None
+    detail = (f"median of per-case {SPEED_METRICS[metric]} ratios {arm}/{ref}, {iv.confidence:.0%} order-statistic "
+              "interval")
+    if noise is not None:
+        detail += f"; timing noise: {NOISE_ARM}/{ref} {noise.median:.3g}x on {noise.n} cases"
+    return ThresholdResult(check.name, "speed", dec, obs, thr, detail)
+
+
 def evaluate_check(check: Check, an: Analysis, arm: str) -> ThresholdResult:
     k, p = check.kind, check.params
     if k == "delta":
         return _delta_result(check, an, arm)
     if k == "audit":
         return _audit_result(check, an)
+    if k == "speed":
+        return _speed_result(check, an, arm)
     if k == "hit_rate":
         thr = f"≥ {_pct(p['min'])}"
         if p["source"] in ("measured", "segment"):

@@ -79,7 +79,6 @@ def run_until_decided(args: argparse.Namespace) -> int:
     from kvaudit.core.run_dir import RunDir
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.policy import evaluate_check, load_policy
-    from kvaudit.runners.registry import arms_for, backend_options, open_from_args
     from kvaudit.runners.runner import RunConfig, check_cases_fit, check_resumable, execute
     from kvaudit.stats.sequential import FUTILITY, default_look_every, design
 
@@ -90,12 +89,11 @@ def run_until_decided(args: argparse.Namespace) -> int:
     if args.skip_unfit_cases:  # the looks count cases: one left out would shift every boundary
         raise KvauditError("--skip-unfit-cases and --until-decided: a sequential run cannot leave cases out; "
                            "shorten or remove the cases that cannot fit the model")
-    backend_options(args)
+    arms, engines = run_cli.prepare(args)
     policy = load_policy(args.policy)
     deltas = [c for c in policy.checks if c.kind == "delta"]
     if not deltas:
         raise KvauditError(f"{policy.source}: no delta threshold: nothing for a sequential run to decide")
-    arms = arms_for(args.arms, args.backend)
     if policy.arm not in arms:
         raise KvauditError(f"--arms must include the policy's arm {policy.arm!r} ({policy.source})")
     dataset = read_dataset(args.dataset)
@@ -129,8 +127,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
                                 f"({old['stopped']['why']})"))
                 return 0
         check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
-        backend = open_from_args(args, dtype=args.dtype, max_new_tokens=args.max_new_tokens,
-                                 cache_bytes=args.cache_budget)
+        backend = run_cli.open_backend(args, arms, engines)
         ordered = _shuffled(dataset, args.order_seed)
         # every case the design may take, checked before the first look runs (not when a look reaches it)
         check_cases_fit(backend, ordered.cases[: args.max_cases],

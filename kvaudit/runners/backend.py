@@ -160,6 +160,15 @@ class Backend(ABC):
         return [self.run_arm(r.prompt, spec, capture_prompt=r.capture_prompt, candidates=r.candidates)
                 for r in requests]
 
+    def close(self) -> None:
+        """Release what the engine holds (default: nothing; the process's end releases the rest)."""
+        return None
+
+    def serving_change(self) -> dict[str, Any] | None:
+        """A serving-change run's record for the manifest (:class:`~kvaudit.core.manifest.ServingChange`
+        fields); ``None`` for one engine (the default)."""
+        return None
+
     def check_arms(self, arms: list[str]) -> None:
         """Refuse, before any case runs, arms this engine's configuration cannot run (by default:
         none; :func:`kvaudit.runners.registry.check_arms_run_on` has already refused arms of other engines)."""

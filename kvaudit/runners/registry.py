@@ -101,9 +101,10 @@ BACKENDS: Registry[BackendEntry] = Registry("backend", (
 DEFAULT_BACKEND = "transformers"
 
 
-def add_backend_arguments(p: argparse.ArgumentParser) -> None:
-    """``--backend`` and one argument group of options per registered backend."""
-    p.add_argument("--backend", default=DEFAULT_BACKEND, choices=list(BACKENDS),
+def add_backend_arguments(p: argparse.ArgumentParser, default: str | None = DEFAULT_BACKEND) -> None:
+    """``--backend`` and one argument group of options per registered backend (``default`` None:
+    the caller fills in :data:`DEFAULT_BACKEND`, telling a flag given apart from one left out)."""
+    p.add_argument("--backend", default=default, choices=list(BACKENDS),
                    help="; ".join(f"{b.name}: {b.help}" for b in BACKENDS.values()))
     seen: dict[str, list[str]] = {}
     for b in BACKENDS.values():

@@ -35,6 +35,7 @@ from kvaudit.core.manifest import (
     Manifest,
     ModelInfo,
     RunIdentity,
+    ServingChange,
     Session,
     WarmupPrefix,
 )
@@ -78,6 +79,7 @@ def git_revision() -> str | None:
 def run_identity(cfg: RunConfig, backend: Backend) -> RunIdentity:
     """What must not change between a run and its resumption."""
     info = check_info(backend.info())
+    change = backend.serving_change()
     return RunIdentity(
         dataset_hash=cfg.dataset.card.content_hash,
         model_fingerprint=backend.fingerprint,
@@ -92,6 +94,8 @@ def run_identity(cfg: RunConfig, backend: Backend) -> RunIdentity:
         torch=info["torch"],
         transformers=info.get("transformers"),
         concurrent_cases=backend.concurrent_cases if backend.concurrent_cases > 1 else None,
+        # A serving-change run resumes only with the same engines file (what it says, not its bytes).
+        extra={"engines_sha256": change["engines_sha256"]} if change else {},
     )
 
 
@@ -350,6 +354,8 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
         sessions=list(old.sessions) if old else [],
         extra=dict(cfg.extra_manifest),
     )
+    change = backend.serving_change()
+    manifest.serving_change = ServingChange(**change) if change else None
     session = Session(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cases_before=len(done))
     manifest.sessions.append(session)
     manifest.status = "running"
@@ -378,6 +384,8 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
     session.segment_cache = asdict(stats)
     session.unique_segments_seen = len({sid for c in todo for sid in c.segment_ids})
     manifest.backend = backend.info()  # what the engine showed it can do during the run (HTTP servers)
+    change = backend.serving_change()  # each engine as it ran (a server's report included)
+    manifest.serving_change = ServingChange(**change) if change else None
     manifest.timing_s = _sum_timings(manifest.sessions)
     manifest.status = "complete" if len(done) + pairs.written >= len(cases) else "partial"
     run.write_manifest(manifest)

@@ -56,7 +56,7 @@ from kvaudit.audit.checks.noise import check_noise_floor, check_prefix_cache_con
 from kvaudit.core.arms import NOISE_ARM
 
 # Concern modules in report order; importing one registers its checks.
-CONCERNS = ("inputs", "configuration", "server", "identity_reuse", "repairs", "history", "noise", "coverage",
+CONCERNS = ("inputs", "configuration", "serving_change", "server", "identity_reuse", "repairs", "history", "noise", "coverage",
             "leaks")
 for _module in CONCERNS:
     importlib.import_module(f"{__name__}.{_module}")

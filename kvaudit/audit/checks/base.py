@@ -16,40 +16,70 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvaudit.core.arms import REFERENCE_ARM, evidence_only, get_arm, known_arm, repair_count
+
 from kvaudit.core.audit_format import CheckResult
 from kvaudit.core.registry import Registry
 from kvaudit.core.run_format import PairRecord, flipped
 
 ALPHA = 0.05
+# The roles of a pure serving-change run's arms: full prefills on either engine and noise floors.
+SERVING_CHANGE_ROLES = ("reference", "noise_floor", "candidate", "candidate_noise_floor", "candidate_control")
 MAX_LISTED = 5  # problems spelled out in a detail string; the rest are counted
+
+
+# What a check is about (``scope``): every run, the reuse of cached KV (its arms, caches, leaks and
+# coverage), or a serving change (two engine configurations, ``kvaudit run --engines``).
+SCOPES = ("all", "reuse", "serving_change")
 
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """A registered check: ``options`` are the :func:`run_checks` keyword arguments it takes."""
+    """A registered check: ``options`` are the :func:`run_checks` keyword arguments it takes;
+    ``scope`` (:data:`SCOPES`) the runs it applies to (:func:`applies`)."""
 
     name: str
     required: bool
     fn: Callable[..., CheckResult]
     options: tuple[str, ...] = ()
+    scope: str = "all"
 
 
 REGISTRY: Registry[CheckSpec] = Registry("audit check")
 
 
-def check(name: str, *, required: bool, options: tuple[str, ...] = ()) -> Callable:
+def check(name: str, *, required: bool, options: tuple[str, ...] = (), scope: str = "all") -> Callable:
     """Register a check under ``name``; the returned function fills in its results' name and
-    required flag, so a check never spells them itself."""
+    required flag, so a check never spells them itself. On a run outside its ``scope`` the check
+    is not called: its result says it does not apply (:func:`applies`)."""
+    if scope not in SCOPES:
+        raise ValueError(f"check {name!r}: scope {scope!r} is not one of {SCOPES}")
 
     def register(fn: Callable[..., CheckResult]) -> Callable[..., CheckResult]:
         @functools.wraps(fn)
-        def run(*args, **kwargs) -> CheckResult:
-            return replace(fn(*args, **kwargs), name=name, required=required)
+        def run(loaded, *args, **kwargs) -> CheckResult:
+            why = applies(scope, loaded)
+            if why is not None:
+                return CheckResult(name, True, required, f"does not apply: {why}", not_applicable=True)
+            return replace(fn(loaded, *args, **kwargs), name=name, required=required)
 
-        REGISTRY.register(CheckSpec(name, required, run, options))
+        REGISTRY.register(CheckSpec(name, required, run, options, scope))
         return run
 
     return register
+
+
+def applies(scope: str, run) -> str | None:
+    """Why a check of ``scope`` does not apply to ``run`` (``None``: it applies). Reuse checks
+    apply to every run but a serving-change run whose arms are only the two engines' full prefills
+    and their noise floors; serving-change checks only to serving-change runs."""
+    change = getattr(run.manifest, "serving_change", None)
+    if scope == "serving_change" and change is None:
+        return "not a serving-change run (no --engines)"
+    if scope == "reuse" and change is not None:
+        arms = set(run.manifest.arms or ()) | {a for p in run.pairs for a in p.arms}
+        if all(known_arm(a) and get_arm(a).role in SERVING_CHANGE_ROLES for a in arms):
+            return f"a serving-change run ({change.change}): no arm reuses cached KV"
+    return None
 
 
 def result(passed: bool, detail: str, failing_cases: list[str] | None = None,

@@ -31,7 +31,7 @@ def _coverage(run: LoadedRun) -> tuple[dict | None, str]:
     return None, run.dataset_note
 
 
-@check("coverage", required=False)
+@check("coverage", required=False, scope="reuse")
 def check_coverage(run: LoadedRun):
     """Reuse-dynamics coverage of the run's cases; warns below the minimums (not required)."""
     cov, where = _coverage(run)

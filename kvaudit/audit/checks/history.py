@@ -15,7 +15,7 @@ from kvaudit.audit.checks.base import (
 from kvaudit.audit.checks.loading import LoadedRun
 
 
-@check("history_independence", required=True)
+@check("history_independence", required=True, scope="reuse")
 def check_history_independence(run: LoadedRun):
     """A neutral-source arm loads bit-identical KV for a segment in every case, whatever ran before."""
     arms = sorted({a for p in run.pairs for a in p.arms if source(a) == "neutral"})

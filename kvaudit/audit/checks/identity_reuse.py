@@ -90,7 +90,7 @@ def deterministic_backend(manifest: Manifest) -> bool:
     return backend == "transformers" and isinstance(device, str) and device.startswith("cpu")
 
 
-@check("identity_control", required=True, options=("identity_tol",))
+@check("identity_control", required=True, options=("identity_tol",), scope="reuse")
 def check_identity(run: LoadedRun, identity_tol: float | None = None):
     """The identity arm (segment KV built in context, then reused) equals the reference, as
     exactly as the reference equals itself.
@@ -192,7 +192,7 @@ def equals_reference(run: LoadedRun, arm: str, identity_tol: float | None = None
     return from_problems(problems, ok, warning, extra="" if not problems else f" [{stats}]")
 
 
-@check("reuse_happened", required=True)
+@check("reuse_happened", required=True, scope="reuse")
 def check_reuse_happened(run: LoadedRun):
     """Every reuse-family arm reused exactly the segment tokens (> 0); recomputes reused none."""
     problems: dict[str, list[str]] = defaultdict(list)

@@ -18,7 +18,7 @@ from kvaudit.core.arms import REFERENCE_ARM, UNDER_TEST_ARM
 from kvaudit.stats.leaks import leak_summary
 
 
-@check("leak_probes", required=True)
+@check("leak_probes", required=True, scope="reuse")
 def check_leak_probes(run: LoadedRun):
     """The neutral warm-up policy shows no canary exposure beyond chance (required)."""
     probes = [p for p in run.pairs if isinstance(p.canary, dict) and isinstance(p.canary.get("value"), str)]

@@ -79,7 +79,7 @@ def check_noise_floor(run: LoadedRun):
     return result(True, detail, [], warning)
 
 
-@check("prefix_cache_control", required=False)
+@check("prefix_cache_control", required=False, scope="reuse")
 def check_prefix_cache_control(run: LoadedRun):
     """How often the engine's own exact prefix cache changes greedy answers: warm vs cold runs
     of the same prompt (reported; a warning when any flip)."""

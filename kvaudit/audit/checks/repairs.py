@@ -59,7 +59,7 @@ def control_cases(run: LoadedRun, end: str) -> dict[str, set[str]]:
     return dict(out)
 
 
-@check("repair_equals_reuse", required=True)
+@check("repair_equals_reuse", required=True, scope="reuse")
 def check_repair_equals_reuse(run: LoadedRun) -> CheckResult:
     """A repair arm that recomputes no token equals the arm under test bit for bit."""
     cases = control_cases(run, "none")
@@ -87,7 +87,7 @@ def check_repair_equals_reuse(run: LoadedRun) -> CheckResult:
                                    f"nothing is recomputed: {summary} cases")
 
 
-@check("repair_equals_recompute", required=True, options=("identity_tol",))
+@check("repair_equals_recompute", required=True, options=("identity_tol",), scope="reuse")
 def check_repair_equals_recompute(run: LoadedRun, identity_tol: float | None = None) -> CheckResult:
     """A repair arm that recomputes every segment token equals the reference under the identity
     rule (the dtype's tolerance where the reference is exact, else relative to the noise floor)."""

@@ -210,7 +210,7 @@ def isolation_results(pairs: list[PairRecord]) -> dict[str, object]:
     return out
 
 
-@check("tenant_isolation", required=False)
+@check("tenant_isolation", required=False, scope="reuse")
 def check_tenant_isolation(run: LoadedRun):
     """Another tenant's identical request is never served from the cache, while the same
     tenant's is (so the check cannot pass with caching off)."""
