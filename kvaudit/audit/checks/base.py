@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from kvaudit.core.arms import REFERENCE_ARM, evidence_only, get_arm, known_arm, repair_count
-
 from kvaudit.core.audit_format import CheckResult
 from kvaudit.core.registry import Registry
 from kvaudit.core.run_format import PairRecord, flipped
