@@ -65,9 +65,13 @@ COSTS: dict[str, set[str]] = {
     "test_preflight::test_a_case_longer_than_the_model_is_refused_before_the_first_case": {"engine"},
     "test_preflight::test_a_segment_replay_whose_wave_overflows_the_budget_is_refused_before_any_request":
         {"engine"},
+    "test_serving_change::test_an_undeclared_difference_fails_the_audit_naming_it": {"engine"},
+    "test_serving_change_vllm": {"vllm", "engine"},
     # simulations of a decision's operating characteristic
     "test_gate_calibration": {"calibration"},
     "test_timing_stats": {"calibration"},
+    "test_speed::test_false_pass_at_the_threshold_is_within_alpha_half": {"calibration"},
+    "test_speed::test_the_slice_fails_when_the_interval_is_dropped": {"calibration"},
     "test_sequential::test_sequential_gate_is_calibrated_and_stops_early_fast_slice": {"calibration"},
     "test_sequential::test_futility_only_removes_passes_and_stops_losses_sooner": {"calibration"},
     "test_replay::test_percentile_intervals_cover_at_the_stated_level": {"calibration"},
@@ -79,7 +83,7 @@ FIXTURE_COSTS: dict[str, set[str]] = {
     "smollm2_backend": {"engine"}, "smollm2_run": {"engine"}, "run_copy": {"engine"},
     "vllm_backend": {"engine", "vllm"}, "vllm_run": {"engine", "vllm"},
     "connector_server": {"server", "vllm"}, "stock_server": {"server", "vllm"},
-    "contract_runs": {"engine"}, "transformers_run": {"engine"},
+    "contract_runs": {"engine"}, "transformers_run": {"engine"}, "change_run": {"engine"},
 }
 MARKERS = ("engine", "server", "calibration", "browser", "vllm")
 

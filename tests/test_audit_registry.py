@@ -17,11 +17,12 @@ from kvaudit.reports.analysis import load_run as report_load_run
 from kvaudit.reports.synthetic import make_run
 
 REPORT_ORDER = ["records", "same_inputs", "one_configuration",
+                "engines_differ_only_in_change", "candidate_control", "candidate_noise_floor",
                 "server_consumed_ids", "server_model", "server_cache_evidence", "tenant_isolation",
                 "identity_control", "reuse_happened",
                 "repair_equals_reuse", "repair_equals_recompute",
                 "history_independence", "noise_floor", "prefix_cache_control", "coverage", "leak_probes"]
-NOT_REQUIRED = {"tenant_isolation", "noise_floor", "prefix_cache_control", "coverage"}
+NOT_REQUIRED = {"tenant_isolation", "noise_floor", "prefix_cache_control", "coverage", "candidate_noise_floor"}
 
 
 def test_registry_runs_every_check_in_report_order_with_its_required_flag(tmp_path):
@@ -31,6 +32,10 @@ def test_registry_runs_every_check_in_report_order_with_its_required_flag(tmp_pa
     assert [r.name for r in results] == REPORT_ORDER
     assert {r.name for r in results if not r.required} == NOT_REQUIRED
     assert all(r.passed for r in results if r.required), [r for r in results if not r.passed]
+    # a reuse run is not a serving change: those checks say so, and only those
+    assert [r.name for r in results if r.not_applicable] == [
+        "engines_differ_only_in_change", "candidate_control", "candidate_noise_floor"]
+    assert all(r.detail == "does not apply: not a serving-change run (no --engines)" for r in results if r.not_applicable)
     # a check called directly is named by the registry too
     direct = checks.check_identity(run, identity_tol=0.5)
     assert (direct.name, direct.required) == ("identity_control", True) and "tolerance 0.5 = max(0.5," in direct.detail

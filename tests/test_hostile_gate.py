@@ -653,6 +653,7 @@ def test_a_control_arm_cannot_be_judged_in_place_of_reuse(signed_loser, tmp_path
     ("reuse_first_user", "leak capture"), ("prefix_cache_flushed", "engine prefix flushed"),
     ("prefix_cache_other_tenant", "tenant probe"), ("reuse_other_tenant", "segment tenant probe"),
     ("oracle", "oracle"), ("blend@1", "equals the reference by construction"),
+    ("candidate_again", "candidate noise floor"), ("candidate_off", "candidate control"),
 ])
 def test_only_arms_under_test_are_allowed(tmp_path, arm, role):
     p = policy(tmp_path, f'arm = "{arm}"\n' + LENIENT, "arm.toml")
@@ -660,7 +661,8 @@ def test_only_arms_under_test_are_allowed(tmp_path, arm, role):
         load_policy(p)
     msg = str(e.value)
     assert f"field 'arm': '{arm}'" in msg and role in msg
-    assert "Allowed arms: reuse, prefix_cache_cold, prefix_cache, blend@R (R in [0, 1)), epic@K (K >= 0)" in msg
+    assert ("Allowed arms: reuse, prefix_cache_cold, prefix_cache, candidate, blend@R (R in [0, 1)), epic@K (K >= 0)"
+            in msg)
 
 
 @pytest.mark.parametrize("arm", ["reuse", "prefix_cache", "prefix_cache_cold", "blend@0", "blend@0.15", "epic@16"])

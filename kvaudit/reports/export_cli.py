@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         from kvaudit.reports.export_inspect import need_inspect, write_inspect
 
         need_inspect()  # before reading the run: a missing extra is the first thing to say
-    policy = load_policy(args.policy)
+    policy = load_policy(args.policy, args.run_dir)
     an = Analysis(load_run(args.run_dir), near_tie=args.near_tie, confidence=policy.confidence,
                   min_icc=policy.min_icc)
     if args.format == "inspect":

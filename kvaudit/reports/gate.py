@@ -90,11 +90,11 @@ def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_p
     bad policy, an unreadable or malformed run: ``error`` says why)."""
     from kvaudit.core.errors import USER_ERRORS, cut, os_error_message
     from kvaudit.reports.analysis import Analysis, load_run
-    from kvaudit.reports.policy import DEFAULT_POLICY, evaluate, load_policy, verdict
+    from kvaudit.reports.policy import default_policy, evaluate, load_policy, verdict
 
-    source = str(policy_path or DEFAULT_POLICY)
+    source = str(policy_path or default_policy(run_dir))
     try:
-        policy = load_policy(policy_path)
+        policy = load_policy(policy_path, run_dir)
         run = load_run(run_dir)
         results = evaluate(policy, Analysis(run, confidence=policy.confidence, min_icc=policy.min_icc))
         row = completeness(run, allow_partial=allow_partial)

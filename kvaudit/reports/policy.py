@@ -110,6 +110,8 @@ from kvaudit.stats.speed import METRICS as SPEED_METRICS
 from kvaudit.stats.speed import speed_decision
 
 DEFAULT_POLICY = Path(__file__).with_name("policy_default.toml")
+# The shipped policy for a serving-change run (kvaudit run --engines): arm = "candidate".
+SERVING_CHANGE_POLICY = Path(__file__).with_name("policy_serving_change.toml")
 MISSING = ("error", "fail", "skip")
 _TOP = {"arm", "confidence", "min_icc", "missing", "delta", "speed", "audit", "hit_rate", "leak", "security",
         "provenance"}
@@ -367,9 +369,23 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
     return pol
 
 
-def load_policy(path: str | Path | None = None) -> Policy:
-    """Read a policy file (the shipped default when ``path`` is None)."""
-    p = Path(path) if path is not None else DEFAULT_POLICY
+def default_policy(run_dir: str | Path | None = None) -> Path:
+    """The shipped policy for the run in ``run_dir``: :data:`SERVING_CHANGE_POLICY` for a
+    serving-change run (its manifest records engines), else :data:`DEFAULT_POLICY` (also when the
+    manifest cannot be read: reading the run says why, later)."""
+    if run_dir is not None:
+        try:
+            if RunDir(run_dir).read_manifest().serving_change is not None:
+                return SERVING_CHANGE_POLICY
+        except (KvauditError, OSError):
+            pass
+    return DEFAULT_POLICY
+
+
+def load_policy(path: str | Path | None = None, run_dir: str | Path | None = None) -> Policy:
+    """Read a policy file (the shipped default for the run in ``run_dir`` when ``path`` is None:
+    :func:`default_policy`)."""
+    p = Path(path) if path is not None else default_policy(run_dir)
     return parse_policy(read_toml(p, "policy file"), str(p))
 
 

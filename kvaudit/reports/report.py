@@ -24,7 +24,7 @@ def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, 
     from kvaudit.reports.policy import load_policy
     from kvaudit.reports.summary import build_summary
 
-    policy = load_policy(policy_path)
+    policy = load_policy(policy_path, run_dir)
     with RunDir(run_dir).lock("report"):
         run = load_run(run_dir)
         an = Analysis(run, near_tie=near_tie, confidence=policy.confidence, min_icc=policy.min_icc)

@@ -78,7 +78,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
     from kvaudit.core.jsonio import check_writable_dir
     from kvaudit.core.run_dir import RunDir
     from kvaudit.reports.analysis import Analysis, load_run
-    from kvaudit.reports.policy import evaluate_check, load_policy
+    from kvaudit.reports.policy import SERVING_CHANGE_POLICY, evaluate_check, load_policy
     from kvaudit.runners.runner import RunConfig, check_cases_fit, check_resumable, execute
     from kvaudit.stats.sequential import FUTILITY, default_look_every, design
 
@@ -90,7 +90,8 @@ def run_until_decided(args: argparse.Namespace) -> int:
         raise KvauditError("--skip-unfit-cases and --until-decided: a sequential run cannot leave cases out; "
                            "shorten or remove the cases that cannot fit the model")
     arms, engines = run_cli.prepare(args)
-    policy = load_policy(args.policy)
+    # a serving-change run judges its candidate: the shipped policy for it, unless one is given
+    policy = load_policy(args.policy if args.policy or engines is None else SERVING_CHANGE_POLICY)
     deltas = [c for c in policy.checks if c.kind == "delta"]
     if not deltas:
         raise KvauditError(f"{policy.source}: no delta threshold: nothing for a sequential run to decide")

@@ -24,6 +24,10 @@ Top-level keys:
 ``routing``      per task family: safe / unsafe / undecided for the policy's arm, with the reason
 ``frontier``     the repairs' quality-for-speed frontier per task family, with the cheapest
                  non-inferior arm, and the oracle's split of reuse's loss (:mod:`kvaudit.reports.frontier`)
+``serving_change`` a serving-change run's change, declared keys, engines as given, every recorded
+                 configuration key where an engine differs from the baseline (declared or not), and per
+                 engine arm the median per-case TTFT and decode-time ratios with their intervals
+                 (None for a run of one engine)
 ``cases_needed`` each delta threshold that did not pass and each undecided task family, with the
                  cases the run has and about how many a decision needs (policy.cases_needed)
 """
@@ -36,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from kvaudit.core.arms import NOISE_ARM
+from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, reference_of
 from kvaudit.reports.analysis import Analysis, arm_reason
 from kvaudit.reports.frontier import build_frontier
 from kvaudit.reports.policy import Policy, evaluate, verdict
@@ -200,4 +204,35 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
         "frontier": build_frontier(an, policy),
     }
     summary["cases_needed"] = cases_needed_rows(an, policy, gate, summary["routing"])
+    summary["serving_change"] = serving_change_summary(an)
     return jsonable(summary)
+
+
+def serving_change_summary(an: Analysis) -> dict[str, Any] | None:
+    """The serving change side by side (see the module docstring); None for one engine."""
+    from kvaudit.runners.serving_change import undeclared
+    from kvaudit.stats.speed import METRICS
+
+    sc = an.run.manifest.serving_change
+    if sc is None:
+        return None
+    configs = sc.configurations
+    base = configs.get("baseline", {})
+    roles = [r for r in ("baseline", "candidate", "candidate_off") if r in configs]
+    keys = sorted({k for r in roles for k in configs[r]} - {k for k in base if all(
+        configs[r].get(k) == base[k] for r in roles)})
+    bad = {k for r in roles for k in undeclared(base, configs[r], sc.declares)}
+    differences = [{"key": k, "values": {r: configs[r].get(k) for r in roles}, "declared": k not in bad}
+                   for k in keys]
+    speed = []
+    for arm in an.arms:
+        if arm == REFERENCE_ARM:
+            continue
+        for metric in METRICS:
+            iv = an.speed(arm, metric)
+            if iv is not None:
+                a, b = an.times(arm, metric)
+                speed.append({"arm": arm, "reference": reference_of(arm), "metric": metric, **asdict(iv),
+                              "arm_p50": float(np.median(a)), "reference_p50": float(np.median(b))})
+    return {"change": sc.change, "declares": list(sc.declares), "specs": sc.specs, "roles": roles,
+            "differences": differences, "speed": speed}

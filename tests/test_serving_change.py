@@ -1,0 +1,163 @@
+"""Serving changes (kvaudit run --engines): the engines file's errors, a real numerics change on SmolLM2
+(float32 against bfloat16) audited, reported and gated on quality and speed, and an undeclared
+difference between the engines failing the audit by name."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvaudit.cli import main
+from kvaudit.reports.gate import judge
+
+from .conftest import EXAMPLE
+
+BASE = """
+[baseline]
+backend = "transformers"
+model = "smollm2"
+dtype = "float32"
+max_new_tokens = 4
+"""
+CANDIDATE = """
+[candidate]
+backend = "transformers"
+model = "smollm2"
+dtype = "bfloat16"
+max_new_tokens = 4
+change = "bfloat16 weights and activations"
+declares = ["dtype"]
+"""
+POLICY = """
+arm = "candidate"
+[[delta]]
+group = "overall"
+min_lower_bound = -5.0
+[[speed]]
+name = "TTFT no worse than 1.5x"
+metric = "ttft"
+max_ratio = 1.5
+[[speed]]
+name = "decode 100x faster"
+metric = "time_per_output_token"
+min_speedup = 100
+[audit]
+require_passed = true
+"""
+
+
+def write(tmp: Path, name: str, text: str) -> Path:
+    p = tmp / name
+    p.write_text(text)
+    return p
+
+
+def run(engines: Path, out: Path, *extra: str) -> int:
+    return main(["run", "--dataset", str(EXAMPLE), "--engines", str(engines), "--out", str(out),
+                 "--no-progress", *extra])
+
+
+@pytest.mark.parametrize("text, says", [
+    (BASE, "no [candidate] table"),
+    (BASE + CANDIDATE.replace('declares = ["dtype"]', ""), "declares must list"),
+    (BASE + CANDIDATE.replace('change = "bfloat16 weights and activations"', ""), "change must say"),
+    (BASE + CANDIDATE.replace('"bfloat16"', '"float32"'), "are the same configuration"),
+    (BASE + CANDIDATE.replace('backend = "transformers"', 'backend = "sglang"'), "[candidate] backend must be"),
+    (BASE + CANDIDATE + "[candidate.options]\nkv_cache_dtype = \"fp8\"\n", "unknown option 'kv_cache_dtype'"),
+    (BASE + "change = \"x\"\n" + CANDIDATE, "only [candidate] says what it changes"),
+    (BASE + CANDIDATE + "[extra]\n", "unknown table 'extra'"),
+    ("[baseline\n", "not valid TOML"),
+])
+def test_a_bad_engines_file_is_refused_naming_the_file_and_key(tmp_path, capsys, text, says):
+    engines = write(tmp_path, "engines.toml", text)
+    assert run(engines, tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert str(engines) in err and says in err, err
+    assert not (tmp_path / "run").exists()  # refused before the run directory was made
+
+
+def test_engine_flags_beside_engines_and_candidate_arms_without_them_are_refused(tmp_path, capsys):
+    engines = write(tmp_path, "engines.toml", BASE + CANDIDATE)
+    assert run(engines, tmp_path / "a", "--dtype", "bfloat16") == 2
+    assert "--dtype and --engines" in capsys.readouterr().err
+    assert run(engines, tmp_path / "b", "--arms", "recompute,recompute_again") == 2
+    assert "names no arm of the candidate engine" in capsys.readouterr().err
+    assert main(["run", "--dataset", str(EXAMPLE), "--out", str(tmp_path / "c"), "--arms", "recompute,candidate"]) == 2
+    assert "give --engines" in capsys.readouterr().err
+
+
+def test_undeclared_names_every_difference_the_change_did_not_declare():
+    from kvaudit.runners.serving_change import undeclared
+
+    base = {"dtype": "float32", "engine.seed": 0, "engine.kv_cache_dtype": "auto", "engine.max_model_len": 4096}
+    cand = {**base, "engine.kv_cache_dtype": "fp8", "engine.seed": 1, "engine.max_model_len": 8192}
+    assert undeclared(base, cand, ["kv_cache_dtype"]) == ["engine.max_model_len", "engine.seed"]
+    assert undeclared(base, cand, ["kv_cache_dtype", "seed", "engine.max_model_len"]) == []
+    assert undeclared(base, {**base, "vllm": "0.27"}, ["kv_cache_dtype"]) == ["vllm"]  # a key only one side has
+
+
+@pytest.fixture(scope="module")
+def change_run(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("serving_change")
+    engines = write(tmp, "engines.toml", BASE + CANDIDATE)
+    out = tmp / "run"
+    assert run(engines, out, "--limit", "6",
+               "--arms", "recompute,candidate,candidate_off,candidate_again,recompute_again") == 0
+    return out
+
+
+def test_a_numerics_change_is_measured_and_its_controls_hold(change_run, tmp_path, capsys):
+    assert main(["audit", str(change_run)]) == 0
+    checks = {c["name"]: c for c in json.loads((change_run / "audit.json").read_text())["checks"]}
+    assert checks["engines_differ_only_in_change"]["passed"]
+    assert "only in dtype" in checks["engines_differ_only_in_change"]["detail"]
+    # the candidate with its change off is the baseline: bit-equal on this CPU
+    assert checks["candidate_control"]["passed"] and "answers differ on 0 of 6" in checks["candidate_control"]["detail"]
+    assert "max first-token difference 0;" in checks["candidate_control"]["detail"]
+    # bfloat16 moves the first-token logits (measured, not zero), and reuse checks do not pretend to pass
+    pairs = [json.loads(line) for line in (change_run / "pairs.jsonl").read_text().splitlines()]
+    assert min(p["arms"]["candidate"]["logit_diff_vs_recompute"] for p in pairs) > 0.05
+    for name in ("identity_control", "reuse_happened", "leak_probes", "coverage"):
+        assert checks[name].get("not_applicable") and checks[name]["detail"].startswith("does not apply")
+    manifest = json.loads((change_run / "manifest.json").read_text())
+    assert manifest["serving_change"]["configurations"]["candidate"]["dtype"] == "bfloat16"
+    assert manifest["serving_change"]["configurations"]["candidate_off"]["dtype"] == "float32"
+
+    # the gate: quality cannot be decided on 6 cases; the 1.5x TTFT bound is measured; a 100x decode
+    # speed-up is not shown, so that row fails and the gate with it (exit 1)
+    policy = write(tmp_path, "policy.toml", POLICY)
+    assert main(["gate", str(change_run), "--policy", str(policy)]) == 1
+    verdict, results, *_ = judge(change_run, policy)
+    rows = {r.name: r for r in results}
+    assert verdict == "fail" and rows["decode 100x faster"].status == "fail"
+    assert rows["TTFT no worse than 1.5x"].status in ("pass", "fail")
+    assert "timing noise: recompute_again/recompute" in rows["TTFT no worse than 1.5x"].detail
+
+
+def test_the_report_and_the_exporters_read_a_serving_change_run(change_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(change_run, run_dir)
+    assert main(["audit", str(run_dir)]) == 0
+    assert main(["report", str(run_dir)]) == 0
+    html = (run_dir / "report.html").read_text()
+    assert 'id="serving-change"' in html and "bfloat16 weights and activations" in html
+    assert "does not apply" in html
+    assert main(["export", str(run_dir), "--format", "lm-eval", "--out", str(tmp_path / "lm")]) == 0
+
+
+def test_an_undeclared_difference_fails_the_audit_naming_it(tmp_path, capsys):
+    # the candidate decodes fewer tokens than the baseline (a longer prompt limit), and the change says nothing of it
+    engines = write(tmp_path, "engines.toml", BASE + CANDIDATE.replace("max_new_tokens = 4", "max_new_tokens = 3"))
+    out = tmp_path / "run"
+    assert run(engines, out, "--limit", "1", "--arms", "recompute,candidate") == 0
+    capsys.readouterr()
+    assert main(["audit", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "engines_differ_only_in_change" in text and "decoding.max_new_tokens: 4 vs 3" in text
+    # resuming with another engines file is refused, not mixed
+    other = write(tmp_path, "other.toml", BASE + CANDIDATE)
+    assert run(other, out, "--limit", "2", "--arms", "recompute,candidate") == 2
+    assert "engines_sha256" in capsys.readouterr().err

