@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     se = math.sqrt(ALPHA_HALF * (1 - ALPHA_HALF) / args.runs)
-    print(f"| n | scenario | false pass (interval) | false pass (point median) | power at 0.84x |\n|---|---|---|---|---|")
+    print("| n | scenario | false pass (interval) | false pass (point median) | power at 0.84x |\n|---|---|---|---|---|")
     bad = []
     for n in SIZES:
         pw = power(n, args.runs // 4)

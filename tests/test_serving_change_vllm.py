@@ -19,11 +19,11 @@ dtype = "float32"
 max_new_tokens = 4
 {extra}
 [{role}.options]
-kv_cache_bytes = {kv}
+kv_cache_memory_bytes = {kv}
 max_model_len = 2048
 {options}
 """
-CHANGE = 'change = "half the KV-cache budget (should change nothing)"\ndeclares = ["kv_cache_bytes"]'
+CHANGE = 'change = "half the KV-cache budget (should change nothing)"\ndeclares = ["kv_cache_memory_bytes"]'
 
 
 def engines(tmp: Path, candidate_options: str = "") -> Path:
@@ -44,7 +44,7 @@ def test_a_change_that_must_change_nothing_passes_and_an_undeclared_seed_fails(t
     capsys.readouterr()
     assert main(["audit", str(out)]) == 0
     checks = {c["name"]: c for c in json.loads((out / "audit.json").read_text())["checks"]}
-    assert "only in engine.kv_cache_memory_bytes, options.kv_cache_bytes" in checks["engines_differ_only_in_change"]["detail"]
+    assert "only in engine.kv_cache_memory_bytes, options.kv_cache_memory_bytes" in checks["engines_differ_only_in_change"]["detail"]
     assert checks["candidate_control"]["passed"] and "answers differ on 0 of 3" in checks["candidate_control"]["detail"]
     noise = checks["candidate_noise_floor"]["detail"]
     assert "candidate flips 0 of 3" in noise and "candidate noise floor" in noise

@@ -93,8 +93,8 @@ def check_engines(run: LoadedRun):
                          f"{shown}{more}")
         else:
             diff = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
-            parts.append(f"{role} differs from the baseline only in {', '.join(diff) or 'nothing'} "
-                         f"(declared: {', '.join(change.declares)})")
+            parts.append(f"{role} differs from the baseline only in {', '.join(diff)} (declared: "
+                         f"{', '.join(change.declares)})" if diff else f"{role} has the baseline's configuration")
     warning = None
     if "candidate" in configs:
         cand = configs["candidate"]
