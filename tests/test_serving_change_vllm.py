@@ -21,6 +21,7 @@ max_new_tokens = 4
 [{role}.options]
 kv_cache_memory_bytes = {kv}
 max_model_len = 2048
+measure_decode = true
 {options}
 """
 CHANGE = 'change = "half the KV-cache budget (should change nothing)"\ndeclares = ["kv_cache_memory_bytes"]'
@@ -46,6 +47,9 @@ def test_a_change_that_must_change_nothing_passes_and_an_undeclared_seed_fails(t
     checks = {c["name"]: c for c in json.loads((out / "audit.json").read_text())["checks"]}
     assert "only in engine.kv_cache_memory_bytes, options.kv_cache_memory_bytes" in checks["engines_differ_only_in_change"]["detail"]
     assert checks["candidate_control"]["passed"] and "answers differ on 0 of 3" in checks["candidate_control"]["detail"]
+    # measure_decode: every request decoded its 4 tokens past any EOS (3 after the first), answers cut at EOS
+    pairs = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
+    assert {r["decode_tokens"] for p in pairs for r in p["arms"].values()} == {3}
     noise = checks["candidate_noise_floor"]["detail"]
     assert "candidate flips 0 of 3" in noise and "candidate noise floor" in noise
 

@@ -74,6 +74,9 @@ class ArmResult:
     truncation: dict[str, Any]
     decoding: dict[str, Any]
     decode_s: float = 0.0
+    # Tokens decoded after the first, as the engine counted them (None: not recorded; the answer's
+    # own length less one is then the count). ``decode_s / decode_tokens`` is the time per output token.
+    decode_tokens: int | None = None
     cache_hit_tokens: int = 0
     logit_diff_vs_recompute: float | None = None
     segment_kv_fingerprints: dict[str, str] = field(default_factory=dict)

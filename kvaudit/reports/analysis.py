@@ -127,6 +127,11 @@ def _natural(v: str) -> tuple:
         return (1, 0.0, v)
 
 
+def _decoded(r: Any) -> int:
+    """Tokens an arm decoded after its first: as the engine counted them, else its answer's length less one."""
+    return r.decode_tokens if r.decode_tokens is not None else max(0, len(r.answer_ids) - 1)
+
+
 class Analysis:
     """Scores and statistics of one run; every number the report and gate show comes from here."""
 
@@ -362,9 +367,11 @@ class Analysis:
             if metric == "ttft":
                 a.append(x.ttft_s)
                 b.append(y.ttft_s)
-            elif len(x.answer_ids) >= 2 and len(y.answer_ids) >= 2:
-                a.append(x.decode_s / (len(x.answer_ids) - 1))
-                b.append(y.decode_s / (len(y.answer_ids) - 1))
+            else:
+                nx, ny = _decoded(x), _decoded(y)
+                if nx and ny:
+                    a.append(x.decode_s / nx)
+                    b.append(y.decode_s / ny)
         return a, b
 
     def speed(self, arm: str, metric: str = "ttft") -> RatioInterval | None:

@@ -105,6 +105,16 @@ class VllmBackend(Backend):
     stores_heads = True  # head_entries
     heads_saved_after_load = True  # a new head goes in its loading request's step (run_arms)
 
+    def check_arms(self, arms: list[str]) -> None:
+        if self.engine_opts.get("segment_connector", True):
+            return
+        from kvaudit.core.arms import get_arm
+
+        needs = [a for a in arms if get_arm(a).source not in (None, "engine_prefix")]
+        if needs:
+            raise KvauditError(f"arms {', '.join(needs)} load segment KV through kvaudit's connector, which this "
+                               "engine was started without (segment_connector = false)")
+
     def __init__(self, llm: Any, hf_tokenizer: Any, model_dir: Path, fingerprint: str, *,
                  decoding: Decoding | None = None, cache_bytes: int = 2 << 30,
                  engine_opts: dict[str, Any] | None = None, store: str = "default",
@@ -226,8 +236,11 @@ class VllmBackend(Backend):
         # first output token, about 1 us per prompt token inside the time to first token (5.6 ms
         # at 4K, 32 ms at 32K tokens on the H200 host: benchmarks/RESULTS.md). The rows of loaded
         # positions in a scoring request's prompt log-probabilities are uninitialised besides.
-        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=LOGPROBS,
-                            prompt_logprobs=prompt_logprobs, stop_token_ids=sorted(self.eos),
+        # measure_decode: every answer decodes max_tokens (an answer is still cut at its first EOS,
+        # so it is the same answer), so the time per output token rests on as many tokens as asked.
+        decode_all = bool(self.engine_opts.get("measure_decode")) and max_tokens > 1
+        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=LOGPROBS, ignore_eos=decode_all,
+                            prompt_logprobs=prompt_logprobs, stop_token_ids=None if decode_all else sorted(self.eos),
                             skip_special_tokens=True, output_kind=RequestOutputKind.CUMULATIVE,
                             skip_reading_prefix_cache=False if scoring else None, detokenize=False)
         if transfer is not None:
@@ -412,9 +425,11 @@ class VllmBackend(Backend):
                 fps: dict[str, str], canary: dict[str, float] | None) -> ArmResult:
         answer_ids = cut_at_eos(run.token_ids, self.eos)
         top = sorted(run.first_lp.items(), key=lambda kv: -kv[1])[: self.decoding.top_k_logits]
-        return build_arm_result(spec, prompt, self.tok, self.decoding, answer_ids=answer_ids, top=top,
-                                ttft_s=ttft, decode_s=max(0.0, run.total_s - run.ttft_s), tokens_reused=reused,
-                                cache_hit_tokens=hit, fingerprints=fps, canary=canary)
+        result = build_arm_result(spec, prompt, self.tok, self.decoding, answer_ids=answer_ids, top=top,
+                                  ttft_s=ttft, decode_s=max(0.0, run.total_s - run.ttft_s), tokens_reused=reused,
+                                  cache_hit_tokens=hit, fingerprints=fps, canary=canary)
+        result.decode_tokens = max(0, len(run.token_ids) - 1)
+        return result
 
     def _candidates(self, items: list[tuple[Prompt, str, list[str]]]) -> list[dict[str, float]]:
         """For each (prompt, arm key, candidates): the teacher-forced log-probability of each
@@ -590,11 +605,17 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
                       tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
                       batch_invariant: bool = False, kv_cache_bytes: int = 1 << 30, block_size: int = 32,
                       seed: int = 0, warmup: bool = True, concurrent_cases: int = 1,
+                      measure_decode: bool = False, segment_connector: bool = True,
                       **engine_opts: Any) -> VllmBackend:
     """Start one vLLM engine with kvaudit's connector; every arm runs on it.
 
     ``engine_opts`` pass through to ``vllm.LLM`` over kvaudit's own settings (synchronous scheduling
     when one case runs at a time among them) and are recorded in ``info()["engine"]``.
+    ``measure_decode``: every request decodes its whole ``max_new_tokens`` past EOS (answers are
+    still cut at the first EOS), so decode speed rests on that many tokens (serving changes made
+    for decode speed, docs/serving-changes.md). ``segment_connector=False`` starts the engine
+    without kvaudit's KV connector (an engine feature that cannot run beside a KV connector, such
+    as speculative decoding on some vLLM versions): the arms that need segment KV are refused.
     """
     from kvaudit.models import model_fingerprint, resolve_model_dir
 
@@ -634,7 +655,8 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
         "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
         "kv_cache_memory_bytes": kv_cache_bytes, "block_size": block_size, "seed": seed,
         "enable_prefix_caching": True, "max_num_batched_tokens": max(max_model_len, 2048),
-        "batch_invariant": batch_invariant,
+        "batch_invariant": batch_invariant, "measure_decode": measure_decode,
+        "segment_connector": segment_connector,
     }
     if concurrent_cases == 1:
         # One request at a time is a latency measurement. vLLM's asynchronous scheduling (its default
@@ -644,14 +666,14 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
         # flight keep vLLM's default: there throughput is the point.
         opts["async_scheduling"] = False
     opts.update(engine_opts)
-    llm_opts = {k: v for k, v in opts.items() if k != "batch_invariant"}
+    own = ("batch_invariant", "measure_decode", "segment_connector")  # kvaudit's, not vLLM's
+    llm_opts = {k: v for k, v in opts.items() if k not in own}
+    if segment_connector:
+        llm_opts["kv_transfer_config"] = KVTransferConfig(
+            kv_connector=CONNECTOR_CLASS, kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both",
+            kv_connector_extra_config={"store": store, "capacity_bytes": store_bytes})
     try:
-        llm = LLM(model=str(path), tokenizer=str(path),
-                  kv_transfer_config=KVTransferConfig(kv_connector=CONNECTOR_CLASS,
-                                                      kv_connector_module_path=CONNECTOR_MODULE, kv_role="kv_both",
-                                                      kv_connector_extra_config={"store": store,
-                                                                                 "capacity_bytes": store_bytes}),
-                  **llm_opts)
+        llm = LLM(model=str(path), tokenizer=str(path), **llm_opts)
     except ValueError as e:  # vLLM refuses a configuration (e.g. KV space below one max_model_len request)
         raise KvauditError(f"vLLM could not start with {', '.join(f'{k}={v!r}' for k, v in sorted(llm_opts.items()) if k in ('max_model_len', 'kv_cache_memory_bytes', 'block_size', 'dtype'))}: "
                            f"{str(e)[:400]}") from None
