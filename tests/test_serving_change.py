@@ -97,6 +97,12 @@ def test_undeclared_names_every_difference_the_change_did_not_declare():
     assert undeclared(base, cand, ["kv_cache_dtype"]) == ["engine.max_model_len", "engine.seed"]
     assert undeclared(base, cand, ["kv_cache_dtype", "seed", "engine.max_model_len"]) == []
     assert undeclared(base, {**base, "vllm": "0.27"}, ["kv_cache_dtype"]) == ["vllm"]  # a key only one side has
+    # a nested option (the H200 ngram run recorded speculative_config's fields one key each)
+    spec = {**base, "engine.speculative_config.method": "ngram", "engine.speculative_config.num_speculative_tokens": 4}
+    assert undeclared(base, spec, ["speculative_config"]) == []
+    assert undeclared(base, spec, ["engine.speculative_config"]) == []
+    assert undeclared(base, spec, ["engine"]) == list(sorted(set(spec) - set(base)))  # a namespace covers nothing
+    assert undeclared(base, spec, ["method"]) == ["engine.speculative_config.num_speculative_tokens"]
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +163,8 @@ def test_an_undeclared_difference_fails_the_audit_naming_it(tmp_path, capsys):
     assert main(["audit", str(out)]) == 1
     text = capsys.readouterr().out
     assert "engines_differ_only_in_change" in text and "decoding.max_new_tokens: 4 vs 3" in text
-    # resuming with another engines file is refused, not mixed
+    # resuming with another engines file is refused, not mixed, before any engine starts
     other = write(tmp_path, "other.toml", BASE + CANDIDATE)
     assert run(other, out, "--limit", "2", "--arms", "recompute,candidate") == 2
-    assert "engines_sha256" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "engines_sha256" in captured.err and "Loading weights" not in captured.err

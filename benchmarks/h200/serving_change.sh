@@ -10,15 +10,17 @@ export KVAUDIT_CACHE=/tmp/kvcache
 K="python3 -m kvaudit.cli"
 which=$1
 N=${CASES:-500}
-[ -d /tmp/box$N ] || $K generate boxoffice --out /tmp/box$N --cases $N --seed 0 > /dev/null
+FAMILIES=single_doc=3,multi_hop_bridge=2,multi_hop_compare=2,aggregate=1,position_probe=1
+# no leak probes: a serving change is judged on answers (their candidate scoring needs the segment connector)
+[ -d /tmp/boxsc$N ] || $K generate boxoffice --out /tmp/boxsc$N --cases $N --seed 0 --families "${FAMILIES}" > /dev/null
 # Both engines: bf16, CUDA graphs, decode measured over all 24 tokens, no segment connector (these arms
 # are full prefills on either engine), a third of the GPU each (several engines share the process).
 common='dtype = "bfloat16"
 max_new_tokens = 24'
-opts='measure_decode = true
-enforce_eager = false
-segment_connector = false
-gpu_memory_utilization = 0.25'
+opts="measure_decode = true
+enforce_eager = ${EAGER:-false}
+segment_connector = ${SC:-false}
+gpu_memory_utilization = 0.25"
 model=smollm2
 arms=recompute,candidate,candidate_off,candidate_again,recompute_again
 case $which in
@@ -93,8 +95,9 @@ $speed
 require_passed = true
 TOML
 cp /tmp/engines-$which.toml /tmp/policy-$which.toml $OUT/
+rm -rf /tmp/r-$which
 t0=$(date +%s)
-$K run --dataset /tmp/box$N --engines /tmp/engines-$which.toml --out /tmp/r-$which --arms $arms --no-progress \
+$K run --dataset /tmp/boxsc$N --engines /tmp/engines-$which.toml --out /tmp/r-$which --arms $arms --no-progress \
   > $OUT/run-$which.log 2>&1; echo "$which run rc=$? wall=$(( $(date +%s) - t0 ))s"
 grep -v "^(\|^INFO\|^WARNING\|Loading\|it/s\]" $OUT/run-$which.log | tail -4
 $K audit /tmp/r-$which > $OUT/audit-$which.txt 2>&1; echo "$which audit rc=$?"

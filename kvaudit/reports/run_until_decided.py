@@ -127,7 +127,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
                 print(printable(f"{args.out}: already stopped at {old['stopped']['cases']} cases "
                                 f"({old['stopped']['why']})"))
                 return 0
-        check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
+        check_resumable(args.out, run_cli.cheap_identity(dataset, arms, args.model, engines))
         backend = run_cli.open_backend(args, arms, engines)
         ordered = _shuffled(dataset, args.order_seed)
         # every case the design may take, checked before the first look runs (not when a look reaches it)

@@ -81,6 +81,15 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Any]:
     return arms, None
 
 
+def cheap_identity(dataset: Any, arms: list[str], model: str, engines: Any) -> dict[str, Any]:
+    """The identity keys a resumed run is checked against before any engine starts (an engines
+    file that changed is refused in a second, not after the engines' start)."""
+    ident = {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": model}
+    if engines is not None:
+        ident["engines_sha256"] = engines.sha256()
+    return ident
+
+
 def open_backend(args: argparse.Namespace, arms: list[str], engines: Any) -> Any:
     """The run's backend: the one the flags name, or the engines file's engines behind one."""
     from kvaudit.runners.registry import open_from_args
@@ -106,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     attestation_key()  # a key too short to sign with is refused now, not after the run
     # The run directory is locked and checked before time is spent on loading the model.
     with RunDir(args.out).lock("run", create=True):
-        check_resumable(args.out, {"dataset_hash": dataset.card.content_hash, "arms": arms, "model": args.model})
+        check_resumable(args.out, cheap_identity(dataset, arms, args.model, engines))
         backend = open_backend(args, arms, engines)
         try:
             cfg = RunConfig(dataset=dataset, out=args.out, arms=arms, model_name=args.model, limit=args.limit,

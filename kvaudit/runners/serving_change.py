@@ -64,13 +64,19 @@ def configuration(backend: Backend, spec: EngineSpec) -> dict[str, Any]:
     return dict(sorted(out.items()))
 
 
+def declared(key: str, declares: tuple[str, ...] | list[str]) -> bool:
+    """Whether a declared name covers a recorded configuration key: it is the key, or a part of it
+    after the first (``kv_cache_dtype`` covers ``engine.kv_cache_dtype`` and ``options.kv_cache_dtype``;
+    ``speculative_config`` covers ``engine.speculative_config.method``), or a dotted path the key
+    lies under (``engine.speculative_config``). A namespace alone (``engine``) covers nothing."""
+    parts = key.split(".")
+    return any(d == key or d in parts[1:] or ("." in d and key.startswith(d + ".")) for d in declares)
+
+
 def undeclared(base: dict[str, Any], other: dict[str, Any], declares: tuple[str, ...] | list[str]) -> list[str]:
-    """The keys where two recorded configurations differ and the change declared none of: a key is
-    declared when a declared name equals it or its last dotted part (``kv_cache_dtype`` declares
-    ``engine.kv_cache_dtype`` and ``options.kv_cache_dtype``)."""
-    names = set(declares)
+    """The keys where two recorded configurations differ that no declared name covers (:func:`declared`)."""
     diff = sorted(k for k in set(base) | set(other) if base.get(k) != other.get(k))
-    return [k for k in diff if k not in names and k.rsplit(".", 1)[-1] not in names]
+    return [k for k in diff if not declared(k, declares)]
 
 
 def check_compatible(path: Any, base: Backend, other: Backend, role: str) -> None:

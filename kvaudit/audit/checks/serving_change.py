@@ -98,9 +98,10 @@ def check_engines(run: LoadedRun):
     warning = None
     if "candidate" in configs:
         cand = configs["candidate"]
+        from kvaudit.runners.serving_change import declared
+
         idle = [d for d in change.declares
-                if not any(base.get(k) != cand.get(k) for k in set(base) | set(cand)
-                           if k == d or k.rsplit(".", 1)[-1] == d)]
+                if not any(base.get(k) != cand.get(k) for k in set(base) | set(cand) if declared(k, [d]))]
         if idle:
             warning = (f"the change declares {', '.join(idle)}, but the recorded configurations do not differ there: "
                        "is the change in effect?")
