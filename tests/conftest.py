@@ -67,6 +67,7 @@ COSTS: dict[str, set[str]] = {
         {"engine"},
     "test_serving_change::test_an_undeclared_difference_fails_the_audit_naming_it": {"engine"},
     "test_serving_change_vllm": {"vllm", "engine"},
+    "test_serving_change_vllm::test_two_servers_are_compared_by_what_they_report": {"server"},
     # simulations of a decision's operating characteristic
     "test_gate_calibration": {"calibration"},
     "test_timing_stats": {"calibration"},

@@ -61,3 +61,32 @@ def test_a_change_that_must_change_nothing_passes_and_an_undeclared_seed_fails(t
     assert main(["audit", str(out)]) == 1
     text = capsys.readouterr().out
     assert "engines_differ_only_in_change  FAIL" in text and "engine.seed: 0 vs 1" in text
+
+
+def test_two_servers_are_compared_by_what_they_report(stock_server, connector_server, tmp_path, capsys):
+    # the baseline is a stock `vllm serve`, the candidate one with kvaudit's connector and 32-token blocks:
+    # what the servers report (model, limits, version) is recorded and compared; their URLs are declared
+    table = """
+[{role}]
+backend = "openai"
+model = "smollm2"
+max_new_tokens = 4
+{extra}
+[{role}.options]
+base_url = "{url}"
+"""
+    path = tmp_path / "engines.toml"
+    path.write_text(table.format(role="baseline", extra="", url=stock_server)
+                    + table.format(role="candidate", url=connector_server,
+                                   extra='change = "the connector server"\ndeclares = ["base_url"]'))
+    out = tmp_path / "run"
+    assert run(path, out, "recompute,candidate", 2) == 0
+    capsys.readouterr()
+    assert main(["audit", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    configs = manifest["serving_change"]["configurations"]
+    assert configs["baseline"]["server_model.version"] == configs["candidate"]["server_model.version"]
+    assert configs["baseline"]["server_model.version"].startswith("0.32")
+    checks = {c["name"]: c for c in json.loads((out / "audit.json").read_text())["checks"]}
+    assert checks["engines_differ_only_in_change"]["detail"].startswith("candidate differs from the baseline only in "
+                                                                       "options.base_url")

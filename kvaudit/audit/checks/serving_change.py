@@ -43,7 +43,7 @@ CANDIDATE_ARM = arm_for("candidate")
 CANDIDATE_NOISE_ARM = arm_for("candidate_noise_floor")
 CANDIDATE_OFF_ARM = arm_for("candidate_control")
 # What a server must report about itself for the configurations to be compared.
-SERVER_VERSION_KEYS = ("server_model.version", "server_model.vllm_version", "server_model.server_version")
+SERVER_VERSION_KEYS = ("server_model.version",)
 
 
 def _undeclared(base: dict, other: dict, declares: list[str]) -> list[str]:

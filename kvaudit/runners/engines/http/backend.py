@@ -136,6 +136,7 @@ class OpenAIBackend(Backend):
         self.reuse_salt = _salt()
         card = client.model_card()
         self.server_card = {k: card.get(k) for k in ("id", "root", "max_model_len", "owned_by")}
+        self.server_card["version"] = client.version()  # what a serving-change audit compares
         # vLLM names the context in max_model_len, llama.cpp in meta.n_ctx
         max_len = int(card.get("max_model_len") or (card.get("meta") or {}).get("n_ctx") or 4096)
         self.max_prompt_tokens = max_len - self.decoding.max_new_tokens

@@ -154,6 +154,16 @@ class ServerClient:
                 return m
         raise KvauditError(f"server {self.base_url} does not serve model {self.model!r}")
 
+    def version(self) -> str | None:
+        """The server's version as it reports it (vLLM and SGLang: ``GET /version``); None where it
+        reports none (llama.cpp, most managed endpoints)."""
+        try:
+            r = self.http.get("/version")
+            v = r.json().get("version") if r.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return v if isinstance(v, str) and v else None
+
     def reset_cache(self) -> bool:
         """Empty the server's whole prompt cache the way its dialect knows
         (:attr:`Dialect.reset_how`); False where it has no way or refuses."""
