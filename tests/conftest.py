@@ -146,7 +146,7 @@ def smollm2_backend():
     """The real default model (converted once into $KVAUDIT_CACHE), fp32 on CPU."""
     from kvaudit.runners.engines.transformers.backend import open_backend
 
-    return open_backend("smollm2", max_new_tokens=16)
+    return open_backend("smollm2", max_new_tokens=8)
 
 
 @pytest.fixture(scope="session")

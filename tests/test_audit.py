@@ -90,7 +90,9 @@ def test_untampered_run_passes(run_copy, capsys):
     assert rc == 0
     assert result["passed"] is True
     checks_ = by_name(result)
-    assert REQUIRED | {"noise_floor", "prefix_cache_control", "coverage", "tenant_isolation"} == set(checks_)
+    serving = {"engines_differ_only_in_change", "candidate_control", "candidate_noise_floor"}
+    assert REQUIRED | serving | {"noise_floor", "prefix_cache_control", "coverage", "tenant_isolation"} == set(checks_)
+    assert all(checks_[n]["not_applicable"] for n in serving)  # a reuse run: they do not apply
     assert checks_["prefix_cache_control"]["detail"] == "prefix_cache arms not run"
     for name in REQUIRED:
         assert checks_[name]["required"] and checks_[name]["passed"], checks_[name]

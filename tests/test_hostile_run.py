@@ -137,7 +137,7 @@ def test_two_real_runs_on_one_directory_record_each_case_once(smollm2_run: Path,
     case once and its manifest lists its one session."""
     out = tmp_path / "run"
     cmd = [*KVAUDIT, "run", "--dataset", str(EXAMPLE), "--out", str(out), "--arms", "recompute,reuse",
-           "--limit", "3", "--max-new-tokens", "16", "--no-progress"]
+           "--limit", "3", "--max-new-tokens", "8", "--no-progress"]
     first = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not ((out / LOCK_FILE).exists() and (out / LOCK_FILE).read_text()):

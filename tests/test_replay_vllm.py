@@ -22,7 +22,7 @@ from kvaudit.core.replay_format import ReplayDir  # noqa: E402
 @pytest.fixture(scope="module")
 def workload(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wl") / "w.jsonl"
-    assert main(["generate", "workload", "--out", str(out), "--requests", "80", "--documents", "12",
+    assert main(["generate", "workload", "--out", str(out), "--requests", "48", "--documents", "12",
                  "--queries", "6", "--docs-per-request", "3", "--doc-tokens", "uniform:40:120",
                  "--prefix-tokens", "20", "--question-tokens", "fixed:8", "--no-progress"]) == 0
     return out
@@ -48,21 +48,21 @@ def test_a_killed_segment_replay_resumes_and_is_held_to_the_simulator(workload, 
     requests = ReplayDir(out).requests_file
     deadline = time.monotonic() + 400
     while proc.poll() is None and time.monotonic() < deadline:
-        if requests.is_file() and requests.read_text().count("\n") >= 20:
+        if requests.is_file() and requests.read_text().count("\n") >= 12:
             proc.kill()  # SIGKILL: no handler runs, the file is left as the kill leaves it
             break
         time.sleep(0.2)
     proc.wait()
     served = len(ReplayDir(out).finished())
-    assert 20 <= served < 80, served
+    assert 12 <= served < 48, served
     s = _replay(workload, out, "segment", "20MB")  # 434 tokens of fp32 KV: it evicts
     recs = ReplayDir(out).read_requests()
-    assert sorted(r.index for r in recs) == list(range(80))  # nothing lost, nothing twice
+    assert sorted(r.index for r in recs) == list(range(48))  # nothing lost, nothing twice
     # the first request found nothing held: its head and documents were prefilled, not hits
     assert next(r for r in recs if r.index == 0).segment_hit_tokens == 0
     assert s["sessions"] == 2 and {r.session for r in recs[served:]} == {1}
     hr = s["hit_rate"]
-    assert s["requests"] == 80 and s["evictions"] > 0
+    assert s["requests"] == 48 and s["evictions"] > 0
     assert hr["measured"]["token_hit_rate"] > 0.2
     # the store's operations replayed in the engine's order predict every hit
     assert hr["gap_points_engine_order"] == pytest.approx(0.0, abs=1e-9)
@@ -72,14 +72,14 @@ def test_a_killed_segment_replay_resumes_and_is_held_to_the_simulator(workload, 
 def test_prefix_cache_under_a_budget_smaller_than_one_request_keeps_only_the_last_one(workload, tmp_path):
     # 1 MB holds 21 tokens: the engine has room for the request in flight and nothing more, so
     # what a request finds is what the request just before it left (vLLM frees blocks cached).
-    s = _replay(workload, tmp_path / "tiny", "prefix", "1MB", "--limit", "25")
+    s = _replay(workload, tmp_path / "tiny", "prefix", "1MB", "--limit", "12")
     hr = s["hit_rate"]
     assert abs(hr["gap_points"]) <= 2.0, hr
     assert hr["measured"]["token_hit_rate"] <= 0.05
 
 
 def test_prefix_cache_under_a_budget_is_held_to_the_simulator(workload, tmp_path):
-    s = _replay(workload, tmp_path / "prefix", "prefix", "20MB", "--limit", "60")
+    s = _replay(workload, tmp_path / "prefix", "prefix", "20MB", "--limit", "30")
     hr = s["hit_rate"]
     assert s["engine"]["kv_tokens"] == hr["simulator_capacity_tokens"] > 0
     assert abs(hr["gap_points"]) <= 2.0, hr
@@ -87,4 +87,4 @@ def test_prefix_cache_under_a_budget_is_held_to_the_simulator(workload, tmp_path
     assert hr["measured"]["token_hit_rate"] < 0.15
     # vLLM's own first-token time is recorded beside the client's for every request
     co = s["client_overhead_s"]
-    assert co["requests"] == 60 and 0 <= co["p50"] < 0.002  # the client's clock holds the engine's
+    assert co["requests"] == 30 and 0 <= co["p50"] < 0.002  # the client's clock holds the engine's

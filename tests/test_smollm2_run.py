@@ -83,7 +83,7 @@ def test_killed_run_resumes_without_loss(smollm2_run: Path, tmp_path: Path):
     out = tmp_path / "run"
     # Three arms and five cases keep this test short; answers must match the full run's.
     cmd = _cli("run", "--dataset", str(EXAMPLE), "--out", str(out), "--arms", "recompute,reuse,identity",
-               "--limit", "5", "--max-new-tokens", "16", "--no-progress")
+               "--limit", "5", "--max-new-tokens", "8", "--no-progress")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy())
     pairs = out / "pairs.jsonl"
     deadline = time.time() + 600
@@ -127,7 +127,7 @@ def test_run_dir_of_other_arm_set_is_refused(smollm2_run: Path, tmp_path: Path, 
     dst = tmp_path / "run"
     shutil.copytree(smollm2_run, dst)
     code = main(["run", "--dataset", str(EXAMPLE), "--out", str(dst), "--arms", "recompute,reuse",
-                 "--max-new-tokens", "16", "--no-progress"])
+                 "--max-new-tokens", "8", "--no-progress"])
     assert code == 2
     assert "different arms" in capsys.readouterr().err
 

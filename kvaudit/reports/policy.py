@@ -507,6 +507,8 @@ def _speed_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
               "interval")
     if noise is not None:
         detail += f"; timing noise: {NOISE_ARM}/{ref} {noise.median:.3g}x on {noise.n} cases"
+        if metric == "ttft" and get_arm(NOISE_ARM).perturbs_batch:
+            detail += " (it runs beside a filler request: its first token waits on a busier batch)"
     return ThresholdResult(check.name, "speed", dec, obs, thr, detail)
 
 
