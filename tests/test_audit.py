@@ -98,7 +98,8 @@ def test_untampered_run_passes(run_copy, capsys):
         assert checks_[name]["required"] and checks_[name]["passed"], checks_[name]
         assert checks_[name]["failing_cases"] == []
     for c in result["checks"]:
-        assert set(c) == {"name", "passed", "required", "detail", "failing_cases", "warning", "cannot_judge"}
+        assert set(c) == {"name", "passed", "required", "detail", "failing_cases", "warning", "cannot_judge",
+                          "not_applicable"}
         assert c["cannot_judge"] is False
     assert result["verdict"] == "passed" and result["format"] == 2
     assert set(result["inputs"]) == {"pairs.jsonl", "manifest.json", "dataset", "simulation.json"}
