@@ -152,6 +152,11 @@ def test_the_report_and_the_exporters_read_a_serving_change_run(change_run, tmp_
     assert 'id="serving-change"' in html and "bfloat16 weights and activations" in html
     assert "does not apply" in html
     assert main(["export", str(run_dir), "--format", "lm-eval", "--out", str(tmp_path / "lm")]) == 0
+    # compare and plan take the serving-change policy's arm (candidate), not reuse's, without --policy
+    assert main(["compare", str(run_dir), str(change_run), "--out", str(tmp_path / "cmp")]) == 0
+    cmp = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert cmp["arms"] == ["candidate"] and not cmp["skipped"]
+    assert main(["plan", "--from", str(run_dir), "--reps", "20"]) in (0, 1)
 
 
 def test_an_undeclared_difference_fails_the_audit_naming_it(tmp_path, capsys):

@@ -127,7 +127,7 @@ def build_comparison(run_dirs: Sequence[str | Path], *, policy_path: str | Path 
     :class:`~kvaudit.core.dataset_format.DatasetError` (from :func:`load_run`) for a directory that is not a
     readable run; a comparison never silently leaves a run out.
     """
-    from kvaudit.reports.policy import load_policy
+    from kvaudit.reports.policy import default_policy, load_policy
     from kvaudit.reports.summary import jsonable
 
     if not run_dirs:
@@ -138,7 +138,9 @@ def build_comparison(run_dirs: Sequence[str | Path], *, policy_path: str | Path 
         if key in seen:
             raise KvauditError(f"{d}: the same run is given twice (as {seen[key]!r} too)")
         seen[key] = str(d)
-    policy = load_policy(policy_path)
+    # runs that are all serving changes are judged by that policy's arm (candidate) unless one is given
+    kinds = {default_policy(d) for d in run_dirs}
+    policy = load_policy(policy_path, run_dirs[0] if len(kinds) == 1 else None)
     groups: dict[str, dict[str, Any]] = {}
     skipped: list[dict[str, Any]] = []
     for i, d in enumerate(run_dirs):

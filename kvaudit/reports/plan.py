@@ -89,7 +89,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
     from kvaudit.stats import calibration as cal
     from kvaudit.stats.noninferiority import check_confidence
 
-    policy = load_policy(args.policy)
+    policy = load_policy(args.policy, args.from_run)  # a serving-change pilot: its shipped policy
     try:
         confidence = check_confidence(policy.confidence, where=f"{policy.source}: confidence")
     except ValueError as e:
