@@ -32,10 +32,12 @@ def test_registry_runs_every_check_in_report_order_with_its_required_flag(tmp_pa
     assert [r.name for r in results] == REPORT_ORDER
     assert {r.name for r in results if not r.required} == NOT_REQUIRED
     assert all(r.passed for r in results if r.required), [r for r in results if not r.passed]
-    # a reuse run is not a serving change: those checks say so, and only those
-    assert [r.name for r in results if r.not_applicable] == [
-        "engines_differ_only_in_change", "candidate_control", "candidate_noise_floor"]
-    assert all(r.detail == "does not apply: not a serving-change run (no --engines)" for r in results if r.not_applicable)
+    # an in-process reuse run is neither a serving change nor a server run: those checks say so, and only those
+    assert {r.name: r.detail for r in results if r.not_applicable} == {
+        **{n: "does not apply: not a serving-change run (no --engines)"
+           for n in ("engines_differ_only_in_change", "candidate_control", "candidate_noise_floor")},
+        **{n: "does not apply: not a server run (no arm recorded what a serving engine reported)"
+           for n in ("server_consumed_ids", "server_model", "server_cache_evidence")}}
     # a check called directly is named by the registry too
     direct = checks.check_identity(run, identity_tol=0.5)
     assert (direct.name, direct.required) == ("identity_control", True) and "tolerance 0.5 = max(0.5," in direct.detail

@@ -27,8 +27,9 @@ MAX_LISTED = 5  # problems spelled out in a detail string; the rest are counted
 
 
 # What a check is about (``scope``): every run, the reuse of cached KV (its arms, caches, leaks and
-# coverage), or a serving change (two engine configurations, ``kvaudit run --engines``).
-SCOPES = ("all", "reuse", "serving_change")
+# coverage), a serving change (two engine configurations, ``kvaudit run --engines``), or what a
+# serving engine reported over HTTP (a server run).
+SCOPES = ("all", "reuse", "serving_change", "server")
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ def applies(scope: str, run) -> str | None:
     apply to every run but a serving-change run whose arms are only the two engines' full prefills
     and their noise floors; serving-change checks only to serving-change runs."""
     change = getattr(run.manifest, "serving_change", None)
+    if scope == "server" and not any(r.engine is not None for p in run.pairs for r in p.arms.values()):
+        return "not a server run (no arm recorded what a serving engine reported)"
     if scope == "serving_change" and change is None:
         return "not a serving-change run (no --engines)"
     if scope == "reuse" and change is not None:

@@ -3,7 +3,8 @@
 Runs made over HTTP (:mod:`kvaudit.runners.engines.http.backend`) record per arm what the server said
 about its request (``ArmResult.engine``). These checks hold that evidence against the arm's
 spec; evidence the server does not give is "cannot judge", never a pass. On in-process runs
-(no ``engine`` records) every check here passes with "not a server run".
+(no ``engine`` records) the three evidence checks do not apply (scope ``server``): they say "does not
+apply: not a server run", never "pass".
 
 * ``server_consumed_ids``: the prompt ids the server echoes equal the ids kvaudit assembled.
 * ``server_model``: every response names the model the server listed when the run began.
@@ -26,23 +27,15 @@ from kvaudit.core.arms import FRESH_ROLES, arm_for, arms_where, get_arm, known_a
 from kvaudit.core.run_format import PairRecord
 from kvaudit.stats.timing import isolation_decision
 
-NOT_A_SERVER_RUN = "not a server run (no arm recorded what a serving engine reported)"
-
 
 def server_arms(p: PairRecord) -> dict:
     """The arms of ``p`` that carry a server's report."""
     return {name: r for name, r in p.arms.items() if r.engine is not None}
 
 
-def is_server_run(run: LoadedRun) -> bool:
-    return any(server_arms(p) for p in run.pairs)
-
-
-@check("server_consumed_ids", required=True)
+@check("server_consumed_ids", required=True, scope="server")
 def check_server_consumed_ids(run: LoadedRun):
     """The prompt ids the server says it consumed are kvaudit's, for every arm of every case."""
-    if not is_server_run(run):
-        return result(True, NOT_A_SERVER_RUN)
     problems: dict[str, list[str]] = defaultdict(list)
     unechoed = counted = 0
     n = 0
@@ -71,11 +64,9 @@ def check_server_consumed_ids(run: LoadedRun):
     return result(True, f"the server echoed exactly kvaudit's prompt ids on all {n} arm requests")
 
 
-@check("server_model", required=True)
+@check("server_model", required=True, scope="server")
 def check_server_model(run: LoadedRun):
     """Every response names the model the server listed when the run began."""
-    if not is_server_run(run):
-        return result(True, NOT_A_SERVER_RUN)
     listed = ((run.manifest.backend or {}).get("server_model") or {}).get("id")
     if not listed:
         return result(False, "the manifest records no model listed by the server", cannot_judge=True)
@@ -100,13 +91,11 @@ def _segment_end(p: PairRecord) -> int:
     return max((int(e) for _, e in p.segment_spans), default=0)
 
 
-@check("server_cache_evidence", required=True)
+@check("server_cache_evidence", required=True, scope="server")
 def check_server_cache_evidence(run: LoadedRun):
     """Cached prompt tokens as the server reported them: none for the reference and the noise
     floor, exactly [head][segments] through kvaudit's connector, more than none somewhere for the
     server's own reuse path, and equal to the reuse each arm recorded."""
-    if not is_server_run(run):
-        return result(True, NOT_A_SERVER_RUN)
     # kvaudit's connector loads exactly what it is told; the server's own path decides
     exact = not server_decides_reuse(run)
     probe = (run.manifest.backend or {}).get("cache_probe") or {}
