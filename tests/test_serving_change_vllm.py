@@ -6,6 +6,8 @@ two `vllm serve` servers are compared by what they report."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from kvaudit.cli import main
@@ -36,8 +38,13 @@ def engines(tmp: Path, candidate_options: str = "") -> Path:
 
 
 def run(path: Path, out: Path, arms: str, limit: int) -> int:
-    return main(["run", "--dataset", str(EXAMPLE), "--engines", str(path), "--out", str(out), "--arms", arms,
-                 "--limit", str(limit), "--no-progress"])
+    # A `kvaudit run` process, as a user runs it: in-process vLLM engines share process-wide state (their
+    # distributed groups), and closing them at the run's end would take it from the session's own engine.
+    cmd = [sys.executable, "-m", "kvaudit.cli", "run", "--dataset", str(EXAMPLE), "--engines", str(path),
+           "--out", str(out), "--arms", arms, "--limit", str(limit), "--no-progress"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.returncode
 
 
 def test_an_undeclared_seed_fails_and_a_change_that_must_change_nothing_passes(tmp_path, capsys):
