@@ -22,9 +22,11 @@ from kvaudit.runners.registry import BACKENDS, DEFAULT_BACKEND
 def demo_arms(backend: str) -> str:
     """Every arm the backend can run, registry order: the portable arms and the backend's own
     (on vLLM, its prefix cache as the baseline, cold and warm); the oracle pair, a diagnostic on
-    another prompt, belongs to the repairs' sweep (``--repairs``)."""
+    another prompt, belongs to the repairs' sweep (``--repairs``), and the serving-change arms to a
+    run with a second engine (``kvaudit run --engines``, docs/serving-changes.md)."""
     entry = BACKENDS[backend]
-    return ",".join(a.name for a in ARMS.values() if entry.runs(a) and a.prompt == "case")
+    return ",".join(a.name for a in ARMS.values()
+                    if entry.runs(a) and a.prompt == "case" and a.engine == "baseline")
 
 
 # About 10 leak probes in 50 cases: enough for the exposure rank test's power at the reference
