@@ -178,3 +178,21 @@ def test_an_undeclared_difference_fails_the_audit_naming_it(tmp_path, capsys):
     assert run(other, out, "--limit", "2", "--arms", "recompute,candidate") == 2
     captured = capsys.readouterr()
     assert "engines_sha256" in captured.err and "Loading weights" not in captured.err
+
+
+@pytest.mark.parametrize("row, says", [
+    ('metric = "ttft"\n', "needs exactly one of max_ratio"),
+    ('metric = "ttft"\nmax_ratio = 1.05\nmin_speedup = 1.3\n', "needs exactly one of max_ratio"),
+    ('metric = "tpot"\nmax_ratio = 1.05\n', "field 'speed[0].metric' must be one of"),
+    ('metric = "ttft"\nmax_ratio = 0\n', "field 'speed[0].max_ratio' must be in"),
+    ('metric = "ttft"\nmax_ratio = 1.05\nbound = 2\n', "speed[0]: unknown"),
+])
+def test_a_bad_speed_row_is_refused_naming_the_file_and_field(tmp_path, row, says):
+    from kvaudit.core.errors import KvauditError
+    from kvaudit.reports.policy import load_policy
+
+    p = write(tmp_path, "policy.toml", 'arm = "candidate"\n[[delta]]\ngroup = "overall"\nmin_lower_bound = -2.0\n'
+              "[[speed]]\n" + row)
+    with pytest.raises(KvauditError, match="policy.toml") as e:
+        load_policy(p)
+    assert says in str(e.value), str(e.value)

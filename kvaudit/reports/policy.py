@@ -264,14 +264,7 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
     default_missing = _missing(source, "", raw, "error")
     pol = Policy(source=source, arm=arm, confidence=conf, min_icc=icc)
 
-    deltas = raw.get("delta", [])
-    if not isinstance(deltas, list):
-        raise KvauditError(f"{source}: field 'delta' must be an array of tables ([[delta]])")
-    for i, d in enumerate(deltas):
-        where = f"{source}: field 'delta[{i}]"
-        if not isinstance(d, dict):
-            raise KvauditError(f"{where}' must be a table")
-        _unknown(f"{source}: delta[{i}]", d, _SECTIONS["delta"])
+    for i, d, where in _array_of_tables(source, raw, "delta"):
         group = d.get("group")
         if not isinstance(group, str) or not (group == "overall" or ":" in group):
             raise KvauditError(f"{where}.group' must be 'overall', 'task:<glob>' or '<stratum>:<glob>'")
@@ -282,14 +275,7 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
         pol.checks.append(Check(name, "delta", {"group": group, "min_lower_bound": bound},
                                 _missing(source, f"delta[{i}]", d, default_missing)))
 
-    speeds = raw.get("speed", [])
-    if not isinstance(speeds, list):
-        raise KvauditError(f"{source}: field 'speed' must be an array of tables ([[speed]])")
-    for i, d in enumerate(speeds):
-        where = f"{source}: field 'speed[{i}]"
-        if not isinstance(d, dict):
-            raise KvauditError(f"{where}' must be a table")
-        _unknown(f"{source}: speed[{i}]", d, _SECTIONS["speed"])
+    for i, d, where in _array_of_tables(source, raw, "speed"):
         metric = d.get("metric")
         if metric not in SPEED_METRICS:
             raise KvauditError(f"{where}.metric' must be one of {', '.join(SPEED_METRICS)}")
@@ -367,6 +353,22 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
             if c.kind == "hit_rate" and c.params["source"] == "simulated":
                 c.params["attested"] = True
     return pol
+
+
+def _array_of_tables(source: str, raw: dict[str, Any], key: str) -> list[tuple[int, dict[str, Any], str]]:
+    """``(i, table, where)`` for each ``[[key]]`` table of a policy, each checked to be a table of
+    known fields; ``where`` is the message prefix naming the file and ``key[i]``."""
+    tables = raw.get(key, [])
+    if not isinstance(tables, list):
+        raise KvauditError(f"{source}: field '{key}' must be an array of tables ([[{key}]])")
+    out = []
+    for i, d in enumerate(tables):
+        where = f"{source}: field '{key}[{i}]"
+        if not isinstance(d, dict):
+            raise KvauditError(f"{where}' must be a table")
+        _unknown(f"{source}: {key}[{i}]", d, _SECTIONS[key])
+        out.append((i, d, where))
+    return out
 
 
 def default_policy(run_dir: str | Path | None = None) -> Path:
