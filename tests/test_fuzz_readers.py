@@ -596,6 +596,29 @@ def _read_policy(d: Path) -> Any:
     return load_policy(d / "policy.toml")
 
 
+_SPEED_POLICY = (b'arm = "candidate"\n[[delta]]\ngroup = "overall"\nmin_lower_bound = -2.0\n'
+                 b'[[speed]]\nname = "TTFT"\nmetric = "ttft"\nmax_ratio = 1.05\n'
+                 b'[[speed]]\nmetric = "time_per_output_token"\nmin_speedup = 1.3\n[audit]\nrequire_passed = true\n')
+_ENGINES = (b'[baseline]\nbackend = "vllm"\nmodel = "smollm2"\ndtype = "bfloat16"\nmax_new_tokens = 24\n'
+            b'[baseline.options]\nmax_model_len = 4096\n[candidate]\nbackend = "vllm"\nmodel = "smollm2"\n'
+            b'dtype = "bfloat16"\nchange = "fp8 KV cache"\ndeclares = ["kv_cache_dtype"]\n'
+            b'[candidate.options]\nkv_cache_dtype = "fp8"\nspeculative_config = {method = "ngram"}\n')
+
+
+def _read_engines(d: Path) -> Any:
+    from kvaudit.runners.engines_file import read_engines
+
+    return read_engines(d / "engines.toml")
+
+
+def _check_engines(e: Any, d: Path) -> None:
+    # (assert_typed reads tuple[str, ...] as a pair: the fields are checked here instead)
+    assert isinstance(e.change, str) and e.change.strip() and e.declares and all(isinstance(k, str) and k for k in e.declares)
+    assert e.baseline.as_dict() != e.candidate.as_dict()
+    for spec in (e.baseline, e.candidate, e.candidate_off()):
+        assert isinstance(spec.options, dict) and 1 <= spec.max_new_tokens <= 100_000
+
+
 def _check_policy(pol: Any, d: Path) -> None:
     assert_typed(pol, "policy")
     assert 0 < pol.confidence < 1 and 0 <= pol.min_icc < 1, (pol.confidence, pol.min_icc)
@@ -785,6 +808,10 @@ READERS: dict[str, Reader] = {r.name: r for r in (
     Reader("policy", "toml", "policy.toml",
            lambda: {"policy.toml": (REPO / "kvaudit" / "reports" / "policy_default.toml").read_bytes()},
            _read_policy, _check_policy, "kvaudit.reports.policy"),
+    Reader("policy_speed", "toml", "policy.toml", lambda: {"policy.toml": _SPEED_POLICY},
+           _read_policy, _check_policy, "kvaudit.reports.policy"),
+    Reader("engines_file", "toml", "engines.toml", lambda: {"engines.toml": _ENGINES},
+           _read_engines, _check_engines, "kvaudit.runners.engines_file"),
     Reader("workload", "jsonl", "workload.jsonl", _workload_files, _read_trace, _check_trace,
            "kvaudit.core.trace"),
     Reader("corpus_jsonl", "jsonl", "corpus/notes.jsonl", _corpus_files, _read_corpus, _check_corpus,

@@ -184,6 +184,7 @@ def test_an_undeclared_difference_fails_the_audit_naming_it(tmp_path, capsys):
     ('metric = "ttft"\n', "needs exactly one of max_ratio"),
     ('metric = "ttft"\nmax_ratio = 1.05\nmin_speedup = 1.3\n', "needs exactly one of max_ratio"),
     ('metric = "tpot"\nmax_ratio = 1.05\n', "field 'speed[0].metric' must be one of"),
+    ('metric = {}\nmax_ratio = 1.05\n', "field 'speed[0].metric' must be one of"),  # was a TypeError (fuzzer)
     ('metric = "ttft"\nmax_ratio = 0\n', "field 'speed[0].max_ratio' must be in"),
     ('metric = "ttft"\nmax_ratio = 1.05\nbound = 2\n', "speed[0]: unknown"),
 ])

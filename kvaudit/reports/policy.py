@@ -277,7 +277,7 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
 
     for i, d, where in _array_of_tables(source, raw, "speed"):
         metric = d.get("metric")
-        if metric not in SPEED_METRICS:
+        if not isinstance(metric, str) or metric not in SPEED_METRICS:
             raise KvauditError(f"{where}.metric' must be one of {', '.join(SPEED_METRICS)}")
         if ("max_ratio" in d) == ("min_speedup" in d):
             raise KvauditError(f"{where}' needs exactly one of max_ratio (arm time / reference time at most) and "
