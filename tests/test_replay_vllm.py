@@ -2,7 +2,8 @@
 to a budget and kvaudit's segment store on vLLM's connector, each held to the cache simulator.
 
 Run in .venv-vllm (skipped where vLLM is not importable). Each replay is a `kvaudit replay`
-process, as a user runs it, with its own engine.
+process, as a user runs it, with its own engine. A replay killed and resumed is tested on the
+transformers backend (tests/test_replay.py), where a process starts in seconds.
 """
 
 from __future__ import annotations
@@ -39,30 +40,16 @@ def _replay(workload: Path, out: Path, policy: str, budget: str, *extra: str) ->
     return ReplayDir(out).read_summary()
 
 
-def test_a_killed_segment_replay_resumes_and_is_held_to_the_simulator(workload, tmp_path):
-    import time
-
-    out = tmp_path / "seg"
-    proc = subprocess.Popen(_cmd(workload, out, "segment", "20MB"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    requests = ReplayDir(out).requests_file
-    deadline = time.monotonic() + 400
-    while proc.poll() is None and time.monotonic() < deadline:
-        if requests.is_file() and requests.read_text().count("\n") >= 12:
-            proc.kill()  # SIGKILL: no handler runs, the file is left as the kill leaves it
-            break
-        time.sleep(0.2)
-    proc.wait()
-    served = len(ReplayDir(out).finished())
-    assert 12 <= served < 48, served
-    s = _replay(workload, out, "segment", "20MB")  # 434 tokens of fp32 KV: it evicts
-    recs = ReplayDir(out).read_requests()
-    assert sorted(r.index for r in recs) == list(range(48))  # nothing lost, nothing twice
+def test_a_segment_replay_on_vllms_connector_is_held_to_the_simulator(workload, tmp_path):
+    # A kill and resume of a replay is tested on the transformers backend (tests/test_replay.py):
+    # the code that records and resumes is the same; here the store is vLLM's connector.
+    s = _replay(workload, tmp_path / "seg", "segment", "20MB")  # 434 tokens of fp32 KV: it evicts
+    recs = ReplayDir(tmp_path / "seg").read_requests()
+    assert sorted(r.index for r in recs) == list(range(48))
     # the first request found nothing held: its head and documents were prefilled, not hits
     assert next(r for r in recs if r.index == 0).segment_hit_tokens == 0
-    assert s["sessions"] == 2 and {r.session for r in recs[served:]} == {1}
+    assert s["sessions"] == 1 and s["requests"] == 48 and s["evictions"] > 0
     hr = s["hit_rate"]
-    assert s["requests"] == 48 and s["evictions"] > 0
     assert hr["measured"]["token_hit_rate"] > 0.2
     # the store's operations replayed in the engine's order predict every hit
     assert hr["gap_points_engine_order"] == pytest.approx(0.0, abs=1e-9)
