@@ -8,6 +8,13 @@ measured token hit rate, simulate's and the engine-order prediction, and the req
 which segment reuse's median TTFT beats prefix caching's.
 
     source /tmp/gpu-env.sh; python3 benchmarks/replay_gpu.py --requests 120 --budget 10GB --json $OUT/replay.json
+
+``--rates R1,R2,...`` serves each policy at those offered loads instead (Poisson arrivals, seeded),
+on one engine per policy with empty caches at each load, each request joining the running batch
+at its arrival (``kvaudit replay --schedule arrivals``): TTFT p50/p95/p99 against offered load,
+and with ``--slo-ttft S`` the highest load whose p95 stays within S seconds, per policy.
+
+    source /tmp/gpu-env.sh; python3 benchmarks/replay_gpu.py --policies segment --rates 0.5,1,2 --budget 40GB
 """
 
 from __future__ import annotations
@@ -27,28 +34,38 @@ from vllm_ttft import make_shape  # noqa: E402
 from kvaudit.core.dataset_format import DEFAULT_SYSTEM  # noqa: E402
 from kvaudit.core.replay_format import ReplayConfig, ReplayDir  # noqa: E402
 from kvaudit.generators.workload import WorkloadParams, generate, write_workload  # noqa: E402
-from kvaudit.replay.serve import engine_kv_bytes, prompt_maker, replay  # noqa: E402
+from kvaudit.replay.serve import (  # noqa: E402
+    engine_kv_bytes,
+    poisson_arrivals,
+    prompt_maker,
+    replay,
+    replay_arrivals,
+)
 from kvaudit.replay.summary import summarise  # noqa: E402
 from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases  # noqa: E402
 from kvaudit.simulator.kv_bytes import parse_capacity, resolve_model  # noqa: E402
 
 
-def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Path) -> dict:
+def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Path) -> dict | list[dict]:
     from kvaudit.runners.engines.vllm.backend import open_vllm_backend
 
     requests = read_workload(wl)
     bpt = resolve_model(str(folder), args.dtype).bytes_per_token
     longest = max(sum(p.tokens for p in r.pieces) for r in requests) + 64
     block = 16
-    fit = -(-(longest + 1) // block) * block
+    fit = -(-(longest + args.max_new_tokens) // block) * block
     kv = engine_kv_bytes(args.budget, args.concurrency, longest, bpt, block) if policy == "prefix" \
         else max(fit * bpt * args.concurrency * 2, 8 << 30)
     opts = {"load_format": "dummy", "block_size": block, "gpu_memory_utilization": 0.92,
             "disable_log_stats": False}  # vLLM's request stats: its own first-token time beside the client's
     if not args.eager:
         opts.update(max_num_seqs=16, compilation_config={"cudagraph_capture_sizes": [1, 2, 4, 8, 16]})
+    if args.rates:
+        opts["max_num_seqs"] = args.concurrency  # arrivals: what the engine runs at once
+    if args.max_new_tokens > 1:
+        opts["measure_decode"] = True  # dummy weights: decode every token asked, EOS or not
     t0 = time.perf_counter()
-    backend = open_vllm_backend(str(folder), dtype=args.dtype, max_new_tokens=1, max_model_len=fit,
+    backend = open_vllm_backend(str(folder), dtype=args.dtype, max_new_tokens=args.max_new_tokens, max_model_len=fit,
                                 kv_cache_bytes=kv, cache_bytes=args.budget, enforce_eager=args.eager,
                                 concurrent_cases=args.concurrency, **opts)
     open_s = time.perf_counter() - t0
@@ -56,22 +73,49 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
         out = ReplayDir(work / policy)
         cfg = ReplayConfig(workload=str(wl), workload_hash="bench", policy=policy, budget_bytes=args.budget,
                            model=f"{args.shape} (dummy)", backend="vllm", concurrency=args.concurrency,
-                           max_new_tokens=1, n_requests=len(requests))
+                           max_new_tokens=args.max_new_tokens, n_requests=len(requests))
         out.path.mkdir(parents=True, exist_ok=True)
         out.write_config(cfg)
         synth = SyntheticText(backend.tok.tok)
         todo = [(r.index, r.id, prompt_maker(c, s, backend))
                 for r, (c, s) in zip(requests, request_cases(requests, synth), strict=True)]
         template_len = len(backend.tok.head_ids(DEFAULT_SYSTEM, ""))
+        engine = {"backend": "vllm", "block_size": block, "bytes_per_token": backend.bytes_per_token(),
+                  "kv_tokens": backend.kv_cache_tokens(), "stores_heads": True, "open_s": open_s,
+                  "mode": "eager" if args.eager else "graphs", "heads_saved_after_load": True}
+        if args.rates:
+            return [at_rate(backend, policy, rate, todo, requests, cfg, engine, work, template_len, args)
+                    for rate in args.rates]
         t0 = time.perf_counter()
         replay(backend, policy, todo, out, concurrency=args.concurrency, template_len=template_len)
-        wall = time.perf_counter() - t0
-        engine = {"backend": "vllm", "block_size": block, "bytes_per_token": backend.bytes_per_token(),
-                  "kv_tokens": backend.kv_cache_tokens(), "stores_heads": True, "open_s": open_s, "wall_s": wall,
-                  "mode": "eager" if args.eager else "graphs"}
+        engine["wall_s"] = time.perf_counter() - t0
         return summarise(out.read_requests(), cfg, engine)
     finally:
         backend.close()
+
+
+def at_rate(backend, policy: str, rate: float, todo: list, requests: list, cfg: ReplayConfig, engine: dict,
+            work: Path, template_len: int, args: argparse.Namespace) -> dict:
+    """One offered load on the open engine, caches emptied first; its summary with the rate."""
+    backend.reset_caches()
+    out = ReplayDir(work / policy / f"rate-{rate:g}")
+    out.path.mkdir(parents=True, exist_ok=True)
+    c = replace(cfg, arrivals=f"poisson:{rate}:{args.seed}", schedule="arrivals")
+    out.write_config(c)
+    t0 = time.perf_counter()
+    replay_arrivals(backend, policy, todo, out, arrivals=poisson_arrivals(len(requests), rate, args.seed),
+                    template_len=template_len)
+    s = summarise(out.read_requests(), c, {**engine, "wall_s": time.perf_counter() - t0})
+    s["rate"] = rate
+    t, h, co = s["ttft_s"], s["hit_rate"], s.get("client_overhead_s") or {}
+    print(f"{policy:<10} offered {rate:5g}/s served {s['throughput']['requests_per_s']:.2f}/s  TTFT p50 "
+          f"{1e3 * t['p50']['value']:8.1f} ms [{1e3 * (t['p50']['low'] or 0):.1f}, {1e3 * (t['p50']['high'] or 0):.1f}]"
+          f"  p95 {1e3 * t['p95']['value']:8.1f} ms [{1e3 * (t['p95']['low'] or 0):.1f}, "
+          f"{1e3 * (t['p95']['high'] or 0):.1f}]  p99 {1e3 * t['p99']['value']:8.1f} ms  hit "
+          f"{100 * h['measured']['token_hit_rate']:.1f}% (engine order {h.get('gap_points_engine_order') or 0:+.1f})"
+          f"  overflow {h.get('overflow_tokens', 0):,} tok  client over vLLM: median "
+          f"{1e3 * co.get('p50', float('nan')):.2f} ms p95 {1e3 * co.get('p95', float('nan')):.2f} ms", flush=True)
+    return s
 
 
 def main() -> None:
@@ -85,6 +129,10 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--eager", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")], default=None,
+                    help="offered loads (requests/s), each request served at its arrival")
+    ap.add_argument("--max-new-tokens", type=int, default=1, help="tokens each request decodes (default 1)")
+    ap.add_argument("--slo-ttft", type=float, default=None, help="seconds: the highest load whose p95 TTFT is within")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvaudit-replay-gpu-"))
@@ -95,7 +143,15 @@ def main() -> None:
     write_workload(wl, generate(params), params)
     results = {}
     for policy in args.policies.split(","):
-        results[policy] = s = one(policy, args, folder, wl, work)
+        got = one(policy, args, folder, wl, work)
+        if isinstance(got, list):
+            results[policy] = got
+            if args.slo_ttft is not None:
+                ok = [s["rate"] for s in got if s["ttft_s"]["p95"]["value"] <= args.slo_ttft]
+                print(f"{policy:<10} highest offered load with p95 TTFT within {args.slo_ttft:g} s: "
+                      f"{max(ok) if ok else 'none of those measured'}", flush=True)
+            continue
+        results[policy] = s = got
         t, h = s["ttft_s"], s["hit_rate"]
         eo = h.get("gap_points_engine_order")
         print(f"{policy:<10} p50 {1e3 * t['p50']['value']:8.1f} ms [{1e3 * (t['p50']['low'] or 0):.1f}, "
@@ -108,7 +164,7 @@ def main() -> None:
         if co:
             print(f"{'':<10} client over vLLM's own first-token time: median {1e3 * co['p50']:.2f} ms, "
                   f"p95 {1e3 * co['p95']:.2f} ms, max {1e3 * co['max']:.2f} ms", flush=True)
-    if "prefix" in results and "segment" in results:
+    if "prefix" in results and "segment" in results and not args.rates:
         print("\nmedian TTFT by request length (ms): prefix vs segment")
         for a, b in zip(results["prefix"]["ttft_by_length"], results["segment"]["ttft_by_length"], strict=False):
             print(f"  {a['tokens_low']:>6}-{a['tokens_high']:<6} prefix {1e3 * a['ttft_p50_s']:8.1f}  "

@@ -278,3 +278,54 @@ def test_segment_policy_over_http_is_refused_before_any_request(workload, tmp_pa
     assert code == 2
     assert "needs kvaudit's own segment store" in capsys.readouterr().err
     assert not (tmp_path / "h").exists()
+
+
+def test_arrivals_need_arrival_times_and_the_in_process_engine(workload, tmp_path, capsys):
+    assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB", "--out",
+                 str(tmp_path / "a"), "--schedule", "arrivals", "--backend", "vllm"]) == 2
+    assert "needs arrival times" in capsys.readouterr().err
+    assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB", "--out",
+                 str(tmp_path / "b"), "--schedule", "arrivals", "--rate", "2", "--backend", "transformers"]) == 2
+    assert "needs --backend vllm" in capsys.readouterr().err
+
+
+def test_the_store_at_arrivals_pins_waits_and_serves_what_it_cannot_hold_as_misses():
+    from kvaudit.simulator.segment_cache import simulate_segment_store_at_arrivals
+
+    def trace(*reqs):
+        return trace_from_requests([[("prefix", "h", 10), *[("document", d, t) for d, t in r]] for r in reqs])
+
+    t = trace([("a", 20), ("b", 20)], [("a", 20), ("b", 20)], [("b", 20), ("c", 20)])
+    one_at_a_time = dict(admitted=np.array([0.0, 10, 20]), ready=np.array([1.0, 11, 21]),
+                         released=np.array([2.0, 12, 22]))
+    hits = simulate_segment_store_at_arrivals(t, 1000, **one_at_a_time)
+    assert hits.tolist() == [0, 50, 30]  # the third finds h and b; c is its own warm-up
+    # the second arrives while the first warms a and b: it waits for them, they are hits for it
+    hits = simulate_segment_store_at_arrivals(t, 1000, admitted=np.array([0.0, 0.5, 20]),
+                                              ready=np.array([1.0, 1.0, 21]), released=np.array([2.0, 2.0, 22]))
+    assert hits.tolist() == [0, 50, 30]
+    # 40 tokens of budget: the first's h and a fit, b would evict its own pinned entries: refused,
+    # so it loads h and a only; the second (arriving after) finds h and a and warms b
+    hits = simulate_segment_store_at_arrivals(t, 40, **one_at_a_time)
+    assert hits.tolist() == [0, 30, 10]
+    # the same tokens one at a time in the store's own order (no overlap, no pins needed) agree
+    # where the budget holds every request
+    from kvaudit.simulator.segment_cache import simulate_segment_store
+
+    assert (simulate_segment_store(t, 1000, kinds=("prefix", "document")).tolist()
+            == simulate_segment_store_at_arrivals(t, 1000, **one_at_a_time).tolist())
+
+
+@pytest.mark.parametrize("rate, says", [("0", "positive number"), ("inf", "positive number"), ("x", "not a number"),
+                                        ("1,2,1", "given twice")])
+def test_a_bad_rate_is_refused_naming_it(workload, tmp_path, capsys, rate, says):
+    assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",
+                 "--out", str(tmp_path / "r"), "--rate", rate]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_load_sweep_needs_the_in_process_vllm_engine(workload, tmp_path, capsys):
+    assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",
+                 "--out", str(tmp_path / "r"), "--rate", "1,2", "--schedule", "waves"]) == 2
+    assert "one engine: it needs --backend vllm" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()

@@ -8,6 +8,7 @@ transformers backend (tests/test_replay.py), where a process starts in seconds.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -75,3 +76,38 @@ def test_prefix_cache_under_a_budget_is_held_to_the_simulator(workload, tmp_path
     # vLLM's own first-token time is recorded beside the client's for every request
     co = s["client_overhead_s"]
     assert co["requests"] == 30 and 0 <= co["p50"] < 0.002  # the client's clock holds the engine's
+
+
+def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload, tmp_path):
+    """Open loop on the in-process engine, two offered loads on one engine: each request goes to
+    the engine at its arrival. A request that arrives while another decodes gets its first token
+    before that one finishes (a wave would have held it back), and a segment store too small for
+    the requests in flight together serves what it cannot hold as misses: the replay completes,
+    the overflow counted. Each load starts with empty caches."""
+    out = tmp_path / "arr"
+    proc = subprocess.run(_cmd(workload, out, "segment", "16MB", "--rate", "5,40", "--limit", "16",
+                               "--max-new-tokens", "8"), capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sweep of 2 loads" in proc.stdout
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [r["rate"] for r in sweep["loads"]] == [5, 40] and sweep["schedule"] == "arrivals"
+    for rate in ("5", "40"):
+        recs = ReplayDir(out / f"rate-{rate}").read_requests()
+        assert len(recs) == 16
+        # every prompt token of the head and documents is a hit, a warm-up's or an overflow's
+        for r in recs:
+            assert r.segment_hit_tokens + r.warmup_tokens + r.overflow_tokens == r.head_tokens + r.segment_tokens
+            assert r.ttft_s >= r.queue_s + r.warmup_s
+        assert min(recs, key=lambda r: r.arrival_s).segment_hit_tokens == 0  # each load starts cold
+    s = ReplayDir(out / "rate-40").read_summary()
+    assert s["config"]["schedule"] == "arrivals"
+    recs = sorted(ReplayDir(out / "rate-40").read_requests(), key=lambda r: r.arrival_s)
+    joined = [(a.index, b.index) for a in recs for b in recs
+              if a.arrival_s < b.arrival_s and b.arrival_s + b.ttft_s < a.finish_s]
+    assert joined, [(r.index, r.arrival_s, r.ttft_s, r.finish_s) for r in recs]
+    hr = s["hit_rate"]
+    assert hr["overflow_tokens"] > 0  # 347 tokens of budget, about 300 per request, several in flight
+    assert hr["segment_hit_tokens"] > 0  # and the store still serves what it holds
+    assert s["time_per_output_token_s"]["requests"] == 16
+    # the store's rules at the times the requests were served predict the hits
+    assert abs(hr["gap_points_engine_order"]) <= 2.0, hr

@@ -34,6 +34,7 @@ from kvaudit.core.typed_json import check_fields
 
 REPLAY_FORMAT = 1
 POLICIES = ("recompute", "prefix", "segment")
+SCHEDULES = ("waves", "arrivals")
 
 
 @dataclass
@@ -51,6 +52,9 @@ class ReplayConfig:
     max_new_tokens: int
     n_requests: int
     arrivals: str = "closed"  # closed | timestamps | poisson:RATE:SEED
+    # waves: requests go in waves, a wave one engine batch (arrivals during a wave wait for the
+    # next); arrivals: each request joins the running batch at its arrival (in-process vLLM)
+    schedule: str = "waves"
     format_version: int = REPLAY_FORMAT
 
     def identity(self) -> dict[str, Any]:
@@ -101,10 +105,17 @@ class RequestRecord:
     engine_ttft_s: float | None = None
     client_request_ttft_s: float | None = None
     arrival_s: float | None = None  # open loop: the request's arrival, seconds from its session's start
+    # schedule "arrivals": head and document tokens the store could not hold while other requests
+    # were in flight, prefilled by the request itself (misses); when it finished (seconds from its
+    # session's start); its decoded tokens after the first and their time
+    overflow_tokens: int = 0
+    finish_s: float | None = None
+    decode_tokens: int | None = None
+    decode_s: float | None = None
 
 
 _COUNTS = ("n_prompt_tokens", "head_tokens", "segment_tokens", "prefix_cache_tokens", "segment_hit_tokens",
-           "warmup_tokens", "tokens_computed")
+           "warmup_tokens", "tokens_computed", "overflow_tokens")
 
 
 def _check_record(r: RequestRecord, where: str) -> None:
@@ -164,6 +175,9 @@ class ReplayDir:
             raise DatasetError(f"{where}: field 'format_version' is {excerpt(repr(version), 40)}: this kvaudit "
                                f"reads replay format {REPLAY_FORMAT}; upgrade kvaudit to read this replay")
         check_fields(obj, ReplayConfig, where)
+        if obj.get("schedule", "waves") not in SCHEDULES:
+            raise DatasetError(f"{where}: field 'schedule' must be one of {', '.join(SCHEDULES)}, "
+                               f"got {excerpt(repr(obj['schedule']), 40)}")
         return ReplayConfig(**{k: obj[k] for k in ReplayConfig.__dataclass_fields__ if k in obj})
 
     def write_config(self, config: ReplayConfig) -> None:

@@ -29,11 +29,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", required=True, type=byte_size,
                    help="KV bytes the policy may keep cached between requests, e.g. 200MB or 2GiB")
     p.add_argument("--out", required=True, type=Path, help="replay directory (rerun the same command to resume)")
-    p.add_argument("--concurrency", type=positive_int, default=1,
-                   help="the most requests served together in one wave (default 1)")
+    p.add_argument("--concurrency", type=positive_int, default=None,
+                   help="waves: the most requests served together in one wave (default 1); arrivals: the most "
+                        "requests the engine runs at once, vLLM's max_num_seqs (default 8; later arrivals queue "
+                        "in the engine, as on a server)")
+    p.add_argument("--schedule", choices=("arrivals", "waves"), default=None,
+                   help="arrivals: each request joins the engine's running batch when it arrives (open loop on "
+                        "--backend vllm, the default there); waves: requests go in waves, arrivals during a wave "
+                        "wait for the next (the default elsewhere; for comparison)")
     loop = p.add_mutually_exclusive_group()
-    loop.add_argument("--rate", type=float, default=None, metavar="R",
-                      help="open loop: Poisson arrivals at R requests per second (seeded by --seed)")
+    loop.add_argument("--rate", type=rates, default=None, metavar="R[,R...]",
+                      help="open loop: Poisson arrivals at R requests per second (seeded by --seed); several "
+                           "rates sweep the load on one engine, each into OUT/rate-R with empty caches, and "
+                           "OUT/sweep.json holds TTFT against offered load")
     loop.add_argument("--timestamps", action="store_true",
                       help="open loop: arrivals at the workload's own timestamps (relative to the first request)")
     p.add_argument("--seed", type=int, default=0, help="seed of --rate's arrivals (default 0)")
@@ -52,15 +60,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _arrivals(args: argparse.Namespace, requests: list[Any]) -> tuple[str, list[float] | None]:
+def _arrivals(args: argparse.Namespace, requests: list[Any], rate: float | None) -> tuple[str, list[float] | None]:
     """The arrival spec recorded in the replay's config, and one arrival time per workload request
     (seconds from the first), or None for the closed loop."""
     from kvaudit.replay.serve import poisson_arrivals
 
-    if args.rate is not None:
-        if not args.rate > 0 or args.rate == float("inf"):
-            raise KvauditError(f"--rate must be a positive number of requests per second, got {args.rate}")
-        return f"poisson:{args.rate}:{args.seed}", poisson_arrivals(len(requests), args.rate, args.seed)
+    if rate is not None:
+        return f"poisson:{rate}:{args.seed}", poisson_arrivals(len(requests), rate, args.seed)
     if args.timestamps:
         missing = [r for r in requests if r.timestamp is None]
         if missing:
@@ -73,6 +79,36 @@ def _arrivals(args: argparse.Namespace, requests: list[Any]) -> tuple[str, list[
                                "the one above it; the replay serves requests in file order")
         return "timestamps", [t - times[0] for t in times]
     return "closed", None
+
+
+def rates(text: str) -> list[float]:
+    """argparse type of ``--rate``: one or more positive, finite requests per second, comma-separated."""
+    out = []
+    for t in (x.strip() for x in text.split(",")):
+        try:
+            r = float(t)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{t!r} is not a number of requests per second") from None
+        if not 0 < r < float("inf"):
+            raise argparse.ArgumentTypeError(f"a rate must be a positive number of requests per second, got {t!r}")
+        out.append(r)
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"a rate is given twice in {text!r}")
+    return out
+
+
+def _schedule(args: argparse.Namespace) -> str:
+    """``arrivals`` or ``waves``: what was asked, else arrivals for an open loop on in-process vLLM."""
+    open_loop = args.rate is not None or args.timestamps
+    if args.schedule is None:
+        return "arrivals" if open_loop and args.backend == "vllm" else "waves"
+    if args.schedule == "arrivals":
+        if args.backend != "vllm":
+            raise KvauditError(f"--schedule arrivals steps the engine itself: it needs --backend vllm (in process), "
+                               f"not {args.backend}")
+        if not open_loop:
+            raise KvauditError("--schedule arrivals needs arrival times: --rate R or --timestamps")
+    return str(args.schedule)
 
 
 def _engine_facts(backend: Any, dtype: str, model: str) -> dict[str, Any]:
@@ -108,8 +144,10 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
         return f"{1e3 * v['value']:.1f} ms [{lo}, {hi}]"
 
     c = s["config"]
+    how = ("each request joining the running batch at its arrival" if c.get("schedule") == "arrivals"
+           else f"in waves of up to {c['concurrency']}")
     print(f"\nreplay {c['policy']} at budget {c['budget_bytes']:,} B: {s['requests']} requests "
-          f"({s['sessions']} session(s)) in {out}")
+          f"({s['sessions']} session(s)), {how}, arrivals {c.get('arrivals', 'closed')}, in {out}")
     print(f"  TTFT p50 {ms(t['p50'])}  p95 {ms(t['p95'])}  p99 {ms(t['p99'])}")
     m, p = hr["measured"]["token_hit_rate"], hr["simulated"]["token_hit_rate"]
     note = "" if hr["simulator_agrees"] else "  <- the simulator disagrees by more than 2 points (docs/replay.md)"
@@ -122,28 +160,27 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
     if co:
         print(f"  kvaudit's client over the engine's own first-token time: median {1e3 * co['p50']:.2f} ms, "
               f"p95 {1e3 * co['p95']:.2f} ms ({co['requests']} requests)")
+    if hr.get("overflow_tokens"):
+        print(f"  {hr['overflow_tokens']:,} head and document tokens the store could not hold while other requests "
+              "were in flight: prefilled, counted as misses")
+    tp = s.get("time_per_output_token_s")
+    if tp:
+        print(f"  time per output token p50 {ms(tp['p50'])}  p95 {ms(tp['p95'])}")
     th = s["throughput"]
     if th["requests_per_s"]:
         print(f"  throughput {th['requests_per_s']:.2f} requests/s, {th['prompt_tokens_per_s']:,.0f} prompt tokens/s")
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.core.jsonio import check_writable_dir, file_sha256
-    from kvaudit.core.progress import progress_bar
-    from kvaudit.core.replay_format import ReplayConfig, ReplayDir
-    from kvaudit.replay.serve import (
-        POLICY_ARM,
-        check_waves_fit,
-        engine_kv_bytes,
-        prompt_maker,
-        replay,
-        request_kv,
-    )
-    from kvaudit.replay.summary import summarise
-    from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases
-    from kvaudit.runners.registry import BACKENDS, backend_options, check_arms_run_on
+    from kvaudit.core.jsonio import check_writable_dir
+    from kvaudit.replay.serve import POLICY_ARM
+    from kvaudit.replay.workload_text import read_workload
+    from kvaudit.runners.registry import backend_options, check_arms_run_on
 
     opts = backend_options(args)  # refuse another backend's options before any work
+    schedule = _schedule(args)
+    if args.concurrency is None:
+        args.concurrency = 8 if schedule == "arrivals" else 1
     check_arms_run_on([POLICY_ARM[args.policy]], args.backend)
     if args.policy == "prefix" and args.backend != "vllm":
         raise KvauditError("--policy prefix holds the engine's own prefix cache to --budget; that needs "
@@ -154,78 +191,172 @@ def run(args: argparse.Namespace) -> int:
         # set when the server starts, out of the replay's reach: neither is the segment policy at --budget.
         raise KvauditError(f"--policy segment needs kvaudit's own segment store under --budget: --backend vllm "
                            f"or transformers (in process), not {args.backend}")
+    rates = args.rate or [None]
+    if len(rates) > 1 and args.backend != "vllm":
+        raise KvauditError("a sweep of --rate values serves every load on one engine: it needs --backend vllm")
     if "concurrent_cases" in opts:
         opts["concurrent_cases"] = args.concurrency
+    if schedule == "arrivals":
+        opts["max_num_seqs"] = args.concurrency
     if args.backend == "vllm":
         opts["disable_log_stats"] = False  # vLLM's per-request stats: its own TTFT beside the client's
     check_writable_dir(args.out)
     requests = read_workload(args.workload)
     if args.limit:
         requests = requests[: args.limit]
-    arrivals_spec, arrivals = _arrivals(args, requests)
-    config = ReplayConfig(workload=str(args.workload), workload_hash=file_sha256(args.workload), policy=args.policy,
-                          budget_bytes=args.budget, model=args.model, backend=args.backend,
-                          concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
-                          n_requests=len(requests), arrivals=arrivals_spec)
-    out = ReplayDir(args.out)
-    with out.lock("replay", create=True):
-        out.check_resumable(config)
-        done = {r.index for r in out.finished()}
-        todo_requests = [r for r in requests if r.index not in done]
-        if not todo_requests and out.summary_file.is_file():  # nothing left to serve: the summary stands
-            _print_summary(out.read_summary(), args.out)
-            return 0
+    engine = _Engine(args, opts, requests)
+    summaries = []
+    try:
+        for rate in rates:
+            out = args.out if len(rates) == 1 else args.out / f"rate-{rate:g}"
+            summaries.append((rate, _replay_one(args, schedule, rate, out, requests, engine)))
+    finally:
+        engine.close()
+    if len(rates) > 1:
+        _write_sweep(args.out, summaries)
+    if args.audit_sample and engine.backend is not None:  # written by the session that served the requests
+        write_audit_sample(requests, args.audit_sample, args.audit_dataset or Path(args.out) / "audit_dataset",
+                           engine.synth, args)
+    return 0
+
+
+class _Engine:
+    """The backend, opened at the first load that has requests left to serve (a finished replay
+    opens nothing) and kept for the loads after it, each starting with empty caches."""
+
+    def __init__(self, args: argparse.Namespace, opts: dict[str, Any], requests: list[Any]):
+        self.args, self.opts, self.requests = args, opts, requests
+        self.backend: Any = None
+        self.facts: dict[str, Any] = {}
+        self.synth: Any = None
+        self.template_len = 0
+        self.served = False
+
+    def get(self) -> Any:
+        from kvaudit.replay.serve import engine_kv_bytes
+        from kvaudit.runners.registry import BACKENDS
+
+        args = self.args
+        if self.backend is not None:
+            if self.served:
+                self.backend.reset_caches()
+            return self.backend
         common: dict[str, Any] = {"dtype": args.dtype, "max_new_tokens": args.max_new_tokens,
                                   "cache_bytes": args.budget}
+        opts = dict(self.opts)
         if args.policy == "prefix":
             from kvaudit.models import resolve_model_dir
             from kvaudit.simulator.kv_bytes import resolve_model
 
             bpt = resolve_model(str(resolve_model_dir(args.model)), args.dtype).bytes_per_token
-            longest = max(sum(p.tokens for p in r.pieces) for r in requests) + 64  # + the chat template
+            longest = max(sum(p.tokens for p in r.pieces) for r in self.requests) + 64  # + the chat template
             block = int(opts.get("block_size", 32))
             opts["kv_cache_bytes"] = engine_kv_bytes(args.budget, args.concurrency, longest, bpt, block)
             # vLLM refuses a KV space smaller than one request of max_model_len: the replay's longest
             # request (and its answer) is what it must fit, so the engine is opened for that.
             fit = -(-(longest + args.max_new_tokens) // block) * block
             opts["max_model_len"] = min(int(opts.get("max_model_len", fit)), fit)
-        backend = BACKENDS[args.backend].open(args.model, **common, **opts)
-        try:
-            engine = _engine_facts(backend, args.dtype, args.model)
-            hf_tok = backend.tok.tok
-            synth = None if all(p.text is not None for r in todo_requests for p in r.pieces) else SyntheticText(hf_tok)
-            from kvaudit.core.dataset_format import DEFAULT_SYSTEM
+        self.backend = BACKENDS[args.backend].open(args.model, **common, **opts)
+        from kvaudit.core.dataset_format import DEFAULT_SYSTEM
+        from kvaudit.replay.workload_text import SyntheticText
 
-            template_len = len(backend.tok.head_ids(DEFAULT_SYSTEM, ""))
-            todo = [(r.index, r.id, prompt_maker(case, segs, backend))
-                    for r, (case, segs) in zip(todo_requests, request_cases(todo_requests, synth), strict=True)]
-            if args.policy == "segment":  # every wave's segment KV must fit: refused now, not mid-replay
-                check_waves_fit([request_kv(make(), engine["stores_heads"]) for _, _, make in todo],
-                                [rid for _, rid, _ in todo], concurrency=args.concurrency,
-                                open_loop=arrivals is not None, bytes_per_token=engine["bytes_per_token"],
-                                store_bytes=int(getattr(backend, "store_bytes", args.budget)), budget=args.budget)
-            out.write_config(config)
-            bar = progress_bar(total=len(todo), desc=f"replay {args.policy}", unit="request",
-                               enabled=not args.no_progress)
-            t0 = time.perf_counter()
-            if arrivals is not None:  # a resumed session starts its clock at its first request's arrival
-                times = [arrivals[r.index] for r in todo_requests]
-                arrivals = [t - times[0] for t in times] if times else []
-            replay(backend, args.policy, todo, out, concurrency=args.concurrency, template_len=template_len,
+        self.facts = _engine_facts(self.backend, args.dtype, args.model)
+        self.template_len = len(self.backend.tok.head_ids(DEFAULT_SYSTEM, ""))
+        texts = all(p.text is not None for r in self.requests for p in r.pieces)
+        self.synth = None if texts else SyntheticText(self.backend.tok.tok)
+        return self.backend
+
+    def close(self) -> None:
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
+
+def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out_dir: Path, requests: list[Any],
+                engine: _Engine) -> dict[str, Any]:
+    """One replay at one load into ``out_dir`` (resumed where it holds records); its summary."""
+    from kvaudit.core.jsonio import file_sha256
+    from kvaudit.core.progress import progress_bar
+    from kvaudit.core.replay_format import ReplayConfig, ReplayDir
+    from kvaudit.replay.serve import (
+        check_waves_fit,
+        prompt_maker,
+        replay,
+        replay_arrivals,
+        request_kv,
+    )
+    from kvaudit.replay.summary import summarise
+    from kvaudit.replay.workload_text import request_cases
+
+    arrivals_spec, arrivals = _arrivals(args, requests, rate)
+    config = ReplayConfig(workload=str(args.workload), workload_hash=file_sha256(args.workload), policy=args.policy,
+                          budget_bytes=args.budget, model=args.model, backend=args.backend,
+                          concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
+                          n_requests=len(requests), arrivals=arrivals_spec, schedule=schedule)
+    out = ReplayDir(out_dir)
+    with out.lock("replay", create=True):
+        out.check_resumable(config)
+        done = {r.index for r in out.finished()}
+        todo_requests = [r for r in requests if r.index not in done]
+        if not todo_requests and out.summary_file.is_file():  # nothing left to serve: the summary stands
+            summary = out.read_summary()
+            _print_summary(summary, out_dir)
+            return summary
+        backend = engine.get()
+        facts = dict(engine.facts)
+        todo = [(r.index, r.id, prompt_maker(case, segs, backend))
+                for r, (case, segs) in zip(todo_requests, request_cases(todo_requests, engine.synth), strict=True)]
+        if args.policy == "segment" and schedule == "waves":  # every wave must fit: refused now, not mid-replay
+            check_waves_fit([request_kv(make(), facts["stores_heads"]) for _, _, make in todo],
+                            [rid for _, rid, _ in todo], concurrency=args.concurrency,
+                            open_loop=arrivals is not None, bytes_per_token=facts["bytes_per_token"],
+                            store_bytes=int(getattr(backend, "store_bytes", args.budget)), budget=args.budget)
+        out.write_config(config)
+        bar = progress_bar(total=len(todo), desc=f"replay {args.policy}" + (f" at {rate:g}/s" if rate else ""),
+                           unit="request", enabled=not args.no_progress)
+        t0 = time.perf_counter()
+        if arrivals is not None:  # a resumed session starts its clock at its first request's arrival
+            times = [arrivals[r.index] for r in todo_requests]
+            arrivals = [t - times[0] for t in times] if times else []
+        engine.served = True
+        if schedule == "arrivals":
+            assert arrivals is not None
+            replay_arrivals(backend, args.policy, todo, out, arrivals=arrivals, template_len=engine.template_len,
+                            on_request=bar.update)
+        else:
+            replay(backend, args.policy, todo, out, concurrency=args.concurrency, template_len=engine.template_len,
                    on_wave=bar.update, arrivals=arrivals)
-            bar.close()
-            engine["wall_s_last_session"] = time.perf_counter() - t0
-        finally:
-            close = getattr(backend, "close", None)
-            if close is not None:
-                close()
-        summary = summarise(out.read_requests(), config, engine)
+        bar.close()
+        facts["wall_s_last_session"] = time.perf_counter() - t0
+        summary = summarise(out.read_requests(), config, facts)
         out.write_summary(summary)
-    _print_summary(summary, args.out)
-    if args.audit_sample:
-        write_audit_sample(requests, args.audit_sample, args.audit_dataset or Path(args.out) / "audit_dataset",
-                           synth, args)
-    return 0
+    _print_summary(summary, out_dir)
+    return summary
+
+
+def _write_sweep(out: Path, summaries: list[tuple[float | None, dict[str, Any]]]) -> None:
+    """``OUT/sweep.json``: one row per offered load (TTFT percentiles with their intervals,
+    throughput, hit rate, time per output token), and the table printed."""
+    from kvaudit.core.jsonio import write_json
+
+    rows = []
+    for rate, s in summaries:
+        t = s["ttft_s"]
+        rows.append({"rate": rate, "dir": f"rate-{rate:g}", "requests": s["requests"],
+                     "ttft_s": {k: t[k] for k in ("p50", "p95", "p99")},
+                     "requests_per_s": s["throughput"]["requests_per_s"],
+                     "token_hit_rate": s["hit_rate"]["measured"]["token_hit_rate"],
+                     "overflow_tokens": s["hit_rate"].get("overflow_tokens", 0),
+                     "time_per_output_token_s": s.get("time_per_output_token_s")})
+    write_json(out / "sweep.json", {"policy": summaries[0][1]["config"]["policy"],
+                                    "schedule": summaries[0][1]["config"].get("schedule", "waves"), "loads": rows})
+    print(f"\nsweep of {len(rows)} loads in {out / 'sweep.json'}:")
+    print("  offered/s  served/s   TTFT p50    p95         p99         hit")
+    for r in rows:
+        t = r["ttft_s"]
+        served = r["requests_per_s"] or 0.0
+        print(f"  {r['rate']:>9g}  {served:>8.2f}  {1e3 * t['p50']['value']:>8.1f} ms  {1e3 * t['p95']['value']:>8.1f} ms  "
+              f"{1e3 * t['p99']['value']:>8.1f} ms  {100 * r['token_hit_rate']:5.1f}%")
 
 
 def write_audit_sample(requests: list[Any], k: int, out: Path, synth: Any, args: argparse.Namespace) -> None:

@@ -13,7 +13,11 @@ as an audit's:
                *on the request path*, before the request's own prefill, and its time is in the
                request's TTFT (``warmup_s``); so is the head's own prefill where the engine needs it.
 
-Requests go in file order in waves. Closed loop: ``concurrency`` at a time, the next wave when every
+Two schedules. ``arrivals`` (open loop on in-process vLLM, the default there): each request goes to
+the engine at its arrival and joins the running batch at the next engine step, as a server
+serves it; the segment store holds its budget under concurrency by serving what it cannot hold
+as misses (:mod:`kvaudit.runners.engines.vllm.live`, :func:`replay_arrivals`). ``waves`` (every
+other replay, and ``--schedule waves`` for comparison): requests go in file order in waves. Closed loop: ``concurrency`` at a time, the next wave when every
 request of the last has its answer. Open loop (arrival times: the workload's timestamps, or
 Poisson at a rate): when the engine is free, the requests that have arrived by then (at most
 ``concurrency``) go as one wave, and each request's wait since its arrival is in its TTFT. A
@@ -227,6 +231,52 @@ def replay(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[]
             wave += 1
             if on_wave is not None:
                 on_wave(len(chunk))
+    return served
+
+
+def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[], Prompt]]], out: ReplayDir, *,
+                    arrivals: list[float], template_len: int,
+                    on_request: Callable[[int], None] | None = None) -> int:
+    """Serve ``todo`` at ``arrivals`` (seconds from the session's start), each request joining the
+    engine's running batch at its arrival; each record is appended (flushed and fsynced) as its
+    request finishes, so a killed replay loses only the requests in flight. Returns the number served."""
+    from kvaudit.runners.engines.vllm.live import LiveJob, LiveOutcome, serve_arrivals
+
+    if getattr(backend, "name", "") != "vllm":
+        raise KvauditError("--schedule arrivals needs the in-process vLLM engine (--backend vllm)")
+    done = out.finished()
+    session = max((r.session for r in done), default=-1) + 1
+    prompts = [make() for _, _, make in todo]  # assembled before the clock starts: not on any request's path
+    jobs = [LiveJob(k, p, a) for k, (p, a) in enumerate(zip(prompts, arrivals, strict=True))]
+    seen = backend.cache.stats.evictions
+    served = 0
+    with out.appending_requests() as app:
+        def finished(o: LiveOutcome) -> None:
+            # the store's evictions since the last request finished are charged to this one (they
+            # happen on warm-ups' saves; the sum over the session is the store's count)
+            nonlocal served, seen
+            evicted, seen = backend.cache.stats.evictions - seen, backend.cache.stats.evictions
+            idx, rid, _ = todo[o.tag]
+            p = prompts[o.tag]
+            ids, toks, kinds = _pieces(p, rid, template_len)
+            hit = o.hit_tokens + o.prefix_cache_tokens
+            app.append(RequestRecord(
+                index=idx, request_id=rid, wave=-1, session=session, n_prompt_tokens=len(p.ids),
+                head_tokens=p.head_len, segment_tokens=p.tail_start - p.head_len, ttft_s=o.ttft_s,
+                warmup_s=o.submitted_s - o.admitted_s, head_s=0.0, queue_s=o.admitted_s - o.arrival_s,
+                prefix_cache_tokens=o.prefix_cache_tokens, segment_hit_tokens=o.hit_tokens,
+                warmup_tokens=o.warmup_tokens, tokens_computed=len(p.ids) - hit, evictions=float(evicted),
+                wall_s=0.0, ids_hash=p.ids_hash, piece_ids=ids, piece_tokens=toks, piece_kinds=kinds,
+                truncated=bool(p.truncation.get("truncated")), engine_ttft_s=o.engine_ttft_s,
+                client_request_ttft_s=o.first_token_s - o.submitted_s, arrival_s=o.arrival_s,
+                overflow_tokens=o.overflow_tokens, finish_s=o.finish_s, decode_tokens=o.decode_tokens,
+                decode_s=o.finish_s - o.first_token_s))
+            app.flush()
+            served += 1
+            if on_request is not None:
+                on_request(1)
+
+        serve_arrivals(backend, policy, jobs, finished)
     return served
 
 

@@ -27,7 +27,11 @@ from kvaudit.core.hit_rate import token_hit_rate, windowed
 from kvaudit.core.replay_format import ReplayConfig, RequestRecord
 from kvaudit.core.trace import Trace, trace_from_requests
 from kvaudit.simulator.prefix_cache import simulate_prefix
-from kvaudit.simulator.segment_cache import simulate_segment, simulate_segment_store
+from kvaudit.simulator.segment_cache import (
+    simulate_segment,
+    simulate_segment_store,
+    simulate_segment_store_at_arrivals,
+)
 
 PERCENTILES = (0.5, 0.95, 0.99)
 CONFIDENCE = 0.95
@@ -78,6 +82,13 @@ def simulated_hits(records: list[RequestRecord], policy: str, capacity_tokens: i
     for pos, trace in _session_traces(records, merge_head=policy == "segment"):
         if policy == "prefix":
             h = simulate_prefix(trace, capacity_tokens, block_size)
+        elif engine_order and all(records[i].finish_s is not None for i in pos):
+            # served at their arrivals: the store's rules under overlap, at the times they were served
+            rs = [records[i] for i in pos]
+            admitted = np.array([(r.arrival_s or 0.0) + r.queue_s for r in rs])
+            h = simulate_segment_store_at_arrivals(trace, capacity_tokens, admitted, admitted + np.array(
+                [r.warmup_s for r in rs]), np.array([(r.arrival_s or 0.0) + r.ttft_s for r in rs]),
+                kinds=("prefix", "document") if stores_heads else ("document",))
         elif engine_order:
             h = simulate_segment_store(trace, capacity_tokens, stored_after=("prefix",) if stores_heads else (),
                                        touch_on_load=stores_heads, late_stored_after_load=heads_after_load)
@@ -123,8 +134,7 @@ def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[s
         in_order = token_hit_rate(simulated_hits(records, "segment", capacity, 0, bool(engine.get("stores_heads")),
                                                  engine_order=True,
                                                  heads_after_load=bool(engine.get("heads_saved_after_load"))), prompt)
-    waves = {r.wave: r.wall_s for r in records}
-    busy = sum(waves.values())
+    busy = _busy_s(records)
     return {
         "config": {**config.identity(), "workload": config.workload},
         "engine": engine,
@@ -142,6 +152,8 @@ def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[s
             "prefix_cache_tokens": int(sum(r.prefix_cache_tokens for r in records)),
             "segment_hit_tokens": int(sum(r.segment_hit_tokens for r in records)),
             "warmup_tokens": int(sum(r.warmup_tokens for r in records)),
+            # schedule "arrivals": what the store could not hold while other requests were in flight
+            "overflow_tokens": int(sum(r.overflow_tokens for r in records)),
             "over_time": windowed(hits, prompt, windows),
             "simulated": predicted.to_dict(),
             "simulated_over_time": windowed(sim, prompt, windows),
@@ -160,7 +172,29 @@ def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[s
         },
         "evictions": float(sum(r.evictions for r in records)),
         "client_overhead_s": _client_overhead(records),
+        "time_per_output_token_s": _tpot(records),
     }
+
+
+def _busy_s(records: list[RequestRecord]) -> float:
+    """Seconds the engine was serving: the waves' wall times, or, where requests were served at
+    their arrivals, each session's first arrival to its last finish."""
+    waves = {r.wave: r.wall_s for r in records if r.finish_s is None}
+    busy = float(sum(waves.values()))
+    for s in {r.session for r in records if r.finish_s is not None}:
+        mine = [r for r in records if r.session == s and r.finish_s is not None]
+        busy += max(r.finish_s for r in mine) - min(r.arrival_s or 0.0 for r in mine)  # type: ignore[type-var]
+    return busy
+
+
+def _tpot(records: list[RequestRecord]) -> dict[str, Any] | None:
+    """Time per output token after the first (decode time over decoded tokens), where requests
+    decoded more than one token."""
+    t = np.array([r.decode_s / r.decode_tokens for r in records
+                  if r.decode_tokens and r.decode_s is not None])
+    if not len(t):
+        return None
+    return {"requests": int(len(t)), "p50": percentile_interval(t, 0.5), "p95": percentile_interval(t, 0.95)}
 
 
 def _client_overhead(records: list[RequestRecord]) -> dict[str, Any] | None:

@@ -25,6 +25,8 @@ class ByteLRU(Generic[K, V]):
 
     ``oversize="keep"``: an entry larger than the budget is kept alone (everything else evicted);
     ``oversize="refuse"``: it is refused and evicts nothing, so ``bytes_now`` never exceeds the budget.
+    A pinned entry (:meth:`pin`: a request in flight is about to load it) is never evicted; an
+    entry that could fit only by evicting pinned ones is refused and evicts nothing.
     """
 
     def __init__(self, capacity_bytes: int, nbytes: Callable[[V], int], *, oversize: str = "keep"):
@@ -36,6 +38,7 @@ class ByteLRU(Generic[K, V]):
         self.entries: OrderedDict[K, V] = OrderedDict()
         self.bytes_now = 0
         self.bytes_peak = 0
+        self._pins: dict[K, int] = {}  # key -> how many requests in flight hold it
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -50,7 +53,26 @@ class ByteLRU(Generic[K, V]):
             self.entries.move_to_end(key)
         return e
 
+    def pin(self, key: K) -> bool:
+        """Hold ``key`` against eviction (counted: each pin needs its :meth:`unpin`); False when absent."""
+        if key not in self.entries:
+            return False
+        self._pins[key] = self._pins.get(key, 0) + 1
+        return True
+
+    def unpin(self, key: K) -> None:
+        n = self._pins.get(key, 0) - 1
+        if n > 0:
+            self._pins[key] = n
+        else:
+            self._pins.pop(key, None)
+
+    @property
+    def pinned_bytes(self) -> int:
+        return sum(self._nbytes(self.entries[k]) for k in self._pins if k in self.entries)
+
     def pop(self, key: K) -> V | None:
+        self._pins.pop(key, None)
         e = self.entries.pop(key, None)
         if e is not None:
             self.bytes_now -= self._nbytes(e)
@@ -65,6 +87,8 @@ class ByteLRU(Generic[K, V]):
         size = self._nbytes(entry)
         if size > self.capacity_bytes and self.oversize == "refuse":
             return False, []
+        if self._pins and self.pinned_bytes + size > self.capacity_bytes:
+            return False, []  # only the entries in use could make room
         evicted = self._evict_until(self.capacity_bytes - size)
         self.entries[key] = entry
         self.bytes_now += size
@@ -80,9 +104,10 @@ class ByteLRU(Generic[K, V]):
 
     def _evict_until(self, limit: int) -> list[K]:
         evicted = []
-        while self.entries and self.bytes_now > limit:
-            old, e = self.entries.popitem(last=False)
-            self.bytes_now -= self._nbytes(e)
+        for old in [k for k in self.entries if k not in self._pins]:  # least recently used first
+            if self.bytes_now <= limit:
+                break
+            self.bytes_now -= self._nbytes(self.entries.pop(old))
             evicted.append(old)
         return evicted
 

@@ -131,3 +131,78 @@ def simulate_segment_store(trace: Trace, capacity_tokens: int, *, kinds: tuple[s
             put(content[i], tokens[i])
         hits[r] = hit
     return hits
+
+
+def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admitted: np.ndarray, ready: np.ndarray,
+                                       released: np.ndarray, kinds: tuple[str, ...] = ("prefix", "document")
+                                       ) -> np.ndarray:
+    """Hit tokens per request when requests overlap in flight, under the rules of
+    :mod:`kvaudit.runners.engines.vllm.live`, at the times they were served: at ``admitted`` a
+    request's held pieces are marked used and pinned, pieces another request is warming are waited
+    for, the others are warmed by it; at its ``ready`` time (its warm-ups done) the pieces it
+    warmed are stored in prompt order, each evicting unpinned least recently used entries, refused
+    when only pinned ones could make room; it loads its pieces up to the first one not held, and
+    its pins go at ``released`` (its first token). A hit is a loaded piece it did not warm itself."""
+    wanted = {KINDS.index(k) for k in kinds}
+    offs = trace.offsets.tolist()
+    kind, content, tokens = trace.kind.tolist(), trace.content.tolist(), trace.tokens.tolist()
+    lru: OrderedDict[int, int] = OrderedDict()
+    pins: dict[int, int] = {}
+    used = 0
+    warming: dict[int, int] = {}  # piece -> request warming it
+    mine: list[list[int]] = [[i for i in range(offs[r], offs[r + 1]) if kind[i] in wanted]
+                             for r in range(trace.n_requests)]
+    held: list[set[int]] = [set() for _ in range(trace.n_requests)]
+    warmed_by: list[set[int]] = [set() for _ in range(trace.n_requests)]
+    hits = np.zeros(trace.n_requests, np.int64)
+
+    def pin(r: int, c: int) -> None:
+        lru.move_to_end(c)
+        pins[c] = pins.get(c, 0) + 1
+        held[r].add(c)
+
+    def put(c: int, t: int) -> bool:
+        nonlocal used
+        if sum(lru[p] for p in pins if pins[p] > 0) + t > capacity_tokens:
+            return False
+        for old in [k for k in lru if not pins.get(k)]:
+            if used + t <= capacity_tokens:
+                break
+            used -= lru.pop(old)
+        lru[c] = t
+        used += t
+        return True
+
+    # events in time order; at one time: releases, then stores, then admissions (request order)
+    events = sorted([(float(released[r]), 0, r) for r in range(trace.n_requests)]
+                    + [(float(ready[r]), 1, r) for r in range(trace.n_requests)]
+                    + [(float(admitted[r]), 2, r) for r in range(trace.n_requests)])
+    waiters: dict[int, list[int]] = {}
+    for _, what, r in events:
+        if what == 2:
+            for c in dict.fromkeys(content[i] for i in mine[r]):
+                if c in warming:
+                    waiters.setdefault(c, []).append(r)
+                elif c in lru:
+                    pin(r, c)
+                else:
+                    warming[c] = r
+                    warmed_by[r].add(c)
+        elif what == 1:
+            for c in dict.fromkeys(content[i] for i in mine[r] if content[i] in warmed_by[r]):
+                if put(c, tokens[next(i for i in mine[r] if content[i] == c)]):
+                    for w in [r, *waiters.get(c, [])]:
+                        pin(w, c)
+                warming.pop(c, None)
+                waiters.pop(c, None)
+        else:
+            hit = 0
+            for i in mine[r]:
+                if content[i] not in held[r]:
+                    break
+                if content[i] not in warmed_by[r]:
+                    hit += tokens[i]
+            hits[r] = hit
+            for c in held[r]:
+                pins[c] -= 1
+    return hits

@@ -576,6 +576,16 @@ class VllmBackend(Backend):
                                   engine_ttft_s=run.engine_ttft_s))
         return outs
 
+    def reset_caches(self) -> None:
+        """Empty the segment store and the engine's own prefix cache (a new cache salt too), as a
+        freshly started engine has them: each load of a replay sweep starts cold."""
+        self.store_rpc("capacity", value=0)
+        self.store_rpc("capacity", value=self.store_bytes)
+        self.sync_store()
+        self.cache.entries.clear()
+        self.prefix_salt = uuid.uuid4().hex
+        self.engine.reset_prefix_cache()
+
     def close(self) -> None:
         """Shut the engine down (frees its KV space and threads)."""
         import gc

@@ -12,7 +12,9 @@ request tells the connector what to do through ``SamplingParams.extra_args["kv_t
 ``"save": [[key, start, end], ...]``
     once the prompt is prefilled up to ``end``, copy the KV of prompt positions [start, end) out
     of the paged cache into the store under ``key`` (with its fingerprint and start position).
-    Saved ranges may include loaded tokens.
+    Saved ranges may include loaded tokens. With ``"pin": true`` the saved entries are held
+    against eviction as they are stored (a request in flight will load them), until the frontend
+    unpins them (:func:`store_rpc`'s ``pin``).
 ``"fresh": [key, ...]`` (with a plan)
     plan entries that another request saves and that may not be stored yet (a head prefilled by
     its own request, sent together with this one). When that request is scheduled in the same
@@ -125,7 +127,9 @@ def store_rpc(worker: Any, store: str, op: str, keys: list[str] | None = None, v
     of ``keys``, or of all entries), ``lookup`` (the same, marking them used and counting hits and
     misses), ``drop`` (forget ``keys``), ``evicted`` (keys evicted since the last call), ``stats``,
     ``get`` (the entries themselves, for tests), ``capacity`` (set the budget to ``value`` bytes,
-    evicting to fit; the peak restarts from there)."""
+    evicting to fit; the peak restarts from there), ``pin`` (``unpin`` from ``value``, then mark
+    ``keys`` used and hold them against eviction; returns the info of those held: a request in
+    flight loads them later)."""
     st = worker_store(store)
     if op == "info":
         return st.info(keys)
@@ -133,6 +137,9 @@ def store_rpc(worker: Any, store: str, op: str, keys: list[str] | None = None, v
         for k in keys or []:
             st.get(k)
         return st.info(keys)
+    if op == "pin":
+        st.unpin(list(value or []))
+        return st.info(st.pin(list(keys or [])))
     if op == "drop":
         st.drop(list(keys or []))
         return len(st)
@@ -157,6 +164,7 @@ class _SaveReq:
     req_id: str
     block_ids: list[int]
     entries: list[tuple[str, int, int]]
+    pin: bool = False  # hold the saved entries against eviction (the frontend unpins them)
 
 
 @dataclass
@@ -267,7 +275,7 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
                 self._fresh_now[request.request_id] = fresh
         if p.get("save") and request.request_id not in self._pending_save:
             entries = [(str(k), int(s), int(e)) for k, s, e in p["save"]]
-            self._pending_save[request.request_id] = _SaveReq(request.request_id, [], entries)
+            self._pending_save[request.request_id] = _SaveReq(request.request_id, [], entries, bool(p.get("pin")))
             self._save_end[request.request_id] = max(e for _, _, e in entries)
             for key, _, _ in entries:
                 self._saver[key] = request.request_id
@@ -488,9 +496,11 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
                     slots = slots_for(sv.block_ids, self.block_size, start, end)
                     ks, vs = zip(*(self._layout.read(kv, slots) for _, kv in self._kv))
                     keys, values = torch.stack(ks).contiguous(), torch.stack(vs).contiguous()
-                # Refused (not stored) when larger than the whole budget: the frontend then
-                # finds the key missing and says so.
-                self.store.put(key, StoredKV(keys, values, start))
+                # Refused (not stored) when larger than the whole budget, or when only entries
+                # pinned by requests in flight could make room: the frontend then finds the key
+                # missing and says so (or, serving arrivals, serves it as a miss).
+                if self.store.put(key, StoredKV(keys, values, start)) and sv.pin:
+                    self.store.pin([key])
                 held = self.store.info([key])
                 if key in held:
                     self._step_saved[key] = held[key][0]

@@ -69,7 +69,7 @@ def merge_worker_replies(op: str, replies: list[Any]) -> Any:
     """One reply from every worker's reply to the store operation ``op`` (see
     :func:`kvaudit.runners.engines.vllm.connector.store_rpc`), in rank order.
 
-    ``info``/``lookup``: the entries every worker holds, each (combined fingerprint, tokens, bytes
+    ``info``/``lookup``/``pin``: the entries every worker holds, each (combined fingerprint, tokens, bytes
     summed over the workers, start); an entry whose tokens or start differ between ranks is an
     error (the ranks hold different KV for one key). ``evicted``: what any worker evicted (then
     no worker's share is usable). ``stats``/``capacity``: each number the largest over the workers
@@ -80,7 +80,7 @@ def merge_worker_replies(op: str, replies: list[Any]) -> Any:
         raise KvauditError(f"store operation {op!r}: no worker replied")
     if len(replies) == 1 and op not in ("stats", "capacity"):
         return replies[0]
-    if op in ("info", "lookup"):
+    if op in ("info", "lookup", "pin"):
         out = {}
         for key in replies[0]:
             shares = [r.get(key) for r in replies]

@@ -109,6 +109,18 @@ class SegmentStore:
         self.saves += 1
         return True
 
+    def pin(self, keys: list[str]) -> list[str]:
+        """Mark ``keys`` used and hold them against eviction until :meth:`unpin` (a request in
+        flight will load them); returns the ones present, which alone are pinned."""
+        held = [k for k in keys if self.get(k) is not None]
+        for k in held:
+            self._lru.pin(k)
+        return held
+
+    def unpin(self, keys: list[str]) -> None:
+        for k in keys:
+            self._lru.unpin(k)
+
     def drop(self, keys: list[str], *, evicted: bool = False) -> None:
         for k in keys:
             if self._lru.pop(k) is not None and evicted:

@@ -1,0 +1,274 @@
+"""Requests served at their arrival on the in-process vLLM engine, as a server serves them.
+
+:func:`serve_arrivals` adds each request to the engine when it arrives and keeps stepping the
+engine: a request that arrives while others run joins the running batch at the next engine step
+(vLLM's own continuous batching), and its time to first token runs from its arrival, so queueing
+inside the engine is in it. Three policies:
+
+``recompute``  every request a full prefill under a fresh cache salt (nothing shared).
+``prefix``     every request under the backend's one prefix-cache salt: vLLM's own prefix cache.
+``segment``    kvaudit's segment store: at arrival, the request's head and documents held in the
+               store are pinned (a request in flight never has an entry evicted from under it);
+               each missing one is built by a warm-up request (the head alone, or the neutral head
+               and the document) in the same engine, sharing its batches; an entry another
+               request is already warming is waited for, not built twice. When its warm-ups are
+               done the request goes to the engine loading [head][documents] up to the first entry
+               the store could not hold (the budget full of pinned entries refuses a save): that
+               entry and everything after it are prefilled by the request itself and counted as
+               misses (``overflow_tokens``), never an error. Pins are released once the request's
+               first token shows its load is done.
+
+No kvaudit module above the engines is imported here; :mod:`kvaudit.replay.serve` turns the
+outcomes into replay records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kvaudit.core.errors import KvauditError
+from kvaudit.core.jsonio import ids_hash
+
+if TYPE_CHECKING:
+    from kvaudit.runners.engines.vllm.backend import VllmBackend
+    from kvaudit.runners.prompt import Prompt
+
+POLICIES = ("recompute", "prefix", "segment")
+
+
+@dataclass
+class LiveJob:
+    """One request to serve: its prompt and its arrival (seconds from the start of serving)."""
+
+    tag: int
+    prompt: Prompt
+    arrival_s: float
+
+
+@dataclass
+class LiveOutcome:
+    """One request as served. Times are seconds from the start of serving, except the durations."""
+
+    tag: int
+    arrival_s: float
+    admitted_s: float  # when the loop saw it arrive (its pins and warm-ups start here)
+    submitted_s: float  # when its own request went to the engine (after its warm-ups)
+    first_token_s: float
+    finish_s: float
+    hit_tokens: int  # segment: head and documents loaded that it did not warm up itself
+    warmup_tokens: int  # segment: loaded entries warmed up for it
+    overflow_tokens: int  # segment: head or document tokens the store could not hold: prefilled
+    prefix_cache_tokens: int  # prefix: what vLLM's own cache served
+    decode_tokens: int
+    engine_ttft_s: float | None
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+
+@dataclass
+class _Live:
+    job: LiveJob
+    admitted_s: float
+    entries: list[tuple[str, int, int, bool]] = field(default_factory=list)  # key, start, end, rerotate
+    waiting: set[str] = field(default_factory=set)  # keys being warmed that it waits for
+    warmed_here: set[str] = field(default_factory=set)
+    pinned: list[str] = field(default_factory=list)
+    held: set[str] = field(default_factory=set)  # keys the store holds for it (pinned)
+    rid: str = ""
+    submitted_s: float = 0.0
+    first_s: float | None = None
+    n_load: int = 0
+    hit: int = 0
+    warm: int = 0
+    overflow: int = 0
+
+
+class _Server:
+    def __init__(self, backend: VllmBackend, policy: str, clock: Callable[[], float]):
+        self.b = backend
+        self.policy = policy
+        self.clock = clock
+        self.t0 = clock()
+        self.main: dict[str, _Live] = {}  # engine request id -> request
+        self.warmups: dict[str, str] = {}  # engine request id -> key it saves
+        self.waiters: dict[str, list[_Live]] = {}  # key being warmed -> requests waiting for it
+        self.unpin: list[str] = []
+        self.fp = backend.fingerprint[:16]
+
+    def now(self) -> float:
+        return self.clock() - self.t0
+
+    # ------------------------------------------------------------------ admission
+
+    def admit(self, job: LiveJob) -> None:
+        live = _Live(job, self.now())
+        if self.policy != "segment":
+            self.submit(live)
+            return
+        p = job.prompt
+        h = p.head_len
+        if h:
+            live.entries.append((f"head:{self.fp}:{ids_hash(p.ids[:h])}", 0, h, False))
+        for (s, e), uh in zip(p.spans, p.segment_hashes, strict=True):
+            live.entries.append((self.b._neutral_key(uh), s, e, True))
+        keys = list(dict.fromkeys(k for k, *_ in live.entries))
+        free = [k for k in keys if k not in self.waiters]
+        held = self.pin(free) if free else {}
+        live.held.update(held)
+        live.pinned += list(held)
+        for k in keys:
+            if k in held:
+                continue
+            if k in self.waiters:  # another request is warming it: wait, do not build it twice
+                self.waiters[k].append(live)
+            else:
+                self.warm_up(k, live)
+                live.warmed_here.add(k)
+            live.waiting.add(k)
+        if not live.waiting:
+            self.submit(live)
+
+    def pin(self, keys: list[str]) -> dict[str, Any]:
+        unpin, self.unpin = self.unpin, []
+        return self.b.store_rpc("pin", keys, unpin)
+
+    def warm_up(self, key: str, live: _Live) -> None:
+        p = live.job.prompt
+        start, end = next((s, e) for k, s, e, _ in live.entries if k == key)
+        if key.startswith("head:"):
+            ids, save = p.ids[:end], [[key, 0, end]]
+        else:
+            n = len(self.b.neutral_head)
+            unit = p.ids[start:end]
+            ids, save = self.b.neutral_head + unit, [[key, n, n + len(unit)]]
+        # pinned as it is stored: the warm-ups of one request must not evict each other
+        rid = self.b._submit(ids, self.b._params(max_tokens=1, transfer={"save": save, "pin": True}))
+        self.warmups[rid] = key
+        self.waiters[key] = [live]
+
+    def warmed(self, keys: list[str]) -> None:
+        """Warm-ups of ``keys`` finished: the store pinned each entry it could hold for the request
+        that warmed it; every other waiting request pins it too."""
+        waiting = [(k, live) for k in keys for live in self.waiters.pop(k)]
+        others = [k for k, live in waiting if k not in live.warmed_here]
+        held = self.pin(others) if others else {}
+        saved = self.b.store_rpc("info", keys)
+        held.update(saved)
+        for k in keys:
+            if k in held:  # the frontend's index, whose evictions the replay counts
+                fp, n, nbytes, _ = held[k]
+                self.b.cache.add(k, nbytes, n, fp, 0.0)
+        for k, live in waiting:
+            live.waiting.discard(k)
+            if k in held:
+                live.held.add(k)
+                live.pinned.append(k)
+            if not live.waiting:
+                self.submit(live)
+
+    # ------------------------------------------------------------------ the engine
+
+    def submit(self, live: _Live) -> None:
+        b = self.b
+        p = live.job.prompt
+        transfer = None
+        salt = b.prefix_salt if self.policy == "prefix" else None
+        if self.policy == "segment":
+            plan: list[list[Any]] = []
+            loaded = set()
+            for key, s, e, rerotate in live.entries:
+                if key not in live.held:
+                    break
+                plan.append([key, s, rerotate])
+                live.n_load = e
+                loaded.add((key, s))
+            for key, s, e, _ in live.entries:
+                if (key, s) not in loaded:
+                    live.overflow += e - s
+                elif key in live.warmed_here:
+                    live.warm += e - s
+                else:
+                    live.hit += e - s
+            if plan:
+                transfer = {"n_load": live.n_load, "plan": plan, "drop": []}
+        params = b._params(max_tokens=b.decoding.max_new_tokens, transfer=transfer)
+        live.submitted_s = self.now()
+        live.rid = b._submit(p.ids, params, salt)
+        self.main[live.rid] = live
+
+    def step(self, done: Callable[[LiveOutcome], None]) -> None:
+        finished_warmups = []
+        for out in self.b.engine.step():
+            rid = out.request_id
+            if rid in self.warmups:
+                if out.finished:
+                    self._check(out, f"warm-up of {self.warmups[rid]}")
+                    finished_warmups.append(self.warmups.pop(rid))
+                continue
+            live = self.main.get(rid)
+            if live is None:
+                continue
+            if live.first_s is None and out.outputs and out.outputs[0].token_ids:
+                live.first_s = self.now()
+                self.unpin += live.pinned  # its load is done
+                live.pinned = []
+            if out.finished:
+                self._check(out, f"request {live.job.tag}")
+                del self.main[rid]
+                done(self._outcome(live, out))
+        if finished_warmups:
+            self.warmed(finished_warmups)
+            self.b.sync_store()  # the frontend's index learns what the saves evicted
+
+    def _check(self, out: Any, what: str) -> None:
+        if out.outputs and out.outputs[0].finish_reason == "error":
+            raise KvauditError(f"vLLM failed the {what} in the engine (finish reason 'error'); see the engine's log")
+
+    def _outcome(self, live: _Live, out: Any) -> LiveOutcome:
+        from kvaudit.runners.engines.vllm.backend import engine_ttft
+
+        now = self.now()
+        first = live.first_s if live.first_s is not None else now
+        comp = out.outputs[0]
+        cached = int(out.num_cached_tokens or 0)
+        if self.policy == "segment" and cached < live.n_load:
+            raise KvauditError(f"request {live.job.tag}: vLLM loaded {cached} tokens, expected {live.n_load}")
+        return LiveOutcome(
+            tag=live.job.tag, arrival_s=live.job.arrival_s, admitted_s=live.admitted_s,
+            submitted_s=live.submitted_s, first_token_s=first, finish_s=now, hit_tokens=live.hit,
+            warmup_tokens=live.warm, overflow_tokens=live.overflow,
+            prefix_cache_tokens=cached if self.policy == "prefix" else 0,
+            decode_tokens=max(0, len(comp.token_ids) - 1), engine_ttft_s=engine_ttft(getattr(out, "metrics", None)))
+
+
+def serve_arrivals(backend: VllmBackend, policy: str, jobs: list[LiveJob], done: Callable[[LiveOutcome], None], *,
+                   clock: Callable[[], float] = time.perf_counter,
+                   sleep: Callable[[float], None] = time.sleep) -> None:
+    """Serve ``jobs`` (in arrival order) at their arrival times; ``done`` gets each request's
+    outcome as it finishes. Returns when every request has finished."""
+    if policy not in POLICIES:
+        raise KvauditError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if backend.engine.has_unfinished_requests():
+        raise KvauditError("the vLLM engine has requests in flight; serving arrivals needs it idle")
+    srv = _Server(backend, policy, clock)
+    queue = deque(jobs)
+    while queue or srv.main or srv.warmups:
+        now = srv.now()
+        while queue and queue[0].arrival_s <= now:
+            srv.admit(queue.popleft())
+        if backend.engine.has_unfinished_requests():
+            srv.step(done)
+        elif queue:
+            sleep(max(0.0, queue[0].arrival_s - srv.now()))
+        elif srv.main or srv.warmups:
+            raise KvauditError(f"vLLM has no request in flight but {len(srv.main)} requests and "
+                               f"{len(srv.warmups)} warm-ups never finished")
+    if srv.unpin:
+        srv.pin([])
+    backend.sync_store()
