@@ -1,0 +1,13 @@
+#!/bin/bash
+# issue 41 on the H200 (after the shared/gpu install; vLLM 0.26): one policy served at several offered
+# loads, each request joining the running batch at its arrival (kvaudit replay --schedule arrivals),
+# one engine per policy with empty caches at each load. Llama-3.1-8B shape, dummy bf16, CUDA graphs,
+# the default workload shape (benchmarks/replay_gpu.py), 16 decoded tokens per request.
+#   bash benchmarks/h200/replay_load.sh prefix|segment|recompute
+set -u
+source /tmp/gpu-env.sh
+policy=$1
+python3 benchmarks/replay_gpu.py --policies "$policy" --rates "${RATES:-0.5,1,1.5,2.5}" --requests "${REQUESTS:-80}" \
+  --budget "${BUDGET:-40GB}" --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
+  --json "$OUT/replay_load_$policy.json" 2>&1 | grep -v " INFO \| WARNING \|it/s\]"
+nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
