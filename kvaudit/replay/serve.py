@@ -260,6 +260,11 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
             p = prompts[o.tag]
             ids, toks, kinds = _pieces(p, rid, template_len)
             hit = o.hit_tokens + o.prefix_cache_tokens
+            stored = None
+            if o.stored_s:  # [head][documents] -> pieces: the head's entry is its template and head pieces
+                head, docs = (o.stored_s[0], o.stored_s[1:]) if p.head_len else (None, o.stored_s)
+                n_head = sum(1 for k in kinds if k == "prefix")
+                stored = [head] * n_head + list(docs) + [None] * (len(ids) - n_head - len(docs))
             app.append(RequestRecord(
                 index=idx, request_id=rid, wave=-1, session=session, n_prompt_tokens=len(p.ids),
                 head_tokens=p.head_len, segment_tokens=p.tail_start - p.head_len, ttft_s=o.ttft_s,
@@ -270,7 +275,7 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
                 truncated=bool(p.truncation.get("truncated")), engine_ttft_s=o.engine_ttft_s,
                 client_request_ttft_s=o.first_token_s - o.submitted_s, arrival_s=o.arrival_s,
                 overflow_tokens=o.overflow_tokens, finish_s=o.finish_s, decode_tokens=o.decode_tokens,
-                decode_s=o.finish_s - o.first_token_s))
+                decode_s=o.finish_s - o.first_token_s, piece_stored_s=stored))
             app.flush()
             served += 1
             if on_request is not None:

@@ -134,15 +134,17 @@ def simulate_segment_store(trace: Trace, capacity_tokens: int, *, kinds: tuple[s
 
 
 def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admitted: np.ndarray, ready: np.ndarray,
-                                       released: np.ndarray, kinds: tuple[str, ...] = ("prefix", "document")
-                                       ) -> np.ndarray:
+                                       released: np.ndarray, kinds: tuple[str, ...] = ("prefix", "document"),
+                                       stored: list[list[float | None]] | None = None) -> np.ndarray:
     """Hit tokens per request when requests overlap in flight, under the rules of
     :mod:`kvaudit.runners.engines.vllm.live`, at the times they were served: at ``admitted`` a
     request's held pieces are marked used and pinned, pieces another request is warming are waited
     for, the others are warmed by it; at its ``ready`` time (its warm-ups done) the pieces it
     warmed are stored in prompt order, each evicting unpinned least recently used entries, refused
     when only pinned ones could make room; it loads its pieces up to the first one not held, and
-    its pins go at ``released`` (its first token). A hit is a loaded piece it did not warm itself."""
+    its pins go at ``released`` (its first token). A hit is a loaded piece it did not warm itself.
+    ``stored`` (per request, per trace piece): when each piece it warmed was stored, where known
+    (the engine stores each warm-up's entry as that warm-up finishes); else at ``ready``."""
     wanted = {KINDS.index(k) for k in kinds}
     offs = trace.offsets.tolist()
     kind, content, tokens = trace.kind.tolist(), trace.content.tolist(), trace.tokens.tolist()
@@ -173,12 +175,17 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
         used += t
         return True
 
-    # events in time order; at one time: releases, then stores, then admissions (request order)
-    events = sorted([(float(released[r]), 0, r) for r in range(trace.n_requests)]
-                    + [(float(ready[r]), 1, r) for r in range(trace.n_requests)]
-                    + [(float(admitted[r]), 2, r) for r in range(trace.n_requests)])
+    # events in time order; at one time: releases, then stores (prompt order), then admissions (request order)
+    events = [(float(released[r]), 0, r, 0) for r in range(trace.n_requests)]
+    events += [(float(admitted[r]), 2, r, 0) for r in range(trace.n_requests)]
+    for r in range(trace.n_requests):
+        for j, i in enumerate(range(offs[r], offs[r + 1])):
+            if kind[i] in wanted:
+                t = stored[r][j] if stored is not None and stored[r][j] is not None else ready[r]
+                events.append((float(t), 1, r, i))
+    events.sort()
     waiters: dict[int, list[int]] = {}
-    for _, what, r in events:
+    for _, what, r, i in events:
         if what == 2:
             for c in dict.fromkeys(content[i] for i in mine[r]):
                 if c in warming:
@@ -189,12 +196,14 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
                     warming[c] = r
                     warmed_by[r].add(c)
         elif what == 1:
-            for c in dict.fromkeys(content[i] for i in mine[r] if content[i] in warmed_by[r]):
-                if put(c, tokens[next(i for i in mine[r] if content[i] == c)]):
-                    for w in [r, *waiters.get(c, [])]:
-                        pin(w, c)
-                warming.pop(c, None)
-                waiters.pop(c, None)
+            c = content[i]
+            if c not in warmed_by[r] or warming.get(c) != r:
+                continue  # not its warm-up, or a repeat of a piece already stored
+            if put(c, tokens[i]):
+                for w in [r, *waiters.get(c, [])]:
+                    pin(w, c)
+            warming.pop(c, None)
+            waiters.pop(c, None)
         else:
             hit = 0
             for i in mine[r]:

@@ -65,6 +65,9 @@ class LiveOutcome:
     prefix_cache_tokens: int  # prefix: what vLLM's own cache served
     decode_tokens: int
     engine_ttft_s: float | None
+    # segment: per entry ([head][documents], prompt order), when the store took the entry this
+    # request warmed up (None for one it did not warm, or the store refused)
+    stored_s: list[float | None] = field(default_factory=list)
 
     @property
     def ttft_s(self) -> float:
@@ -80,6 +83,7 @@ class _Live:
     warmed_here: set[str] = field(default_factory=set)
     pinned: list[str] = field(default_factory=list)
     held: set[str] = field(default_factory=set)  # keys the store holds for it (pinned)
+    stored_at: dict[str, float] = field(default_factory=dict)  # keys it warmed -> when stored
     rid: str = ""
     submitted_s: float = 0.0
     first_s: float | None = None
@@ -164,11 +168,14 @@ class _Server:
             if k in held:  # the frontend's index, whose evictions the replay counts
                 fp, n, nbytes, _ = held[k]
                 self.b.cache.add(k, nbytes, n, fp, 0.0)
+        now = self.now()
         for k, live in waiting:
             live.waiting.discard(k)
             if k in held:
                 live.held.add(k)
                 live.pinned.append(k)
+                if k in live.warmed_here:
+                    live.stored_at[k] = now
             if not live.waiting:
                 self.submit(live)
 
@@ -244,7 +251,8 @@ class _Server:
             submitted_s=live.submitted_s, first_token_s=first, finish_s=now, hit_tokens=live.hit,
             warmup_tokens=live.warm, overflow_tokens=live.overflow,
             prefix_cache_tokens=cached if self.policy == "prefix" else 0,
-            decode_tokens=max(0, len(comp.token_ids) - 1), engine_ttft_s=engine_ttft(getattr(out, "metrics", None)))
+            decode_tokens=max(0, len(comp.token_ids) - 1), engine_ttft_s=engine_ttft(getattr(out, "metrics", None)),
+            stored_s=[live.stored_at.get(k) for k, *_ in live.entries])
 
 
 def serve_arrivals(backend: VllmBackend, policy: str, jobs: list[LiveJob], done: Callable[[LiveOutcome], None], *,
