@@ -201,13 +201,14 @@ def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
     assert [r.segment_hit_tokens for r in recs] == [0, doc_unit, doc_unit]
 
 
-def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int) -> None:
+def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: float | None = None) -> None:
     from kvaudit.core.replay_format import RequestRecord
     from kvaudit.replay.summary import summarise
 
     rng = np.random.default_rng(seed)
     d = ReplayDir(path)
-    cfg = _config(policy=policy, workload_hash="same", n_requests=40)
+    cfg = _config(policy=policy, workload_hash="same", n_requests=40,
+                  **({"arrivals": f"poisson:{rate}:0", "schedule": "arrivals"} if rate else {}))
     d.path.mkdir(parents=True)
     d.write_config(cfg)
     recs = []
@@ -329,3 +330,33 @@ def test_a_load_sweep_needs_the_in_process_vllm_engine(workload, tmp_path, capsy
                  "--out", str(tmp_path / "r"), "--rate", "1,2", "--schedule", "waves"]) == 2
     assert "one engine: it needs --backend vllm" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def _synthetic_sweep(path: Path, policy: str, p95_by_rate: dict[float, float]) -> None:
+    rows = []
+    for k, (rate, ttft) in enumerate(p95_by_rate.items()):
+        _synthetic_replay(path / f"rate-{rate:g}", policy, ttft, k, rate=rate)
+        rows.append({"rate": rate, "dir": f"rate-{rate:g}"})
+    (path / "sweep.json").write_text(json.dumps({"policy": policy, "schedule": "arrivals", "loads": rows}))
+
+
+def test_compare_draws_ttft_against_offered_load_and_the_load_an_slo_allows(tmp_path):
+    # TTFT grows with load; the SLO (p95 within 0.5 s) holds up to 2/s for segment, 1/s for prefix
+    _synthetic_sweep(tmp_path / "seg", "segment", {1.0: 0.1, 2.0: 0.3, 4.0: 2.0})
+    _synthetic_sweep(tmp_path / "pre", "prefix", {1.0: 0.3, 2.0: 1.0, 4.0: 5.0})
+    out = tmp_path / "cmp"
+    assert main(["compare", str(tmp_path / "pre"), str(tmp_path / "seg"), "--out", str(out), "--slo-ttft", "0.5"]) == 0
+    got = json.loads((out / "replays.json").read_text())
+    assert len(got["rows"]) == 6 and got["slo_ttft_s"] == 0.5
+    within = {sw["label"].split(" ")[0]: sw["highest_within_slo"] for sw in got["sweeps"]}
+    assert within == {"prefix": 1.0, "segment": 2.0}
+    assert all([x["rate"] for x in sw["loads"]] == [1.0, 2.0, 4.0] for sw in got["sweeps"])
+    page = (out / "replays.html").read_text()
+    assert "Under load" in page and "TTFT against offered load" in page.replace("Time to first token against", "TTFT against")
+    assert "segment @ 0 MB @ 4/s" in page and "<script" not in page
+    # the SLO no load met is said, not left blank
+    assert main(["compare", str(tmp_path / "pre"), "--out", str(tmp_path / "c2"), "--slo-ttft", "0.01"]) == 0
+    assert "none of the loads measured" in (tmp_path / "c2" / "replays.html").read_text()
+    # a sweep.json that names a folder outside it is refused naming the field
+    (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"loads": [{"rate": 1, "dir": "../pre"}]}))
+    assert main(["compare", str(tmp_path / "seg"), "--out", str(tmp_path / "c3")]) == 2

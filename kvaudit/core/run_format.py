@@ -38,11 +38,12 @@ REPLAY_CONFIG_FILE = "replay_config.json"
 REPLAY_REQUESTS_FILE = "requests.jsonl"
 REPLAY_FILE = "replay.json"
 REPLAYS_JSON, REPLAYS_HTML = "replays.json", "replays.html"  # kvaudit compare / report on replays
+SWEEP_FILE = "sweep.json"  # kvaudit replay --rate R1,R2,...: one replay per load in rate-R/, this lists them
 LOCK_FILE = ".kvaudit.lock"
 # Files a command writes in a run directory: each must be a regular file of the directory (a
 # symbolic link would make an append land outside it).
 WRITTEN_FILES = (MANIFEST_FILE, PAIRS_FILE, AUDIT_FILE, SUMMARY_FILE, REPORT_FILE, SAMPLES_FILE, ATTESTATION_FILE,
-                 SIMULATION_FILE, REPLAY_CONFIG_FILE, REPLAY_REQUESTS_FILE, REPLAY_FILE, REPLAYS_JSON, REPLAYS_HTML)
+                 SIMULATION_FILE, REPLAY_CONFIG_FILE, REPLAY_REQUESTS_FILE, REPLAY_FILE, REPLAYS_JSON, REPLAYS_HTML, SWEEP_FILE)
 
 
 @dataclass

@@ -338,6 +338,7 @@ def _write_sweep(out: Path, summaries: list[tuple[float | None, dict[str, Any]]]
     """``OUT/sweep.json``: one row per offered load (TTFT percentiles with their intervals,
     throughput, hit rate, time per output token), and the table printed."""
     from kvaudit.core.jsonio import write_json
+    from kvaudit.core.run_format import SWEEP_FILE
 
     rows = []
     for rate, s in summaries:
@@ -348,9 +349,9 @@ def _write_sweep(out: Path, summaries: list[tuple[float | None, dict[str, Any]]]
                      "token_hit_rate": s["hit_rate"]["measured"]["token_hit_rate"],
                      "overflow_tokens": s["hit_rate"].get("overflow_tokens", 0),
                      "time_per_output_token_s": s.get("time_per_output_token_s")})
-    write_json(out / "sweep.json", {"policy": summaries[0][1]["config"]["policy"],
+    write_json(out / SWEEP_FILE, {"policy": summaries[0][1]["config"]["policy"],
                                     "schedule": summaries[0][1]["config"].get("schedule", "waves"), "loads": rows})
-    print(f"\nsweep of {len(rows)} loads in {out / 'sweep.json'}:")
+    print(f"\nsweep of {len(rows)} loads in {out / SWEEP_FILE}:")
     print("  offered/s  served/s   TTFT p50    p95         p99         hit")
     for r in rows:
         t = r["ttft_s"]

@@ -11,6 +11,17 @@ from __future__ import annotations
 import argparse
 
 
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return v
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN",
                         help="run directories (manifest.json, pairs.jsonl), or replay directories (kvaudit replay)")
@@ -18,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write compare.html and compare.json here (replays: replays.html and replays.json)")
     parser.add_argument("--policy", metavar="FILE",
                         help="policy TOML for the verdicts and routing margins (default: the shipped policy)")
+    parser.add_argument("--slo-ttft", type=positive_seconds, default=None, metavar="SECONDS",
+                        help="replay load sweeps: mark the highest offered load whose p95 TTFT stays within this")
     parser.add_argument("--arm", action="append", default=[], metavar="ARM",
                         help="arm under test, one row per run and arm (repeatable; default: the policy's arm)")
 
@@ -32,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         if len(replays) != len(args.runs):
             other = next(r for r in args.runs if r not in replays)
             raise KvauditError(f"{other}: not a replay directory; compare replays with replays and runs with runs")
-        for path in replay_report.write(replays, args.out):
+        for path in replay_report.write(replays, args.out, args.slo_ttft):
             print(path)
         return 0
 

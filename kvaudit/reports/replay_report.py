@@ -1,7 +1,10 @@
 """Replays side by side (``kvaudit compare REPLAY... --out DIR``, ``kvaudit report REPLAY``):
 ``replays.json`` and ``replays.html`` with one row per replay (policy, budget, TTFT p50/p95/p99
 with intervals, throughput, hit rate measured beside the simulator's), TTFT per policy, TTFT
-against prompt length, and the token hit rate over time, measured and simulated.
+against prompt length, and the token hit rate over time, measured and simulated. A load sweep
+(``kvaudit replay --rate R1,R2,...``: ``sweep.json`` and one replay per load) counts as its
+replays, and adds TTFT against offered load per sweep and, with an SLO on p95 TTFT, the highest
+offered load that met it.
 
 Every number comes from each replay's own ``replay.json`` (:mod:`kvaudit.replay.summary`) and its
 request records; nothing is recomputed differently here.
@@ -14,27 +17,57 @@ from pathlib import Path
 from typing import Any
 
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.jsonio import write_atomic, write_json
+from kvaudit.core.jsonio import read_json, write_atomic, write_json
 from kvaudit.core.replay_format import ReplayDir
-from kvaudit.core.run_format import REPLAYS_HTML, REPLAYS_JSON
+from kvaudit.core.run_format import REPLAYS_HTML, REPLAYS_JSON, SWEEP_FILE
 from kvaudit.reports.plots import _figure, _rc, _svg, ttft_svg
 
 TEMPLATE = "replays.html.j2"
 
 
 def is_replay(path: str | Path) -> bool:
-    return ReplayDir(path).is_replay()
+    """A replay directory, or a load sweep's (``sweep.json``)."""
+    return ReplayDir(path).is_replay() or (Path(path) / SWEEP_FILE).is_file()
 
 
 def _label(s: dict[str, Any]) -> str:
     c = s["config"]
-    return f"{c['policy']} @ {c['budget_bytes'] / 1e6:,.0f} MB"
+    label = f"{c['policy']} @ {c['budget_bytes'] / 1e6:,.0f} MB"
+    arrivals = str(c.get("arrivals", "closed"))
+    if arrivals.startswith("poisson:"):
+        label += f" @ {float(arrivals.split(':')[1]):g}/s"
+    return label
 
 
-def build(paths: Sequence[str | Path]) -> dict[str, Any]:
-    """The comparison: rows in the order given, and per replay its TTFT samples and windows."""
+def _sweep_dirs(path: Path) -> list[Path]:
+    """The replays of a load sweep, lightest load first; the error names the file and field."""
+    obj = read_json(path / SWEEP_FILE)
+    loads = obj.get("loads") if isinstance(obj, dict) else None
+    if not isinstance(loads, list) or not loads:
+        raise KvauditError(f"{path / SWEEP_FILE}: field 'loads' must be a non-empty list")
+    dirs = []
+    for i, row in enumerate(loads):
+        name = row.get("dir") if isinstance(row, dict) else None
+        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+            raise KvauditError(f"{path / SWEEP_FILE}: field 'loads[{i}].dir' must name a folder beside it")
+        dirs.append(path / name)
+    return dirs
+
+
+def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[str, Any]:
+    """The comparison: rows in the order given (a sweep's loads in its order), per replay its TTFT
+    samples and windows, and per sweep its p50/p95/p99 against offered load."""
     rows, ttft, by_length, over_time = [], {}, {}, {}
+    sweeps: list[dict[str, Any]] = []
+    expanded: list[tuple[Path, str | None]] = []
     for p in paths:
+        p = Path(p)
+        if (p / SWEEP_FILE).is_file():
+            expanded += [(d, str(p)) for d in _sweep_dirs(p)]
+            sweeps.append({"path": str(p), "loads": []})
+        else:
+            expanded.append((p, None))
+    for p, sweep in expanded:
         d = ReplayDir(p)
         if not d.summary_file.is_file():
             raise KvauditError(f"{d.path}: no replay.json; finish the replay first (rerun its kvaudit replay command)")
@@ -47,9 +80,47 @@ def build(paths: Sequence[str | Path]) -> dict[str, Any]:
         by_length[label] = s["ttft_by_length"]
         over_time[label] = (s["hit_rate"]["over_time"], s["hit_rate"]["simulated_over_time"])
         rows.append({"label": label, "path": str(d.path), "summary": s})
+        if sweep is not None:
+            sw = next(x for x in sweeps if x["path"] == sweep)
+            sw["label"] = f"{s['config']['policy']} @ {s['config']['budget_bytes'] / 1e6:,.0f} MB"
+            sw["schedule"] = s["config"].get("schedule", "waves")
+            sw["loads"].append({"rate": float(str(s["config"]["arrivals"]).split(":")[1]),
+                                "served": s["throughput"]["requests_per_s"],
+                                **{q: s["ttft_s"][q] for q in ("p50", "p95", "p99")}})
+    for sw in sweeps:
+        sw["loads"].sort(key=lambda x: x["rate"])
+        if slo_ttft_s is not None:
+            met = [x["rate"] for x in sw["loads"] if x["p95"]["value"] <= slo_ttft_s]
+            sw["highest_within_slo"] = max(met) if met else None
     workloads = {r["summary"]["config"]["workload_hash"] for r in rows}
     return {"rows": rows, "ttft": ttft, "by_length": by_length, "over_time": over_time,
-            "same_workload": len(workloads) == 1}
+            "same_workload": len(workloads) == 1, "sweeps": sweeps, "slo_ttft_s": slo_ttft_s}
+
+
+def _load_svg(sweeps: list[dict[str, Any]], slo_ttft_s: float | None) -> str:
+    """p95 TTFT (solid, its 95% interval as bars) and p50 (dashed) against offered load, per sweep."""
+    with _rc():
+        fig = _figure(10, 3.6)
+        ax = fig.add_subplot()
+        for sw in sweeps:
+            xs = [x["rate"] for x in sw["loads"]]
+            p95 = [1e3 * x["p95"]["value"] for x in sw["loads"]]
+            lo = [1e3 * (x["p95"]["value"] - (x["p95"]["low"] if x["p95"]["low"] is not None else x["p95"]["value"]))
+                  for x in sw["loads"]]
+            hi = [1e3 * ((x["p95"]["high"] if x["p95"]["high"] is not None else x["p95"]["value"]) - x["p95"]["value"])
+                  for x in sw["loads"]]
+            bars = ax.errorbar(xs, p95, yerr=[lo, hi], marker="o", capsize=3, label=f"{sw['label']} p95")
+            ax.plot(xs, [1e3 * x["p50"]["value"] for x in sw["loads"]], linestyle="--", marker=".",
+                    color=bars.lines[0].get_color(), label=f"{sw['label']} p50")
+        if slo_ttft_s is not None:
+            ax.axhline(1e3 * slo_ttft_s, color="#cf222e", linewidth=1, label=f"SLO: p95 within {slo_ttft_s:g} s")
+        ax.set_xlabel("offered load (requests per second)")
+        ax.set_ylabel("TTFT (ms)")
+        ax.set_yscale("log")
+        ax.set_title("Time to first token against offered load (bars: 95% interval of p95)", fontsize=10, loc="left")
+        ax.grid(color="#eeeeee")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        return _svg(fig)
 
 
 def _length_svg(by_length: dict[str, list[dict[str, Any]]]) -> str:
@@ -97,15 +168,16 @@ def render(comparison: dict[str, Any]) -> str:
         ttft_plot=Markup(ttft_svg(comparison["ttft"], highlight="")),
         length_plot=Markup(_length_svg(comparison["by_length"])),
         time_plot=Markup(_over_time_svg(comparison["over_time"])),
+        load_plot=Markup(_load_svg(comparison["sweeps"], comparison["slo_ttft_s"])) if comparison["sweeps"] else "",
     )
 
 
-def write(paths: Sequence[str | Path], out_dir: str | Path) -> tuple[Path, Path]:
+def write(paths: Sequence[str | Path], out_dir: str | Path, slo_ttft_s: float | None = None) -> tuple[Path, Path]:
     """Write ``replays.json`` and ``replays.html`` into ``out_dir``."""
-    comparison = build(paths)
+    comparison = build(paths, slo_ttft_s)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out / REPLAYS_JSON, out / REPLAYS_HTML
-    write_json(json_path, {k: comparison[k] for k in ("rows", "same_workload")})
+    write_json(json_path, {k: comparison[k] for k in ("rows", "same_workload", "sweeps", "slo_ttft_s")})
     write_atomic(html_path, render(comparison))
     return json_path, html_path
