@@ -237,6 +237,14 @@ def test_compare_puts_replays_side_by_side_and_refuses_a_mix(tmp_path, capsys):
     assert [r["summary"]["config"]["policy"] for r in rows] == ["recompute", "segment"]
     assert rows[1]["summary"]["hit_rate"]["measured"]["hit_tokens"] == 20 * 60
     assert main(["report", str(tmp_path / "seg")]) == 0 and (tmp_path / "seg" / "replays.html").is_file()
+    # one definition of the median on the page: the figure's label is the table's p50 (an order
+    # statistic of the 40 requests, not the mean of the middle two), and its dots are requests
+    from kvaudit.reports.plots import _secs
+
+    for r in rows:
+        p50 = r["summary"]["ttft_s"]["p50"]["value"]
+        assert f"(n=40, median {_secs(p50)})" in page, (r["label"], _secs(p50))
+    assert "dots: requests" in page and "dots: cases" not in page
     (tmp_path / "run").mkdir()
     assert main(["compare", str(tmp_path / "seg"), str(tmp_path / "run"), "--out", str(tmp_path / "c2")]) == 2
     assert "not a replay directory" in capsys.readouterr().err

@@ -127,9 +127,13 @@ def flip_strata_svg(arm_rows: Sequence[dict[str, Any]], noise_rows: Sequence[dic
         return _svg(fig)
 
 
-def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = UNDER_TEST_ARM) -> str:
+def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = UNDER_TEST_ARM, unit: str = "cases",
+             what: str = "arm", median_method: str = "linear") -> str:
     """Time to first token per arm: a box (quartiles, whiskers at 1.5 IQR) over a jittered strip
-    of the cases (at most :data:`MAX_STRIP_POINTS` per arm, an even subsample), log-scaled x."""
+    of the cases (at most :data:`MAX_STRIP_POINTS` per arm, an even subsample), log-scaled x.
+    ``unit`` names the dots, ``what`` the rows; ``median_method`` is numpy's quantile method of the
+    median in each row's label (a replay's tables give percentiles as order statistics:
+    ``inverted_cdf``), so the label and the table beside it agree."""
     import numpy as np
 
     arms = [a for a, v in samples.items() if len(v)]
@@ -158,11 +162,12 @@ def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = UNDER_T
         ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _secs(x)))
         ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
         ax.set_yticks(ys)
-        ax.set_yticklabels([f"{_short(a, 28)} (n={len(d)}, median {_secs(float(np.median(d)))})"
+        ax.set_yticklabels([f"{_short(a, 28)} (n={len(d)}, median "
+                            f"{_secs(float(np.quantile(d, 0.5, method=median_method)))})"
                             for a, d in zip(arms, data, strict=True)])
         ax.set_ylim(-0.7, len(arms) - 0.3)
-        ax.set_xlabel("time to first token (seconds, log scale); box: quartiles, whiskers 1.5 IQR, dots: cases")
-        ax.set_title("Time to first token per arm", fontsize=10, loc="left")
+        ax.set_xlabel(f"time to first token (seconds, log scale); box: quartiles, whiskers 1.5 IQR, dots: {unit}")
+        ax.set_title(f"Time to first token per {what}", fontsize=10, loc="left")
         ax.grid(axis="x", which="both", color="#eeeeee")
         return _svg(fig)
 

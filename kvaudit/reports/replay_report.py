@@ -134,7 +134,7 @@ def _length_svg(by_length: dict[str, list[dict[str, Any]]]) -> str:
         ax.set_ylabel("median TTFT (ms)")
         ax.set_title("Time to first token against request length", fontsize=10, loc="left")
         ax.grid(color="#eeeeee")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         return _svg(fig)
 
 
@@ -151,7 +151,7 @@ def _over_time_svg(over_time: dict[str, tuple[list, list]]) -> str:
         ax.set_ylabel("token hit rate in window (%)")
         ax.set_title("Token hit rate over time: measured (solid) and simulated (dashed)", fontsize=10, loc="left")
         ax.grid(color="#eeeeee")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the plot, never over its points
         return _svg(fig)
 
 
@@ -165,7 +165,8 @@ def render(comparison: dict[str, Any]) -> str:
                       trim_blocks=True, lstrip_blocks=True)
     return env.get_template(TEMPLATE).render(
         c=comparison, csp="default-src 'none'; style-src 'unsafe-inline'; img-src data:",
-        ttft_plot=Markup(ttft_svg(comparison["ttft"], highlight="")),
+        ttft_plot=Markup(ttft_svg(comparison["ttft"], highlight="", unit="requests", what="replay",
+                                  median_method="inverted_cdf")),
         length_plot=Markup(_length_svg(comparison["by_length"])),
         time_plot=Markup(_over_time_svg(comparison["over_time"])),
         load_plot=Markup(_load_svg(comparison["sweeps"], comparison["slo_ttft_s"])) if comparison["sweeps"] else "",
