@@ -93,7 +93,8 @@ def test_untampered_run_passes(run_copy, capsys):
     serving = {"engines_differ_only_in_change", "candidate_control", "candidate_noise_floor"}
     assert REQUIRED | serving | {"noise_floor", "prefix_cache_control", "coverage", "tenant_isolation"} == set(checks_)
     assert all(checks_[n]["not_applicable"] for n in serving)  # a reuse run: they do not apply
-    assert checks_["prefix_cache_control"]["detail"] == "prefix_cache arms not run"
+    assert checks_["prefix_cache_control"]["detail"] == "not run: no prefix_cache arms"
+    assert checks_["prefix_cache_control"]["not_applicable"]  # shown as "not run", never as "pass"
     for name in REQUIRED:
         assert checks_[name]["required"] and checks_[name]["passed"], checks_[name]
         assert checks_[name]["failing_cases"] == []

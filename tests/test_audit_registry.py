@@ -37,7 +37,10 @@ def test_registry_runs_every_check_in_report_order_with_its_required_flag(tmp_pa
         **{n: "does not apply: not a serving-change run (no --engines)"
            for n in ("engines_differ_only_in_change", "candidate_control", "candidate_noise_floor")},
         **{n: "does not apply: not a server run (no arm recorded what a serving engine reported)"
-           for n in ("server_consumed_ids", "server_model", "server_cache_evidence")}}
+           for n in ("server_consumed_ids", "server_model", "server_cache_evidence")},
+        # checks whose arms this synthetic run lacks: "not run", never "pass"
+        "prefix_cache_control": "not run: no prefix_cache arms",
+        "tenant_isolation": "not run: no tenant probe (reuse_other_tenant or prefix_cache_other_tenant arms)"}
     # a check called directly is named by the registry too
     direct = checks.check_identity(run, identity_tol=0.5)
     assert (direct.name, direct.required) == ("identity_control", True) and "tolerance 0.5 = max(0.5," in direct.detail

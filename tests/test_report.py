@@ -286,3 +286,21 @@ def test_coverage_keys_the_report_does_not_know_are_listed_not_dropped(run_dir):
     page = (run_dir / "report.html").read_text()
     section = page[page.index('<section id="coverage">'):page.index('<section id="speed">')]
     assert 'id="coverage-other"' in section and "share_never_cached_position" in section
+
+
+def test_audit_rows_show_four_states_and_never_pass_for_what_was_not_checked(run_dir):
+    """pass, warn, fail, and "not run"/"does not apply": each row's badge is its check's state, as
+    the audit CLI prints it (PASS, WARN, FAIL, -)."""
+    import re
+
+    page = (run_dir / "report.html").read_text()
+    table = page[page.index('id="audit-table"'):page.index("</table>", page.index('id="audit-table"'))]
+    badges = dict(re.findall(r'<tr><td>([a-z_]+)</td><td><span class="badge [a-z]+">([a-z ]+)</span>', table))
+    checks = {c["name"]: c for c in json.loads((run_dir / "audit.json").read_text())["checks"]}
+    assert set(badges) == set(checks)
+    for name, c in checks.items():
+        want = ("not run" if c["detail"].startswith("not run") else "does not apply") if c.get("not_applicable") \
+            else "cannot judge" if c.get("cannot_judge") else "fail" if not c["passed"] \
+            else "warn" if c.get("warning") else "pass"
+        assert badges[name] == want, (name, c)
+    assert "not run" in badges.values() and "does not apply" in badges.values()

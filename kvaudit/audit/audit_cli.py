@@ -75,7 +75,7 @@ def audit(run_dir: str | Path, *, identity_tol: float | None = None,
 def _status(c: CheckResult | dict) -> str:
     d = c if isinstance(c, dict) else asdict(c)
     if d.get("not_applicable"):
-        return "-"
+        return "-"  # does not apply, or not run (its detail says which): never PASS
     if d.get("cannot_judge"):
         return "N/A" if d["required"] else "n/a"
     if not d["passed"]:

@@ -84,6 +84,12 @@ def applies(scope: str, run) -> str | None:
     return None
 
 
+def not_run(what: str, warning: str | None = None) -> CheckResult:
+    """The result of a check whose arms or probes this run did not have: shown as "not run", never
+    as "pass"; like a check that does not apply, it neither passes nor fails the audit."""
+    return CheckResult("", True, False, f"not run: {what}", [], warning, not_applicable=True)
+
+
 def result(passed: bool, detail: str, failing_cases: list[str] | None = None,
            warning: str | None = None, *, cannot_judge: bool = False) -> CheckResult:
     """A result whose name and required flag the registry fills in."""

@@ -18,6 +18,7 @@ from kvaudit.audit.checks.base import (
     flips_vs_reference,
     fmt,
     logit_diffs,
+    not_run,
     result,
 )
 from kvaudit.audit.checks.loading import LoadedRun
@@ -48,8 +49,7 @@ def check_noise_floor(run: LoadedRun):
 
     noise = flips_vs_reference(run, NOISE_ARM)
     if not noise:
-        return result(True, f"{NOISE_ARM} not run",
-                      warning=f"noise floor unknown: rerun with --arms including {NOISE_ARM}")
+        return not_run(f"no {NOISE_ARM} arm", warning=f"noise floor unknown: rerun with --arms including {NOISE_ARM}")
     n_noise = sum(noise.values())
     nd = logit_diffs(run, NOISE_ARM)
     noise_cases = [c for c, f in noise.items() if f]
@@ -69,7 +69,10 @@ def check_noise_floor(run: LoadedRun):
                f"{fmt(statistics.median(rd) if rd else None)} max {fmt(max(rd) if rd else None)}; "
                f"exact one-sided McNemar p={p:.3g}")
     warning = None
-    if n_reuse and p >= ALPHA:
+    if n_reuse and p < ALPHA:  # what a reviewer must not read as "nothing found"
+        warning = (f"{UNDER_TEST_ARM} changes answers beyond the noise floor ({n_reuse}/{len(reuse)} against "
+                   f"{n_noise}/{len(noise)}, McNemar p={p:.3g}): the quality deltas say what that costs")
+    elif n_reuse and p >= ALPHA:
         warning = (f"{UNDER_TEST_ARM} flip rate ({n_reuse}/{len(reuse)}) is within the noise floor "
                    f"({n_noise}/{len(noise)}): not distinguishable at alpha {ALPHA}")
     if n_noise:
@@ -86,7 +89,7 @@ def check_prefix_cache_control(run: LoadedRun):
     cold, warm = PREFIX_COLD_ARM, PREFIX_WARM_ARM
     both = [p for p in run.pairs if warm in p.arms and cold in p.arms]
     if not both:
-        return result(True, f"{warm} arms not run")
+        return not_run(f"no {warm} arms")
     flips = [p.case_id for p in both if flipped(p.arms[warm], p.arms[cold])]
     parts = [f"warm vs cold answers differ on {len(flips)} of {len(both)}"
              + (f" ({', '.join(flips[:MAX_LISTED])})" if flips else "")]

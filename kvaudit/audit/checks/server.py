@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kvaudit.audit.checks.base import check, from_problems, result, server_decides_reuse
+from kvaudit.audit.checks.base import check, from_problems, not_run, result, server_decides_reuse
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.core.arms import FRESH_ROLES, arm_for, arms_where, get_arm, known_arm
 from kvaudit.core.run_format import PairRecord
@@ -205,7 +205,7 @@ def check_tenant_isolation(run: LoadedRun):
     tenant's is (so the check cannot pass with caching off)."""
     res = isolation_results(run.pairs)
     if not res:
-        return result(True, "no tenant probe ran")
+        return not_run("no tenant probe (reuse_other_tenant or prefix_cache_other_tenant arms)")
     parts = [f"{what}: {r.verdict} ({r.reason})" for what, r in res.items()]
     leaked = sorted({c for r in res.values() for c in r.leaked})
     if leaked:

@@ -27,7 +27,16 @@ side's noise is not distinguishable from that noise.
 
 from __future__ import annotations
 
-from kvaudit.audit.checks.base import ALPHA, MAX_LISTED, check, fmt, logit_diffs, result, short
+from kvaudit.audit.checks.base import (
+    ALPHA,
+    MAX_LISTED,
+    check,
+    fmt,
+    logit_diffs,
+    not_run,
+    result,
+    short,
+)
 from kvaudit.audit.checks.identity_reuse import (
     IDENTITY_NOISE_SLACK,
     deterministic_backend,
@@ -119,7 +128,7 @@ def check_candidate_control(run: LoadedRun, identity_tol: float | None = None):
     """The candidate engine with its change switched off equals the baseline's recompute."""
     off = _flips(run, CANDIDATE_OFF_ARM, REFERENCE_ARM)
     if not off:
-        return result(True, f"{CANDIDATE_OFF_ARM} not run",
+        return not_run(f"no {CANDIDATE_OFF_ARM} arm",
                       warning=f"the candidate engine itself is not shown to change nothing: rerun with --arms "
                               f"including {CANDIDATE_OFF_ARM} (docs/serving-changes.md)")
     n_flips = sum(off.values())
@@ -151,7 +160,7 @@ def check_candidate_noise(run: LoadedRun):
     """The candidate's flips against the baseline beside each side's noise floor (reported)."""
     cand = _flips(run, CANDIDATE_ARM, REFERENCE_ARM)
     if not cand:
-        return result(True, f"{CANDIDATE_ARM} not run", warning=f"rerun with --arms including {CANDIDATE_ARM}")
+        return not_run(f"no {CANDIDATE_ARM} arm", warning=f"rerun with --arms including {CANDIDATE_ARM}")
     n = sum(cand.values())
     diffs = logit_diffs(run, CANDIDATE_ARM)
     parts = [f"{CANDIDATE_ARM} flips {n} of {len(cand)} against {REFERENCE_ARM}, max first-token difference "
