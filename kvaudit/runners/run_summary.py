@@ -25,6 +25,8 @@ def print_run_summary(run_dir: Path, manifest: Manifest, max_rows: int = 200) ->
     if len(pairs) > max_rows:
         print(f"... {len(pairs) - max_rows} more cases in {printable(run.pairs_file)}")
     t = manifest.timing_s or {}
-    print(f"\n{len(pairs)} cases in {printable(run_dir)}; wall {t.get('wall', 0):.1f}s "
-          f"({REFERENCE_ARM} {t.get(REFERENCE_ARM, 0):.1f}s, {UNDER_TEST_ARM} {t.get(UNDER_TEST_ARM, 0):.1f}s, "
-          f"controls {t.get('controls', 0):.1f}s, one-time caching {t.get('caching', 0):.1f}s)")
+    # the parts this run has (a serving-change run has a candidate and no reuse or caching)
+    names = {"caching": "one-time caching"}
+    parts = [f"{names.get(k, k)} {t[k]:.1f}s" for k in (REFERENCE_ARM, UNDER_TEST_ARM, "candidate", "repairs",
+                                                          "controls", "caching") if t.get(k)]
+    print(f"\n{len(pairs)} cases in {printable(run_dir)}; wall {t.get('wall', 0):.1f}s ({', '.join(parts)})")

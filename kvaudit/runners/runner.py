@@ -45,9 +45,9 @@ from kvaudit.runners.backend import ArmRequest, Backend, check_info, logit_diff
 from kvaudit.runners.prompt import assemble, shortest_prompt_tokens
 from kvaudit.runners.registry import check_arms_run_on
 
-# Wall time is split into the reference, the arm under test, "controls" (every other arm) and
-# one-time "caching" (building segment KV).
-TIMED_ARMS = (REFERENCE_ARM, UNDER_TEST_ARM)
+# Wall time is split into the reference, the arms under test (reuse; a serving change's candidate),
+# "repairs", "controls" (every other arm) and one-time "caching" (building segment KV).
+TIMED_ARMS = (REFERENCE_ARM, UNDER_TEST_ARM, "candidate")
 
 
 @dataclass
