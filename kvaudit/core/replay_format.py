@@ -112,9 +112,10 @@ class RequestRecord:
     finish_s: float | None = None
     decode_tokens: int | None = None
     decode_s: float | None = None
-    # schedule "arrivals", segment: per prompt piece, when the store took the piece this request
-    # warmed up (seconds from its session's start; null for a piece it did not warm or the store refused)
-    piece_stored_s: list[float | None] | None = None
+    # schedule "arrivals", segment: per prompt piece, when this request's warm-up of it finished
+    # and the store took or refused it (seconds from its session's start; null for a piece it did
+    # not warm up)
+    piece_warmed_s: list[float | None] | None = None
 
 
 _COUNTS = ("n_prompt_tokens", "head_tokens", "segment_tokens", "prefix_cache_tokens", "segment_hit_tokens",
@@ -131,9 +132,9 @@ def _check_record(r: RequestRecord, where: str) -> None:
         raise DatasetError(f"{where}: field 'n_prompt_tokens' must be at least 1")
     if r.prefix_cache_tokens + r.segment_hit_tokens > r.n_prompt_tokens:
         raise DatasetError(f"{where}: fields 'prefix_cache_tokens' + 'segment_hit_tokens' exceed 'n_prompt_tokens'")
-    if r.piece_stored_s is not None and len(r.piece_stored_s) != len(r.piece_ids):
-        raise DatasetError(f"{where}: field 'piece_stored_s' must have one entry per prompt piece "
-                           f"(got {len(r.piece_stored_s)} for {len(r.piece_ids)} pieces)")
+    if r.piece_warmed_s is not None and len(r.piece_warmed_s) != len(r.piece_ids):
+        raise DatasetError(f"{where}: field 'piece_warmed_s' must have one entry per prompt piece "
+                           f"(got {len(r.piece_warmed_s)} for {len(r.piece_ids)} pieces)")
     if not len(r.piece_ids) == len(r.piece_tokens) == len(r.piece_kinds):
         raise DatasetError(f"{where}: fields 'piece_ids', 'piece_tokens' and 'piece_kinds' must have one entry per "
                            f"prompt piece (got {len(r.piece_ids)}, {len(r.piece_tokens)}, {len(r.piece_kinds)})")

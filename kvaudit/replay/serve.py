@@ -261,8 +261,8 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
             ids, toks, kinds = _pieces(p, rid, template_len)
             hit = o.hit_tokens + o.prefix_cache_tokens
             stored = None
-            if o.stored_s:  # [head][documents] -> pieces: the head's entry is its template and head pieces
-                head, docs = (o.stored_s[0], o.stored_s[1:]) if p.head_len else (None, o.stored_s)
+            if o.warmed_s:  # [head][documents] -> pieces: the head's entry is its template and head pieces
+                head, docs = (o.warmed_s[0], o.warmed_s[1:]) if p.head_len else (None, o.warmed_s)
                 n_head = sum(1 for k in kinds if k == "prefix")
                 stored = [head] * n_head + list(docs) + [None] * (len(ids) - n_head - len(docs))
             app.append(RequestRecord(
@@ -275,7 +275,7 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
                 truncated=bool(p.truncation.get("truncated")), engine_ttft_s=o.engine_ttft_s,
                 client_request_ttft_s=o.first_token_s - o.submitted_s, arrival_s=o.arrival_s,
                 overflow_tokens=o.overflow_tokens, finish_s=o.finish_s, decode_tokens=o.decode_tokens,
-                decode_s=o.finish_s - o.first_token_s, piece_stored_s=stored))
+                decode_s=o.finish_s - o.first_token_s, piece_warmed_s=stored))
             app.flush()
             served += 1
             if on_request is not None:

@@ -70,12 +70,12 @@ def _session_traces(records: list[RequestRecord], merge_head: bool) -> list[tupl
     return out
 
 
-def _merged_stored(r: RequestRecord) -> list[float | None]:
-    """``piece_stored_s`` aligned with the trace :func:`_session_traces` builds (the head's pieces
+def _merged_warmed(r: RequestRecord) -> list[float | None]:
+    """``piece_warmed_s`` aligned with the trace :func:`_session_traces` builds (the head's pieces
     merged into one, first)."""
-    assert r.piece_stored_s is not None
-    heads = [t for k, t in zip(r.piece_kinds, r.piece_stored_s, strict=True) if k == "prefix"]
-    rest = [t for k, t in zip(r.piece_kinds, r.piece_stored_s, strict=True) if k != "prefix"]
+    assert r.piece_warmed_s is not None
+    heads = [t for k, t in zip(r.piece_kinds, r.piece_warmed_s, strict=True) if k == "prefix"]
+    rest = [t for k, t in zip(r.piece_kinds, r.piece_warmed_s, strict=True) if k != "prefix"]
     return ([heads[0]] if heads else []) + rest
 
 
@@ -98,7 +98,7 @@ def simulated_hits(records: list[RequestRecord], policy: str, capacity_tokens: i
             h = simulate_segment_store_at_arrivals(trace, capacity_tokens, admitted, admitted + np.array(
                 [r.warmup_s for r in rs]), np.array([(r.arrival_s or 0.0) + r.ttft_s for r in rs]),
                 kinds=("prefix", "document") if stores_heads else ("document",),
-                stored=[_merged_stored(r) for r in rs] if all(r.piece_stored_s is not None for r in rs) else None)
+                stored=[_merged_warmed(r) for r in rs] if all(r.piece_warmed_s is not None for r in rs) else None)
         elif engine_order:
             h = simulate_segment_store(trace, capacity_tokens, stored_after=("prefix",) if stores_heads else (),
                                        touch_on_load=stores_heads, late_stored_after_load=heads_after_load)

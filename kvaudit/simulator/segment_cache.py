@@ -143,8 +143,9 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
     warmed are stored in prompt order, each evicting unpinned least recently used entries, refused
     when only pinned ones could make room; it loads its pieces up to the first one not held, and
     its pins go at ``released`` (its first token). A hit is a loaded piece it did not warm itself.
-    ``stored`` (per request, per trace piece): when each piece it warmed was stored, where known
-    (the engine stores each warm-up's entry as that warm-up finishes); else at ``ready``."""
+    ``stored`` (per request, per trace piece): when each piece it warmed was offered to the store,
+    where known (the engine stores or refuses each warm-up's entry as that warm-up finishes); else
+    at ``ready``."""
     wanted = {KINDS.index(k) for k in kinds}
     offs = trace.offsets.tolist()
     kind, content, tokens = trace.kind.tolist(), trace.content.tolist(), trace.tokens.tolist()
@@ -175,14 +176,15 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
         used += t
         return True
 
-    # events in time order; at one time: releases, then stores (prompt order), then admissions (request order)
-    events = [(float(released[r]), 0, r, 0) for r in range(trace.n_requests)]
+    # events in time order; at one time (an engine step): stores first (prompt order: the step's
+    # saves), then releases (the pins of the requests the step gave a first token), then admissions
+    events = [(float(released[r]), 1, r, 0) for r in range(trace.n_requests)]
     events += [(float(admitted[r]), 2, r, 0) for r in range(trace.n_requests)]
     for r in range(trace.n_requests):
         for j, i in enumerate(range(offs[r], offs[r + 1])):
             if kind[i] in wanted:
                 t = stored[r][j] if stored is not None and stored[r][j] is not None else ready[r]
-                events.append((float(t), 1, r, i))
+                events.append((float(t), 0, r, i))
     events.sort()
     waiters: dict[int, list[int]] = {}
     for _, what, r, i in events:
@@ -195,7 +197,7 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
                 else:
                     warming[c] = r
                     warmed_by[r].add(c)
-        elif what == 1:
+        elif what == 0:
             c = content[i]
             if c not in warmed_by[r] or warming.get(c) != r:
                 continue  # not its warm-up, or a repeat of a piece already stored

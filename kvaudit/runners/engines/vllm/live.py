@@ -65,9 +65,9 @@ class LiveOutcome:
     prefix_cache_tokens: int  # prefix: what vLLM's own cache served
     decode_tokens: int
     engine_ttft_s: float | None
-    # segment: per entry ([head][documents], prompt order), when the store took the entry this
-    # request warmed up (None for one it did not warm, or the store refused)
-    stored_s: list[float | None] = field(default_factory=list)
+    # segment: per entry ([head][documents], prompt order), when this request's warm-up of it
+    # finished and the store took it or refused it (None for an entry it did not warm up)
+    warmed_s: list[float | None] = field(default_factory=list)
 
     @property
     def ttft_s(self) -> float:
@@ -83,7 +83,7 @@ class _Live:
     warmed_here: set[str] = field(default_factory=set)
     pinned: list[str] = field(default_factory=list)
     held: set[str] = field(default_factory=set)  # keys the store holds for it (pinned)
-    stored_at: dict[str, float] = field(default_factory=dict)  # keys it warmed -> when stored
+    warmed_at: dict[str, float] = field(default_factory=dict)  # keys it warmed -> when their warm-up finished
     rid: str = ""
     submitted_s: float = 0.0
     first_s: float | None = None
@@ -156,7 +156,7 @@ class _Server:
         self.warmups[rid] = key
         self.waiters[key] = [live]
 
-    def warmed(self, keys: list[str]) -> None:
+    def warmed(self, keys: list[str], now: float) -> None:
         """Warm-ups of ``keys`` finished: the store pinned each entry it could hold for the request
         that warmed it; every other waiting request pins it too."""
         waiting = [(k, live) for k in keys for live in self.waiters.pop(k)]
@@ -168,14 +168,13 @@ class _Server:
             if k in held:  # the frontend's index, whose evictions the replay counts
                 fp, n, nbytes, _ = held[k]
                 self.b.cache.add(k, nbytes, n, fp, 0.0)
-        now = self.now()
         for k, live in waiting:
             live.waiting.discard(k)
+            if k in live.warmed_here:
+                live.warmed_at[k] = now  # stored or refused: the simulation decides again which
             if k in held:
                 live.held.add(k)
                 live.pinned.append(k)
-                if k in live.warmed_here:
-                    live.stored_at[k] = now
             if not live.waiting:
                 self.submit(live)
 
@@ -210,8 +209,13 @@ class _Server:
         self.main[live.rid] = live
 
     def step(self, done: Callable[[LiveOutcome], None]) -> None:
+        """One engine step. Its warm-ups' saves happened inside it, before the requests whose first
+        token it returned give their pins back: so the pins go after the step (one store call),
+        and every event of the step carries the step's end time."""
         finished_warmups = []
-        for out in self.b.engine.step():
+        outs = self.b.engine.step()
+        now = self.now()
+        for out in outs:
             rid = out.request_id
             if rid in self.warmups:
                 if out.finished:
@@ -222,25 +226,26 @@ class _Server:
             if live is None:
                 continue
             if live.first_s is None and out.outputs and out.outputs[0].token_ids:
-                live.first_s = self.now()
+                live.first_s = now
                 self.unpin += live.pinned  # its load is done
                 live.pinned = []
             if out.finished:
                 self._check(out, f"request {live.job.tag}")
                 del self.main[rid]
-                done(self._outcome(live, out))
+                done(self._outcome(live, out, now))
         if finished_warmups:
-            self.warmed(finished_warmups)
+            self.warmed(finished_warmups, now)
             self.b.sync_store()  # the frontend's index learns what the saves evicted
+        if self.unpin:
+            self.pin([])
 
     def _check(self, out: Any, what: str) -> None:
         if out.outputs and out.outputs[0].finish_reason == "error":
             raise KvauditError(f"vLLM failed the {what} in the engine (finish reason 'error'); see the engine's log")
 
-    def _outcome(self, live: _Live, out: Any) -> LiveOutcome:
+    def _outcome(self, live: _Live, out: Any, now: float) -> LiveOutcome:
         from kvaudit.runners.engines.vllm.backend import engine_ttft
 
-        now = self.now()
         first = live.first_s if live.first_s is not None else now
         comp = out.outputs[0]
         cached = int(out.num_cached_tokens or 0)
@@ -252,7 +257,7 @@ class _Server:
             warmup_tokens=live.warm, overflow_tokens=live.overflow,
             prefix_cache_tokens=cached if self.policy == "prefix" else 0,
             decode_tokens=max(0, len(comp.token_ids) - 1), engine_ttft_s=engine_ttft(getattr(out, "metrics", None)),
-            stored_s=[live.stored_at.get(k) for k, *_ in live.entries])
+            warmed_s=[live.warmed_at.get(k) for k, *_ in live.entries])
 
 
 def serve_arrivals(backend: VllmBackend, policy: str, jobs: list[LiveJob], done: Callable[[LiveOutcome], None], *,
