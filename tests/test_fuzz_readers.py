@@ -765,13 +765,16 @@ def _replay_files() -> dict[str, bytes]:
     from kvaudit.core.replay_format import ReplayConfig, RequestRecord
 
     cfg = ReplayConfig(workload="workload.jsonl", workload_hash="ab" * 8, policy="segment", budget_bytes=10**6,
-                       model="smollm2", backend="transformers", concurrency=2, max_new_tokens=8, n_requests=2)
+                       model="smollm2", backend="vllm", concurrency=2, max_new_tokens=8, n_requests=2,
+                       arrivals="poisson:2.0:0", schedule="arrivals")
     recs = [RequestRecord(index=i, request_id=f"r{i}", wave=i, session=0, n_prompt_tokens=100, head_tokens=20,
                           segment_tokens=60, ttft_s=0.1 + i, warmup_s=0.01, head_s=0.0, queue_s=0.0,
                           prefix_cache_tokens=0, segment_hit_tokens=60 * i, warmup_tokens=60 * (1 - i),
                           tokens_computed=40, evictions=0.0, wall_s=0.2, ids_hash="cd" * 8,
                           piece_ids=["h", "d1", "q"], piece_tokens=[20, 60, 20],
-                          piece_kinds=["prefix", "document", "question"], engine_ttft_s=0.09, client_request_ttft_s=0.095)
+                          piece_kinds=["prefix", "document", "question"], engine_ttft_s=0.09, client_request_ttft_s=0.095,
+                          arrival_s=0.5 * i, overflow_tokens=0, finish_s=1.0 + i, decode_tokens=7, decode_s=0.07,
+                          piece_warmed_s=[0.05, None if i else 0.06, None])
             for i in range(2)]
     return {"replay_config.json": json.dumps(asdict(cfg)).encode(), "requests.jsonl": _jsonl([asdict(r) for r in recs])}
 
@@ -792,6 +795,36 @@ def _check_replay(result: Any, d: Path) -> None:
         assert_typed(r, f"request {i}")
     if recs:  # what `kvaudit report` computes from them
         summarise(recs, cfg, {"block_size": 16, "bytes_per_token": 1000, "kv_tokens": 10_000, "stores_heads": False})
+
+
+def _sweep_files() -> dict[str, bytes]:
+    """A load sweep (`kvaudit replay --rate 2`): sweep.json beside one finished replay."""
+    from kvaudit.core.replay_format import ReplayDir
+
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        for rel, raw in _replay_files().items():
+            (d / rel).write_bytes(raw)
+        cfg, recs = _read_replay(d)
+        from kvaudit.replay.summary import summarise
+
+        ReplayDir(d).write_summary(summarise(recs, cfg, {"block_size": 16, "bytes_per_token": 1000,
+                                                         "kv_tokens": 10_000, "stores_heads": True}))
+        files = {f"rate-2/{f.name}": f.read_bytes() for f in d.iterdir() if f.is_file()}
+    files["sweep.json"] = json.dumps({"policy": "segment", "schedule": "arrivals",
+                                      "loads": [{"rate": 2.0, "dir": "rate-2"}]}).encode()
+    return files
+
+
+def _read_sweep(d: Path) -> Any:
+    from kvaudit.reports.replay_report import build
+
+    return build([d], slo_ttft_s=1.0)
+
+
+def _check_sweep(result: Any, d: Path) -> None:
+    for sw in result["sweeps"]:
+        assert all(isinstance(x["rate"], float) for x in sw["loads"])
 
 
 READERS: dict[str, Reader] = {r.name: r for r in (
@@ -832,6 +865,8 @@ READERS: dict[str, Reader] = {r.name: r for r in (
            "kvaudit.core.replay_format"),
     Reader("replay_requests", "jsonl", "requests.jsonl", _replay_files, _read_replay, _check_replay,
            "kvaudit.core.replay_format"),
+    Reader("replay_sweep", "json", "sweep.json", _sweep_files, _read_sweep, _check_sweep,
+           "kvaudit.reports.replay_report"),
     Reader("kv_config", "json", "config.json", lambda: {"config.json": json.dumps(_KV_CONFIG).encode()},
            _read_kv_config, _check_kv_config, "kvaudit.simulator.kv_bytes"),
     Reader("request_log", "jsonl", "log.jsonl", lambda: {"log.jsonl": _jsonl(_REQUEST_LOG)}, _read_request_log,
