@@ -89,3 +89,19 @@ def non_negative_float(text: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a finite number, 0 or more, got {excerpt(text, 40)}")
     return value
+
+
+def positive_number(text: str, unit: str) -> float:
+    """A finite number above 0 of ``unit`` (``nan``, ``inf``, 0 and negatives are argparse errors, exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{excerpt(text, 40)!r} is not a number of {unit}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of {unit}, got {excerpt(text, 40)!r}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a positive, finite number of seconds."""
+    return positive_number(text, "seconds")

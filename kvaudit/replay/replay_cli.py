@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.arg_types import byte_size, positive_int
+from kvaudit.core.arg_types import byte_size, positive_int, positive_number
 from kvaudit.core.errors import KvauditError
 from kvaudit.runners.registry import add_backend_arguments
 
@@ -83,15 +83,7 @@ def _arrivals(args: argparse.Namespace, requests: list[Any], rate: float | None)
 
 def rates(text: str) -> list[float]:
     """argparse type of ``--rate``: one or more positive, finite requests per second, comma-separated."""
-    out = []
-    for t in (x.strip() for x in text.split(",")):
-        try:
-            r = float(t)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{t!r} is not a number of requests per second") from None
-        if not 0 < r < float("inf"):
-            raise argparse.ArgumentTypeError(f"a rate must be a positive number of requests per second, got {t!r}")
-        out.append(r)
+    out = [positive_number(t.strip(), "requests per second") for t in text.split(",")]
     if len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"a rate is given twice in {text!r}")
     return out

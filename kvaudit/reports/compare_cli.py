@@ -10,16 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-
-def positive_seconds(text: str) -> float:
-    """argparse type: a positive, finite number of seconds."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return v
+from kvaudit.core.arg_types import positive_seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
