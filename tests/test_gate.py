@@ -310,7 +310,7 @@ def test_noise_floor_is_held_to_the_thresholds(tmp_path, capsys):
     assert cli([str(run)]) == 2
     out = capsys.readouterr().out
     assert "noise floor (recompute_again) | ⚠️ cannot judge" in out
-    assert "recompute against itself does not clear the margin" in out
+    assert "recompute against itself does not clear the threshold" in out
 
 
 def test_agreement_cases_are_their_own_group(passing):
@@ -353,3 +353,55 @@ def test_min_icc_floors_the_design_effect(passing, tmp_path):
     policy.write_text("min_icc = 1.5\n[audit]\n")
     with pytest.raises(KvauditError, match="min_icc"):
         load_policy(policy)
+
+
+# ---------------------------------------------------------------- issue 42: answers changed, gated
+
+FLIPS_ONLY = 'arm = "reuse"\n[flips]\nmax_rate = {rate}\n'
+
+
+def test_the_flip_rate_is_gated_by_its_upper_bound(passing, failing, tmp_path, capsys):
+    """A policy may bound how often answers change (a quality threshold of its own): no flips in
+    480 cases (400 answer-quality cases and 80 leak probes) pass 5%; the failing run's flips fail
+    it; a threshold inside the interval cannot be judged."""
+    pol = tmp_path / "flips.toml"
+    pol.write_text(FLIPS_ONLY.format(rate=0.05))
+    assert cli([str(passing), "--policy", str(pol)]) == 0
+    out = capsys.readouterr().out
+    assert "| answers changed vs recompute | ✅ pass | 0 of 480 (0.0%), upper bound 0.8%" in out
+    assert "interval [0.0%, 0.8%]" in out  # a rate's interval, never below 0
+    assert cli([str(failing), "--policy", str(pol)]) == 1
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| answers changed vs recompute |"))
+    assert "❌ fail" in row and "upper bound ≤ 5.0%" in row
+    from kvaudit.reports.analysis import Analysis, load_run
+
+    b = Analysis(load_run(failing)).flip_bound("reuse")
+    pol.write_text(FLIPS_ONLY.format(rate=round((b.lower + b.upper) / 2, 4)))
+    assert cli([str(failing), "--policy", str(pol)]) == 2
+    assert "cannot judge: the interval straddles the threshold" in capsys.readouterr().out
+
+
+def test_a_flip_threshold_below_the_engines_own_noise_cannot_pass(tmp_path, capsys):
+    """recompute_again changing answers as often as the threshold allows: the noise floor's row
+    cannot judge, so the gate cannot pass whatever the arm's own rate."""
+    from kvaudit.reports.synthetic import make_pairs
+
+    pairs = make_pairs(**PASSING)
+    for i, p in enumerate(pairs):
+        if "recompute_again" in p.arms and i % 5 == 0:
+            p.arms["recompute_again"].answer += " (again)"
+    run = make_run(tmp_path / "run", pairs)
+    pol = tmp_path / "flips.toml"
+    pol.write_text(FLIPS_ONLY.format(rate=0.05))
+    assert cli([str(run), "--policy", str(pol)]) == 2
+    out = capsys.readouterr().out
+    assert "answers changed vs recompute: noise floor (recompute_again)" in out
+    assert "recompute against itself does not clear the threshold" in out
+
+
+def test_a_flip_rate_outside_0_1_is_refused_naming_the_field(passing, tmp_path, capsys):
+    pol = tmp_path / "flips.toml"
+    pol.write_text(FLIPS_ONLY.format(rate=1.5))
+    assert cli([str(passing), "--policy", str(pol)]) == 2
+    assert "flips.max_rate" in capsys.readouterr().err

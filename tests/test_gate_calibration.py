@@ -222,3 +222,16 @@ def test_repeated_looks_without_alpha_spending_fail_the_sequential_check() -> No
     r = simulate(d, margin, naive, margin, reps=REPS, seed=5)
     assert bench.check_seq({"margin": r}), r
     assert r.fixed_passed < r.passed  # the same runs judged once, at the end, do not
+
+
+def test_the_flip_threshold_holds_its_level_at_the_boundary_and_the_slice_fails_without_documents():
+    """benchmarks/flip_calibration.py's hardest cell (10 questions on each of 20 documents,
+    intra-document correlation 0.2) at a true flip rate equal to the threshold: the gate's bound
+    passes at most the one-sided 2.5% plus 3 Monte Carlo SE; the same bound with every case its own
+    document passes far more often, so this slice fails when the design effect is dropped."""
+    flips = load_benchmark("flip_calibration")
+    reps = 300
+    limit = flips.ALPHA_ONE_SIDED + 3 * mc_se(flips.ALPHA_ONE_SIDED, reps)
+    assert flips.pass_rate(0.10, 0.10, 20, 10, 0.2, reps, 4) <= limit
+    assert flips.pass_rate(0.10, 0.10, 20, 10, 0.2, reps, 4, ignore_documents=True) > limit
+    assert flips.pass_rate(0.03, 0.10, 20, 10, 0.2, reps, 5) > 0.5  # and it passes a low flip rate

@@ -42,7 +42,7 @@ from kvaudit.core.run_format import PairRecord
 from kvaudit.reports import scoring
 from kvaudit.stats import paired as stats
 from kvaudit.stats.leaks import leak_summary
-from kvaudit.stats.noninferiority import check_confidence
+from kvaudit.stats.noninferiority import PairedBound, check_confidence, paired_bound
 from kvaudit.stats.speed import RatioInterval, median_ratio
 
 
@@ -293,6 +293,16 @@ class Analysis:
             "logit_diff_max": float(diffs.max()) if len(diffs) else None,
             "flipped_cases": rows.loc[flip.to_numpy(), "case_id"].tolist(),
         }
+
+    def flip_bound(self, arm: str) -> PairedBound | None:
+        """``arm``'s flip rate (answers that differ from recompute's) with the paired bound's
+        interval and the documents' design effect (:func:`paired_bound` on 0/1 flips): what a
+        ``[flips]`` gate threshold judges. None where the arm has no flip scores."""
+        rows = self.scores[(self.scores["arm"] == arm) & self.scores["flip"].notna()]
+        if rows.empty:
+            return None
+        return paired_bound(rows["flip"].astype(float).to_numpy(), self._docs.loc[rows["case_id"]].tolist(),
+                            confidence=self.confidence, min_icc=self.min_icc)
 
     def hit_rate(self, arm: str, basis: str = "prompt") -> float | None:
         """Measured hit rate of ``arm``: ``prompt`` basis is the simulator's token hit rate

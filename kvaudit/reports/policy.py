@@ -20,6 +20,10 @@ A policy file (see ``policy_default.toml`` for the shipped one and ``docs/report
                              # of its distribution-free interval must be at most this
     # min_speedup = 1.3      # instead: reference time / arm time, the interval's lower end at least this
 
+    [flips]                  # optional: how often the arm's answer differs from recompute's
+    max_rate = 0.10          # the flip rate's upper bound (the same paired bound, with the documents'
+                             # design effect) must be at most this; above its lower bound: fail
+
     [audit]
     require_passed = true
     accept_cannot_judge = []  # required checks accepted without their evidence, by name: the gate
@@ -53,9 +57,9 @@ Every section may set its own ``missing``. A check's status is pass, fail, error
 judged) or skip. The gate's verdict (:func:`verdict`) is fail if any check failed (a threshold
 that failed is a decision, whatever else could not be judged; those rows stay listed), else error
 (cannot judge) if any check could not be judged, else error if no *quality* threshold (a
-``[[delta]]`` row, :data:`QUALITY_KINDS`) reached pass or fail (every one skipped: a gate that did
-not check quality must not pass; :func:`evaluate` adds a "quality checked" row saying so), else
-pass. Every policy checks quality: one without a ``[[delta]]`` is an error. The other sections
+``[[delta]]`` or ``[flips]`` row, :data:`QUALITY_KINDS`) reached pass or fail (every one skipped: a
+gate that did not check quality must not pass; :func:`evaluate` adds a "quality checked" row saying
+so), else pass. Every policy checks quality: one without a ``[[delta]]`` or ``[flips]`` is an error. The other sections
 (``[audit]``, ``[hit_rate]``, ``[leak]``, ``[security]``, ``[provenance]``) are preconditions and
 further checks beside quality, never instead of it: a policy of ``[provenance]`` alone passed any
 signed run, however much quality its reuse lost.
@@ -113,27 +117,29 @@ DEFAULT_POLICY = Path(__file__).with_name("policy_default.toml")
 # The shipped policy for a serving-change run (kvaudit run --engines): arm = "candidate".
 SERVING_CHANGE_POLICY = Path(__file__).with_name("policy_serving_change.toml")
 MISSING = ("error", "fail", "skip")
-_TOP = {"arm", "confidence", "min_icc", "missing", "delta", "speed", "audit", "hit_rate", "leak", "security",
-        "provenance"}
+_TOP = {"arm", "confidence", "min_icc", "missing", "delta", "speed", "flips", "audit", "hit_rate", "leak",
+        "security", "provenance"}
 _SECTIONS = {
     "delta": {"name", "group", "min_lower_bound", "missing"},
     "speed": {"name", "metric", "max_ratio", "min_speedup", "missing"},
+    "flips": {"max_rate", "missing"},
     "audit": {"require_passed", "accept_cannot_judge", "max_identity_tol", "missing"},
     "hit_rate": {"min", "source", "key", "missing"},
     "leak": {"max_neutral_text_leak_rate", "forbid_neutral_exposure", "missing"},
     "security": {"require_tenant_isolation", "max_timing_auc", "missing"},
     "provenance": {"require_attestation"},
 }
-# The kinds of row that judge answer quality: a gate passes only when one of them was decided.
-# Every other row (audit, hit rate, leaks, security, provenance, completeness, the noise floor) is a
-# precondition or a further check beside quality, never instead of it.
-QUALITY_KINDS = ("delta",)
+# The kinds of row that judge answer quality: a gate passes only when one of them was decided
+# (a score delta, or how often answers change). Every other row (audit, hit rate, leaks, security,
+# provenance, completeness, the noise floor) is a precondition or a further check beside quality,
+# never instead of it.
+QUALITY_KINDS = ("delta", "flips")
 
 
 @dataclass
 class Check:
     name: str
-    kind: str  # delta | audit | hit_rate | leak_text | leak_exposure | tenant_isolation | timing
+    kind: str  # delta | speed | flips | audit | hit_rate | leak_text | leak_exposure | tenant_isolation | timing
     params: dict[str, Any]
     missing: str = "error"
 
@@ -296,7 +302,7 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
                                                 "speedup": "min_speedup" in d},
                                 _missing(source, f"speed[{i}]", d, default_missing)))
 
-    for key in ("audit", "hit_rate", "leak", "security", "provenance"):
+    for key in ("flips", "audit", "hit_rate", "leak", "security", "provenance"):
         sec = raw.get(key)
         if sec is None:
             continue
@@ -304,7 +310,10 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
             raise KvauditError(f"{source}: field '{key}' must be a table ([{key}])")
         _unknown(f"{source}: [{key}]", sec, _SECTIONS[key])
         missing = _missing(source, key, sec, default_missing)
-        if key == "audit":
+        if key == "flips":
+            mx = _num(f"{source}: field 'flips.max_rate'", sec.get("max_rate"), 0.0, 1.0)
+            pol.checks.append(Check("answers changed vs recompute", "flips", {"max_rate": mx}, missing))
+        elif key == "audit":
             max_tol = sec.get("max_identity_tol")
             if max_tol is not None:
                 from kvaudit.audit.checks import MAX_IDENTITY_TOL
@@ -344,8 +353,8 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
             if _bool(f"{source}: field 'provenance.require_attestation'", sec.get("require_attestation", False)):
                 pol.checks.append(Check("run attested by kvaudit run", "provenance", {}, "error"))
     if not any(c.kind in QUALITY_KINDS for c in pol.checks):
-        raise KvauditError(f"{source}: the policy sets no threshold on quality (no [[delta]] thresholds): every "
-                           "policy must check quality; [audit], [hit_rate], [leak], [security] and [provenance] "
+        raise KvauditError(f"{source}: the policy sets no threshold on quality (no [[delta]] thresholds, no "
+                           "[flips]): every policy must check quality; [audit], [hit_rate], [leak], [security] and [provenance] "
                            "are checks beside it, never instead (add e.g. [[delta]] group = \"overall\" "
                            "min_lower_bound = -2.0)")
     if any(c.kind == "provenance" for c in pol.checks):  # a simulated rate must be signed too
@@ -520,6 +529,8 @@ def evaluate_check(check: Check, an: Analysis, arm: str) -> ThresholdResult:
         return _delta_result(check, an, arm)
     if k == "audit":
         return _audit_result(check, an)
+    if k == "flips":
+        return _flip_result(check, an, arm)
     if k == "speed":
         return _speed_result(check, an, arm)
     if k == "hit_rate":
@@ -640,6 +651,29 @@ def _delta_result(check: Check, an: Analysis, arm: str, *, label: str | None = N
     return ThresholdResult(name, "delta", status, f"lower bound {d['lower_bound']:+.1f} pts", thr, detail)
 
 
+def _flip_result(check: Check, an: Analysis, arm: str, *, label: str | None = None) -> ThresholdResult:
+    """The arm's flip rate against ``max_rate``, three outcomes as a delta has: pass when the
+    interval's upper end is within it, fail when its lower end is above it, else cannot judge."""
+    mx = check.params["max_rate"]
+    name = label or check.name
+    thr = f"upper bound ≤ {_pct(mx)}"
+    b = an.flip_bound(arm)
+    if b is None:
+        return _missing_result(Check(name, "flips", check.params, check.missing), "no cases", thr,
+                               f"arm '{arm}' has no answers compared with recompute's")
+    k = round(b.mean * b.n)
+    obs = f"{k} of {b.n} ({_pct(b.mean)})"
+    if not b.decidable:
+        return ThresholdResult(name, "flips", "error", obs + ", no bound", thr, f"cannot judge: {b.reason}")
+    assert b.lower is not None and b.upper is not None
+    status = "pass" if b.upper <= mx else "fail" if b.lower > mx else "error"
+    detail = (f"{an.confidence:.0%} interval [{_pct(max(0.0, b.lower))}, {_pct(b.upper)}] on {b.n_clusters} documents "
+              f"(design effect {b.deff:.2f})")
+    if status == "error":
+        detail = "cannot judge: the interval straddles the threshold; " + detail
+    return ThresholdResult(name, "flips", status, f"{obs}, upper bound {_pct(b.upper)}", thr, detail)
+
+
 def _sequential_delta_result(check: Check, an: Analysis, arm: str, recorded: Any, name: str, thr: str,
                              d: dict[str, Any]) -> ThresholdResult:
     """A run made with ``kvaudit run --until-decided`` is judged by the boundary of the look it
@@ -692,18 +726,20 @@ def cases_needed(delta: dict[str, Any], margin_points: float, *,
 
 
 def noise_control(policy: Policy, an: Analysis) -> list[ThresholdResult]:
-    """Every delta threshold applied to ``recompute_again`` (when it ran): it must pass, or the
-    run cannot be judged."""
+    """Every quality threshold (delta, flips) applied to ``recompute_again`` (when it ran): it must
+    pass, or the run cannot be judged (the engine's own noise is as large as what is ruled out)."""
     if NOISE_ARM not in an.arms or policy.arm == NOISE_ARM:
         return []
     out = []
     for c in policy.checks:
-        if c.kind != "delta":
+        if c.kind not in QUALITY_KINDS:
             continue
-        r = _delta_result(c, an, NOISE_ARM, label=f"{c.name}: noise floor ({NOISE_ARM})")
+        label = f"{c.name}: noise floor ({NOISE_ARM})"
+        r = _delta_result(c, an, NOISE_ARM, label=label) if c.kind == "delta" else _flip_result(c, an, NOISE_ARM,
+                                                                                                  label=label)
         if r.status in ("fail", "error"):
             r = ThresholdResult(r.name, "noise_control", "error", r.observed, r.threshold,
-                                f"cannot judge: recompute against itself does not clear the margin ({r.detail})")
+                                f"cannot judge: recompute against itself does not clear the threshold ({r.detail})")
         else:
             r = ThresholdResult(r.name, "noise_control", r.status, r.observed, r.threshold, r.detail)
         out.append(r)
@@ -727,8 +763,8 @@ def nothing_checked(results: list[ThresholdResult]) -> ThresholdResult | None:
     skipped = sum(r.status == "skip" for r in quality)
     return ThresholdResult("quality checked", "coverage", "error",
                            f"0 of {len(quality)} quality thresholds decided ({skipped} skipped)",
-                           "at least one [[delta]] threshold passes or fails",
-                           "cannot judge: no quality threshold was decided (every [[delta]] was skipped: "
+                           "at least one [[delta]] or [flips] threshold passes or fails",
+                           "cannot judge: no quality threshold was decided (every [[delta]] and [flips] was skipped: "
                            "missing = \"skip\" on data this run lacks), so the gate did not check quality; "
                            "the other rows are checks beside quality, never instead of it")
 
