@@ -56,7 +56,7 @@ def test_pass_exits_0_with_markdown_and_junit(passing, tmp_path, capsys):
     assert md.read_text().strip() == out.strip()
     cases, suite = junit(xml)
     assert set(cases) == {"overall quality", "multi-hop quality", "audit passed",
-                          "reuse token hit rate (segment)", "neutral-policy text leak rate",
+                          "reuse chunk-aligned hit rate", "neutral-policy text leak rate",
                           "neutral-policy canary exposure",
                           "overall quality: noise floor (recompute_again)",
                           "multi-hop quality: noise floor (recompute_again)"}

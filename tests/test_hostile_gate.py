@@ -468,7 +468,7 @@ def test_an_unbound_simulation_cannot_decide_the_hit_rate_row(signed_loser, tmp_
     assert cli([str(signed_loser), "--policy", p]) == 2
     out = capsys.readouterr().out
     assert "5700" not in out
-    assert "| reuse token hit rate (simulated) | ⚠️ cannot judge | not bound to the run |" in out
+    assert "| reuse simulated token hit rate | ⚠️ cannot judge | not bound to the run |" in out
     assert "records no sha256 for it" in out and "re-run `kvaudit audit" in out
     # bound by the audit, but not signed by `kvaudit run`
     assert kvaudit_cli.main(["audit", str(signed_loser)]) == 0
@@ -486,7 +486,7 @@ def test_an_unbound_simulation_cannot_decide_the_hit_rate_row(signed_loser, tmp_
     _sign(signed_loser)
     capsys.readouterr()
     assert cli([str(signed_loser), "--policy", p]) == 0
-    assert "| reuse token hit rate (simulated) | ✅ pass | 60.0% |" in capsys.readouterr().out
+    assert "| reuse simulated token hit rate | ✅ pass | 60.0% |" in capsys.readouterr().out
     # edited after both: the audit's hash and the signature no longer hold
     _simulation(signed_loser, "0.61")
     assert cli([str(signed_loser), "--policy", p]) == 2

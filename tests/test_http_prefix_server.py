@@ -127,3 +127,27 @@ def test_the_cache_probe_fills_the_default_cpu_block(server, dataset, tmp_path):
     assert run(server, dataset, out, "recompute,prefix_cache_cold,prefix_cache", "--limit", "1") == 0
     probe = json.loads((out / "manifest.json").read_text())["backend"]["cache_probe"]
     assert probe["caching"] and probe["cached_tokens"][1] >= BLOCK
+
+
+def test_an_open_loop_replay_sends_each_request_at_its_arrival_and_sweeps_loads(server, tmp_path):
+    """Open loop on a server: each request goes out at its arrival whatever is in flight (the
+    server batches them), never held for a wave; two loads on the one server, each recorded with
+    its TTFT against offered load."""
+    from kvaudit.core.replay_format import ReplayDir
+
+    wl = tmp_path / "w.jsonl"
+    assert main(["generate", "workload", "--out", str(wl), "--requests", "6", "--documents", "4", "--queries", "3",
+                 "--docs-per-request", "2", "--doc-tokens", "uniform:30:50", "--no-progress"]) == 0
+    out = tmp_path / "replay"
+    assert main(["replay", "--backend", "openai", "--base-url", server, "--workload", str(wl), "--policy",
+                 "recompute", "--budget", "1MB", "--rate", "4,50", "--max-new-tokens", "4", "--out", str(out),
+                 "--no-progress"]) == 0
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert sweep["schedule"] == "arrivals" and [row["rate"] for row in sweep["loads"]] == [4, 50]
+    recs = ReplayDir(out / "rate-50").read_requests()
+    assert sorted(r.index for r in recs) == list(range(6))
+    # sent at arrival (not held behind requests in flight), so another request was still running
+    assert max(r.queue_s for r in recs) < 0.1
+    by_arrival = sorted(recs, key=lambda r: r.arrival_s)
+    assert any(b.arrival_s < a.finish_s for a, b in zip(by_arrival, by_arrival[1:])), "no two requests overlapped"
+    assert all(r.decode_tokens >= 1 and r.ttft_s >= r.client_request_ttft_s for r in recs)

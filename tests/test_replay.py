@@ -289,13 +289,13 @@ def test_segment_policy_over_http_is_refused_before_any_request(workload, tmp_pa
     assert not (tmp_path / "h").exists()
 
 
-def test_arrivals_need_arrival_times_and_the_in_process_engine(workload, tmp_path, capsys):
+def test_arrivals_need_arrival_times_and_an_engine_that_batches_as_requests_come(workload, tmp_path, capsys):
     assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB", "--out",
                  str(tmp_path / "a"), "--schedule", "arrivals", "--backend", "vllm"]) == 2
     assert "needs arrival times" in capsys.readouterr().err
     assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB", "--out",
                  str(tmp_path / "b"), "--schedule", "arrivals", "--rate", "2", "--backend", "transformers"]) == 2
-    assert "needs --backend vllm" in capsys.readouterr().err
+    assert "needs an engine that batches requests as they come: --backend vllm" in capsys.readouterr().err
 
 
 def test_the_store_at_arrivals_pins_waits_and_serves_what_it_cannot_hold_as_misses():
@@ -336,7 +336,7 @@ def test_a_bad_rate_is_refused_naming_it(workload, tmp_path, capsys, rate, says)
 def test_a_load_sweep_needs_the_in_process_vllm_engine(workload, tmp_path, capsys):
     assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",
                  "--out", str(tmp_path / "r"), "--rate", "1,2", "--schedule", "waves"]) == 2
-    assert "one engine: it needs --backend vllm" in capsys.readouterr().err
+    assert "it needs --backend vllm, or --backend openai with --policy recompute" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 
@@ -368,3 +368,27 @@ def test_compare_draws_ttft_against_offered_load_and_the_load_an_slo_allows(tmp_
     # a sweep.json that names a folder outside it is refused naming the field
     (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"loads": [{"rate": 1, "dir": "../pre"}]}))
     assert main(["compare", str(tmp_path / "seg"), "--out", str(tmp_path / "c3")]) == 2
+
+
+@pytest.mark.parametrize("served, says", [
+    ([None, None], "Not served side by side: some of these replays do not record where and when"),
+    ([("a", "2026-12-04T10:00:00+00:00"), ("b", "2026-12-04T10:05:00+00:00")], "served on 2 machines (a, b)"),
+    ([("a", "2026-12-04T10:00:00+00:00"), ("a", "2026-12-04T12:00:00+00:00")], "finished 2.0 hours apart"),
+    ([("a", "2026-12-04T10:00:00+00:00"), ("a", "2026-12-04T10:20:00+00:00")], None),
+])
+def test_compare_says_when_replays_were_not_served_side_by_side(tmp_path, served, says):
+    """Issue 42: latencies measured on other machines or hours apart are put side by side only
+    with a word on it; replays served back to back on one machine get none."""
+    for name, stamp in zip(("rec", "seg"), served, strict=True):
+        _synthetic_replay(tmp_path / name, "segment" if name == "seg" else "recompute", 0.1, 0)
+        if stamp is not None:
+            d = ReplayDir(tmp_path / name)
+            summary = d.read_summary()
+            summary["served"] = {"host": stamp[0], "finished_utc": stamp[1]}
+            d.write_summary(summary)
+    assert main(["compare", str(tmp_path / "rec"), str(tmp_path / "seg"), "--out", str(tmp_path / "cmp")]) == 0
+    page = (tmp_path / "cmp" / "replays.html").read_text()
+    if says is None:
+        assert 'id="apart"' not in page
+    else:
+        assert 'id="apart"' in page and says in page

@@ -89,6 +89,9 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
                                "--max-new-tokens", "8"), capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sweep of 2 loads" in proc.stdout
+    # vLLM's own lines went to OUT/engine.log, not the terminal (issue 42)
+    assert " INFO " not in proc.stdout + proc.stderr and "vLLM's log:" in proc.stderr
+    assert "vllm" in (out / "engine.log").read_text()
     sweep = json.loads((out / "sweep.json").read_text())
     assert [r["rate"] for r in sweep["loads"]] == [2, 40] and sweep["schedule"] == "arrivals"
     for rate in ("2", "40"):

@@ -10,7 +10,9 @@ TTFT percentiles and the measured hit rate beside the simulator's. docs/replay.m
 from __future__ import annotations
 
 import argparse
+import platform
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,12 @@ from kvaudit.core.errors import KvauditError
 from kvaudit.runners.registry import add_backend_arguments
 
 POLICIES = ("recompute", "prefix", "segment")
+# Open-loop replays on these send each request at its arrival (the default there): the in-process vLLM
+# engine stepped by kvaudit, or a server, sent each request on its own connection.
+ARRIVALS_BACKENDS = ("vllm", "openai")
+# The most requests in flight under the arrivals schedule unless --concurrency says: vLLM's
+# max_num_seqs in process; over HTTP, enough that the client never holds back a server's load.
+ARRIVALS_CONCURRENCY = {"vllm": 8, "openai": 256}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,10 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=positive_int, default=None,
                    help="waves: the most requests served together in one wave (default 1); arrivals: the most "
                         "requests the engine runs at once, vLLM's max_num_seqs (default 8; later arrivals queue "
-                        "in the engine, as on a server)")
+                        "in the engine, as on a server), or on a server the most in flight from kvaudit (default "
+                        "256; a later arrival waits on the client, its wait in its TTFT)")
     p.add_argument("--schedule", choices=("arrivals", "waves"), default=None,
                    help="arrivals: each request joins the engine's running batch when it arrives (open loop on "
-                        "--backend vllm, the default there); waves: requests go in waves, arrivals during a wave "
+                        "--backend vllm or openai, the default there); waves: requests go in waves, arrivals during a wave "
                         "wait for the next (the default elsewhere; for comparison)")
     loop = p.add_mutually_exclusive_group()
     loop.add_argument("--rate", type=rates, default=None, metavar="R[,R...]",
@@ -93,11 +102,11 @@ def _schedule(args: argparse.Namespace) -> str:
     """``arrivals`` or ``waves``: what was asked, else arrivals for an open loop on in-process vLLM."""
     open_loop = args.rate is not None or args.timestamps
     if args.schedule is None:
-        return "arrivals" if open_loop and args.backend == "vllm" else "waves"
+        return "arrivals" if open_loop and args.backend in ARRIVALS_BACKENDS else "waves"
     if args.schedule == "arrivals":
-        if args.backend != "vllm":
-            raise KvauditError(f"--schedule arrivals steps the engine itself: it needs --backend vllm (in process), "
-                               f"not {args.backend}")
+        if args.backend not in ARRIVALS_BACKENDS:
+            raise KvauditError(f"--schedule arrivals needs an engine that batches requests as they come: --backend "
+                               f"vllm (in process, stepped by kvaudit) or openai (a server), not {args.backend}")
         if not open_loop:
             raise KvauditError("--schedule arrivals needs arrival times: --rate R or --timestamps")
     return str(args.schedule)
@@ -167,12 +176,13 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.core.jsonio import check_writable_dir
     from kvaudit.replay.serve import POLICY_ARM
     from kvaudit.replay.workload_text import read_workload
+    from kvaudit.runners.engines.vllm.engine_log import log_beside
     from kvaudit.runners.registry import backend_options, check_arms_run_on
 
     opts = backend_options(args)  # refuse another backend's options before any work
     schedule = _schedule(args)
     if args.concurrency is None:
-        args.concurrency = 8 if schedule == "arrivals" else 1
+        args.concurrency = ARRIVALS_CONCURRENCY[args.backend] if schedule == "arrivals" else 1
     check_arms_run_on([POLICY_ARM[args.policy]], args.backend)
     if args.policy == "prefix" and args.backend != "vllm":
         raise KvauditError("--policy prefix holds the engine's own prefix cache to --budget; that needs "
@@ -184,15 +194,17 @@ def run(args: argparse.Namespace) -> int:
         raise KvauditError(f"--policy segment needs kvaudit's own segment store under --budget: --backend vllm "
                            f"or transformers (in process), not {args.backend}")
     rates = args.rate or [None]
-    if len(rates) > 1 and args.backend != "vllm":
-        raise KvauditError("a sweep of --rate values serves every load on one engine: it needs --backend vllm")
+    if len(rates) > 1 and not (args.backend == "vllm" or (args.backend == "openai" and args.policy == "recompute")):
+        raise KvauditError("a sweep of --rate values serves every load on one engine with empty caches: it needs "
+                           "--backend vllm, or --backend openai with --policy recompute (nothing cached)")
     if "concurrent_cases" in opts:
         opts["concurrent_cases"] = args.concurrency
-    if schedule == "arrivals":
+    if schedule == "arrivals" and args.backend == "vllm":
         opts["max_num_seqs"] = args.concurrency
     if args.backend == "vllm":
         opts["disable_log_stats"] = False  # vLLM's per-request stats: its own TTFT beside the client's
     check_writable_dir(args.out)
+    log_beside(args.out)  # vLLM's lines to OUT/engine.log, not the terminal
     requests = read_workload(args.workload)
     if args.limit:
         requests = requests[: args.limit]
@@ -321,6 +333,10 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
         bar.close()
         facts["wall_s_last_session"] = time.perf_counter() - t0
         summary = summarise(out.read_requests(), config, facts)
+        # where and when it was served: a comparison of replays made on other machines or hours
+        # apart says so (their latencies met different conditions)
+        summary["served"] = {"host": platform.node(),
+                             "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
         out.write_summary(summary)
     _print_summary(summary, out_dir)
     return summary

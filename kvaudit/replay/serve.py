@@ -242,8 +242,12 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
     request finishes, so a killed replay loses only the requests in flight. Returns the number served."""
     from kvaudit.runners.engines.vllm.live import LiveJob, LiveOutcome, serve_arrivals
 
+    if getattr(backend, "name", "") == "openai":
+        return replay_arrivals_http(backend, policy, todo, out, arrivals=arrivals, template_len=template_len,
+                                    on_request=on_request)
     if getattr(backend, "name", "") != "vllm":
-        raise KvauditError("--schedule arrivals needs the in-process vLLM engine (--backend vllm)")
+        raise KvauditError("--schedule arrivals needs the in-process vLLM engine (--backend vllm) or a server "
+                           "(--backend openai)")
     done = out.finished()
     session = max((r.session for r in done), default=-1) + 1
     prompts = [make() for _, _, make in todo]  # assembled before the clock starts: not on any request's path
@@ -282,6 +286,67 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
                 on_request(1)
 
         serve_arrivals(backend, policy, jobs, finished)
+    return served
+
+
+def replay_arrivals_http(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[], Prompt]]],
+                         out: ReplayDir, *, arrivals: list[float], template_len: int,
+                         on_request: Callable[[int], None] | None = None) -> int:
+    """Send each request of ``todo`` to the server at its arrival, on its own thread, whatever is in
+    flight (the server batches them as its clients' requests), at most ``backend.concurrent_cases``
+    at once: a request arriving when that many are in flight waits on the client, and that wait is
+    in its TTFT (``queue_s``; ``vllm bench serve --max-concurrency`` counts it nowhere). Each record
+    is appended (flushed and fsynced) when its answer is in. Returns the number served."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = ARMS[POLICY_ARM[policy]]
+    done = out.finished()
+    session = max((r.session for r in done), default=-1) + 1
+    prompts = [make() for _, _, make in todo]  # assembled before the clock starts: not on any request's path
+    lock = threading.Lock()
+    served = 0
+    t0 = time.perf_counter()
+
+    with out.appending_requests() as app:
+        def one(k: int) -> None:
+            nonlocal served
+            sent = time.perf_counter() - t0
+            res = backend.run_arm(prompts[k], spec).result
+            idx, rid, _ = todo[k]
+            p = prompts[k]
+            ids, toks, kinds = _pieces(p, rid, template_len)
+            waited = max(0.0, sent - arrivals[k])
+            rec = RequestRecord(
+                index=idx, request_id=rid, wave=-1, session=session, n_prompt_tokens=len(p.ids),
+                head_tokens=p.head_len, segment_tokens=p.tail_start - p.head_len, ttft_s=waited + res.ttft_s,
+                warmup_s=0.0, head_s=0.0, queue_s=waited, prefix_cache_tokens=0, segment_hit_tokens=0,
+                warmup_tokens=0, tokens_computed=len(p.ids), evictions=0.0, wall_s=0.0, ids_hash=p.ids_hash,
+                piece_ids=ids, piece_tokens=toks, piece_kinds=kinds, truncated=bool(p.truncation.get("truncated")),
+                engine_ttft_s=None, client_request_ttft_s=res.ttft_s, arrival_s=arrivals[k],
+                finish_s=sent + res.ttft_s + res.decode_s, decode_tokens=max(0, len(res.answer_ids) - 1),
+                decode_s=res.decode_s)
+            with lock:
+                app.append(rec)
+                app.flush()
+                served += 1
+                if on_request is not None:
+                    on_request(1)
+
+        workers = max(1, int(getattr(backend, "concurrent_cases", 1)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvaudit-arrival") as pool:
+            futures = []
+            for k, at in enumerate(arrivals):
+                wait = at - (time.perf_counter() - t0)
+                if wait > 0:
+                    time.sleep(wait)
+                futures.append(pool.submit(one, k))
+                failed = next((f for f in futures if f.done() and f.exception() is not None), None)
+                if failed is not None:  # stop sending; what finished is kept
+                    break
+            errors = [e for f in futures if (e := f.exception()) is not None]
+        if errors:
+            raise errors[0]
     return served
 
 

@@ -331,7 +331,10 @@ def parse_policy(raw: dict[str, Any], source: str) -> Policy:
                 raise KvauditError(f"{source}: field 'hit_rate.source' must be 'measured', 'segment' or 'simulated'")
             if (src == "simulated" or "key" in sec) and not isinstance(sec.get("key"), str):
                 raise KvauditError(f"{source}: field 'hit_rate.key' must name a simulation.json entry")
-            pol.checks.append(Check(f"{arm} token hit rate ({src})", "hit_rate",
+            # one name per quantity, as the report names it (docs/reports.md, "Hit rates")
+            what = {"measured": "token hit rate", "segment": "chunk-aligned hit rate",
+                    "simulated": "simulated token hit rate"}[src]
+            pol.checks.append(Check(f"{arm} {what}", "hit_rate",
                                     {"min": lo, "source": src, "key": sec.get("key")}, missing))
         elif key == "leak":
             if "max_neutral_text_leak_rate" in sec:

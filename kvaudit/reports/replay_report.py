@@ -94,7 +94,36 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             sw["highest_within_slo"] = max(met) if met else None
     workloads = {r["summary"]["config"]["workload_hash"] for r in rows}
     return {"rows": rows, "ttft": ttft, "by_length": by_length, "over_time": over_time,
-            "same_workload": len(workloads) == 1, "sweeps": sweeps, "slo_ttft_s": slo_ttft_s}
+            "same_workload": len(workloads) == 1, "sweeps": sweeps, "slo_ttft_s": slo_ttft_s,
+            "apart": _apart(rows)}
+
+
+APART_S = 3600.0  # replays finished further apart than this were not served in one sitting
+
+
+def _apart(rows: list[dict[str, Any]]) -> str | None:
+    """Why the rows' latencies met different conditions, or None: served on different machines,
+    more than :data:`APART_S` apart, or not saying where and when (replays made before kvaudit
+    recorded it)."""
+    from datetime import datetime
+
+    served = [r["summary"].get("served") for r in rows]
+    if len(rows) < 2:
+        return None
+    if any(not isinstance(s, dict) or not isinstance(s.get("host"), str) or not isinstance(s.get("finished_utc"), str)
+           for s in served):
+        return "some of these replays do not record where and when they were served"
+    hosts = sorted({s["host"] for s in served})
+    if len(hosts) > 1:
+        return f"these replays were served on {len(hosts)} machines ({', '.join(hosts)})"
+    try:
+        times = [datetime.fromisoformat(s["finished_utc"]) for s in served]
+    except (TypeError, ValueError):
+        return "some of these replays record an unreadable finishing time"
+    span = (max(times) - min(times)).total_seconds()
+    if span > APART_S:
+        return f"these replays finished {span / 3600:.1f} hours apart"
+    return None
 
 
 def _load_svg(sweeps: list[dict[str, Any]], slo_ttft_s: float | None) -> str:

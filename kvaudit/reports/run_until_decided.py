@@ -79,6 +79,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
     from kvaudit.core.run_dir import RunDir
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.policy import SERVING_CHANGE_POLICY, evaluate_check, load_policy
+    from kvaudit.runners.engines.vllm.engine_log import log_beside
     from kvaudit.runners.runner import RunConfig, check_cases_fit, check_resumable, execute
     from kvaudit.stats.sequential import FUTILITY, default_look_every, design
 
@@ -107,6 +108,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise KvauditError(f"--max-cases/--look-every: {e}") from None
     check_writable_dir(args.out)
+    log_beside(args.out)  # vLLM's lines to OUT/engine.log, not the terminal
     attestation_key()
     run = RunDir(args.out)
     with run.lock("run", create=True):

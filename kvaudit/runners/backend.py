@@ -164,6 +164,11 @@ class Backend(ABC):
         """Release what the engine holds (default: nothing; the process's end releases the rest)."""
         return None
 
+    def reset_caches(self) -> None:
+        """Start cold, as a fresh engine does: what the engine and kvaudit's store cached before is
+        not served again (each load of a replay sweep). Default: refused."""
+        raise KvauditError(f"backend {self.name!r} cannot empty its caches between the loads of a sweep")
+
     def serving_change(self) -> dict[str, Any] | None:
         """A serving-change run's record for the manifest (:class:`~kvaudit.core.manifest.ServingChange`
         fields); ``None`` for one engine (the default)."""

@@ -106,12 +106,14 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.core.dataset_format import read_dataset
     from kvaudit.core.jsonio import check_writable_dir
     from kvaudit.core.run_dir import RunDir
+    from kvaudit.runners.engines.vllm.engine_log import log_beside
     from kvaudit.runners.run_summary import print_run_summary
     from kvaudit.runners.runner import RunConfig, check_resumable, execute
 
     arms, engines = prepare(args)
     dataset = read_dataset(args.dataset)
     check_writable_dir(args.out)
+    log_beside(args.out)  # vLLM's lines to OUT/engine.log, not the terminal
     attestation_key()  # a key too short to sign with is refused now, not after the run
     # The run directory is locked and checked before time is spent on loading the model.
     with RunDir(args.out).lock("run", create=True):

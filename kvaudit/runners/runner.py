@@ -135,14 +135,16 @@ class Progress:
         for name, r in rec.arms.items():
             self.ttft[name].append(r.ttft_s)
         if UNDER_TEST_ARM in rec.arms:
-            self.reused += rec.arms[UNDER_TEST_ARM].tokens_reused
+            # THE token hit rate (kvaudit.core.hit_rate), as the report's header shows it: tokens
+            # already cached when the case arrived, not the ones warmed up for it
+            self.reused += rec.arms[UNDER_TEST_ARM].cache_hit_tokens
             self.prompt_tokens += rec.n_prompt_tokens
             self.flips += flipped(rec.arms[UNDER_TEST_ARM], rec.arms[REFERENCE_ARM])
 
     def postfix(self) -> dict[str, str]:
         out = {}
         if self.prompt_tokens:
-            out["hit"] = f"{self.reused / self.prompt_tokens:.0%}"
+            out["token_hit"] = f"{self.reused / self.prompt_tokens:.0%}"
             out["flips"] = str(self.flips)
         for name in TIMED_ARMS:
             if self.ttft.get(name):

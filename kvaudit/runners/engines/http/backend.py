@@ -74,8 +74,12 @@ from kvaudit.runners.segment_cache import CacheStats
 
 REUSE_PROTOCOLS = ("server", "kvaudit")
 # The cache probe's prompt: longer than one cache block of any engine kvaudit knows (vLLM's CPU
-# default is 128 tokens; a 96-token probe once found nothing cached on a server that caches).
-PROBE_TOKENS = 1024
+# default is 128 tokens; a 96-token probe once found nothing cached on a server that caches):
+# a whole block and more for blocks up to 512 tokens, five of the CPU default's. It is prefilled
+# twice at every open (1,024 tokens took 2.7 s a request on this 2-core machine's vLLM). A
+# server whose blocks are longer shows "nothing cached" and its cache arms are refused, never
+# judged on a probe that missed.
+PROBE_TOKENS = 640
 
 
 @dataclass
@@ -114,6 +118,7 @@ class OpenAIBackend(Backend):
         self.groups: Counter[int] = Counter()  # how many cases each arm's requests ran for, together
         self._lock = threading.Lock()  # the client-side cache statistics, updated from several threads
         self._flush_lock = threading.Lock()  # a cache reset and its request, one case at a time
+        self._count_lock = threading.Lock()
         self.client = client
         self.reference = reference
         self.tok = Tokenizer(hf_tokenizer)
@@ -150,7 +155,7 @@ class OpenAIBackend(Backend):
 
     def _probe_cache(self) -> dict[str, Any]:
         """What this server shows and how its cache behaves, from requests on one neutral prompt
-        long enough to fill a cache block of any engine (up to 1,024 tokens): salt A, salt A again,
+        long enough to fill a cache block of any engine (up to :data:`PROBE_TOKENS`): salt A, salt A again,
         salt B, and where the dialect has one, a per-request bypass. Refuses, naming what is
         missing, a server whose answers could not be compared (no generated ids, first-token
         log-probabilities not keyed by id) or whose reference could not bypass its cache."""
@@ -405,13 +410,20 @@ class OpenAIBackend(Backend):
                 need[tuple(ids[:j])].add(t)
         got: dict[tuple[int, ...], dict[int, float]] = {}
         prefixes = list(need)
+        # Without the arm's own KV to load: one salt for the candidates of this arm and case. The
+        # first request computes the prompt under a salt no other request used (a fresh prefill, as
+        # the arm's own where no salt is given), and the others find its blocks in the server's
+        # prefix cache instead of prefilling the whole prompt again for every candidate prefix.
+        # With it, each request loads the arm's KV through the connector under a salt of its own:
+        # vLLM's prefix cache must not serve those tokens first.
+        shared = salt or (_salt() if arm_key is None else None)
         for i, prefix in enumerate(prefixes):
             transfer = None
             if arm_key is not None:
                 transfer = {"kvaudit": "run", "n_load": n - 1, "plan": [[arm_key, 0, False]],
                             "drop": [arm_key] if i == len(prefixes) - 1 else []}
             try:
-                c = self.client.complete(prompt.ids + list(prefix), max_tokens=1, salt=salt or _salt(),
+                c = self.client.complete(prompt.ids + list(prefix), max_tokens=1, salt=shared or _salt(),
                                          kv_transfer_params=transfer, logprob_token_ids=sorted(need[prefix]),
                                          stream=False)
             except KvauditError as e:
@@ -434,7 +446,8 @@ class OpenAIBackend(Backend):
 
     def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
                 candidates: list[str] | None = None) -> ArmOutput:
-        self.groups[1] += 1
+        with self._count_lock:  # a replay's arrivals send from several threads
+            self.groups[1] += 1
         return self._run_arm(prompt, spec, capture_prompt, candidates, lambda: None)
 
     def run_arms(self, spec: ArmSpec, reqs: list[ArmRequest]) -> list[ArmOutput]:
@@ -585,6 +598,12 @@ class OpenAIBackend(Backend):
                                engine=engine)
         return ArmOutput(result=res, first_logits=logits_from_top(run.first_lp, self.vocab), build_s=build_s,
                          head_s=head_s, head_prefilled=head_s > 0)
+
+    def reset_caches(self) -> None:
+        """New salts for the run's tenant and reuse requests (nothing cached under the old ones is
+        theirs where salts isolate), and the server's prefix cache reset where it allows one."""
+        self.prefix_salt, self.reuse_salt = _salt(), _salt()
+        self.client.reset_cache()
 
     def close(self) -> None:
         self.client.close()

@@ -120,7 +120,10 @@ class ServerClient:
                  api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        # No cap on connections: a replay's arrivals each hold one while in flight, and httpx's default
+        # of 100 would hold the 101st back on the client, inside its measured TTFT.
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers,
+                                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=32))
         self.model = model or self._first_model()["id"]
         self.dialect: Dialect = detect(self.model_card())
 

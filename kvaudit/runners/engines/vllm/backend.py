@@ -628,7 +628,9 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
     as speculative decoding on some vLLM versions): the arms that need segment KV are refused.
     """
     from kvaudit.models import model_fingerprint, resolve_model_dir
+    from kvaudit.runners.engines.vllm.engine_log import route_vllm_log
 
+    route_vllm_log()  # before vLLM sets up its loggers
     try:
         import vllm  # noqa: F401
     except ImportError:
