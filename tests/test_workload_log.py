@@ -190,3 +190,39 @@ def test_lines_end_at_newlines_only(tmp_path):
     requests, skipped = read_log(log, "delimiter:##")
     assert skipped == [] and [r.pieces for r in requests] == [[("prefix", "a\u2028b"), ("question", "c")],
                                                               [("question", "d\x85e")]]
+
+
+def _rag_log(path: Path, n: int = 30) -> Path:
+    """A RAG request log as teams keep it: the retrieved documents pasted into the one user message
+    between '[Document k]' markers, behind a per-request timestamp, the question last."""
+    import random
+
+    rng = random.Random(0)
+    docs = [" ".join(f"Film {d} earned {d * 7 + k} million dollars in week {k} of its run across the country."
+                     for k in range(6)) for d in range(8)]
+    rows = []
+    for i in range(n):
+        picked = rng.sample(range(8), 3)
+        body = "\n\n".join(f"[Document {j + 1}]\n{docs[d]}" for j, d in enumerate(picked))
+        user = f"Time: 2026-12-04T10:{i:02d}:00\n\n{body}\n\nQuestion: which film earned most in week {i % 6}?"
+        rows.append({"messages": [SYSTEM, {"role": "user", "content": user}]})
+    return _write(path, rows)
+
+
+def test_documents_inside_one_message_import_with_a_warning_and_the_split_that_finds_them(tmp_path, capsys):
+    """Issue 42: under the default split such a log reads as almost nothing repeated, silently; now
+    the import warns, naming a split, and that split finds the documents (each repeated whole)."""
+    log = _rag_log(tmp_path / "rag.jsonl")
+    out = tmp_path / "w.jsonl"
+    assert main(["generate", "workload", "--from-log", str(log), "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    card = json.loads((tmp_path / "w.card.json").read_text())
+    assert card["repeated_share"] < 0.05 and card["repeated_line_share"] > 0.5
+    split = r"regex:\n*\[Document \d+\]\n*|\n+(?=Question:)"
+    assert "warning: --split messages found" in cap.err and f"--split '{split}'" in cap.err
+    assert main(["generate", "workload", "--from-log", str(log), "--out", str(out), "--split", split]) == 0
+    cap = capsys.readouterr()
+    card = json.loads((tmp_path / "w.card.json").read_text())
+    assert card["repeated_share"] > 0.7 and "warning" not in cap.err
+    kinds = [p["kind"] for p in json.loads(out.read_text().splitlines()[0])["pieces"]]
+    assert kinds == ["prefix", "document", "document", "document", "question"]

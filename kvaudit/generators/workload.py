@@ -275,7 +275,12 @@ def run_from_log(args: argparse.Namespace, out: Path) -> int:
     import sys
 
     from kvaudit.core.jsonio import write_json
-    from kvaudit.generators.workload_log import import_log, iter_lines, parse_split
+    from kvaudit.generators.workload_log import (
+        hidden_repeats_hint,
+        import_log,
+        iter_lines,
+        parse_split,
+    )
     from kvaudit.models import load_tokenizer
 
     parse_split(args.split)  # a bad --split, or log, is refused before the tokenizer loads (seconds)
@@ -300,6 +305,9 @@ def run_from_log(args: argparse.Namespace, out: Path) -> int:
           f"{c['prompt_tokens']} prompt tokens; card {card_path(out)}")
     print(f"repeated content: {100 * c['repeated_share']:.1f}% of prompt tokens; "
           f"{100 * c['non_prefix_share_of_repeated']:.1f}% of it at positions an exact prefix cache cannot reach")
+    hint = hidden_repeats_hint(c)
+    if hint:
+        print(hint, file=sys.stderr)
     return 0
 
 

@@ -340,14 +340,62 @@ def reuse_card(lines: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+LONG_LINE_CHARS = 80  # a line this long seen again in another request is content, not boilerplate
+HIDDEN_REPEAT_SHARE = 0.20  # lines seen in earlier requests, of the text: worth a split of its own
+LOW_PIECE_REPEAT_SHARE = 0.05  # ... while the pieces themselves repeat less than this
+
+
+class _LineRepeats:
+    """How much of the log's text sits in long lines (:data:`LONG_LINE_CHARS`) that earlier
+    requests also held, whatever the split: the repeats a split that keeps documents inside one
+    piece hides (a RAG prompt's documents pasted into one user message)."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.chars = self.repeated = 0
+
+    def add(self, texts: list[str]) -> None:
+        mine: set[str] = set()
+        for text in texts:
+            for line in text.splitlines():
+                self.chars += len(line)
+                if len(line) < LONG_LINE_CHARS:
+                    continue
+                h = hashlib.sha256(line.encode("utf-8")).hexdigest()[:20]
+                if h in self.seen:
+                    self.repeated += len(line)
+                mine.add(h)
+        self.seen |= mine
+
+    @property
+    def share(self) -> float:
+        return self.repeated / self.chars if self.chars else 0.0
+
+
+def hidden_repeats_hint(card: dict[str, Any]) -> str | None:
+    """A warning when the pieces repeat little but the requests' long lines repeat much: the
+    split keeps repeated documents inside pieces that differ (docs/simulator.md, "Documents inside
+    one message"); None otherwise."""
+    lines = card.get("repeated_line_share", 0.0)
+    if card["repeated_share"] >= LOW_PIECE_REPEAT_SHARE or lines < HIDDEN_REPEAT_SHARE:
+        return None
+    return (f"warning: --split {card['split']} found {100 * card['repeated_share']:.1f}% of prompt tokens repeated, "
+            f"but {100 * lines:.1f}% of the requests' text sits in long lines that earlier requests also held: "
+            "documents inside one message are one piece with the rest of it, and never repeat whole. Cut them "
+            "out with a split that matches what separates them, e.g. --split 'regex:\\n*\\[Document \\d+\\]\\n*|\\n+(?=Question:)' "
+            "(docs/simulator.md, \"Documents inside one message\")")
+
+
 def import_log(path: str | Path, split: str, count_tokens: Callable[[str], int], *, keep_text: bool = False,
                strict: bool = False, max_line_bytes: int = MAX_LINE_BYTES,
                max_pieces: int = MAX_PIECES) -> ImportResult:
     """The log as workload lines (the format ``kvaudit simulate`` and ``kvaudit replay`` read)."""
     skipped: list[dict[str, Any]] = []
     lines = []
+    long_lines = _LineRepeats()
     for r in iter_log(path, split, strict=strict, max_line_bytes=max_line_bytes, max_pieces=max_pieces,
                       skipped=skipped):
+        long_lines.add([text for _, text in r.pieces])
         pieces = []
         for kind, text in r.pieces:
             piece: dict[str, Any] = {"kind": kind, "id": content_id(text), "tokens": max(1, count_tokens(text))}
@@ -361,7 +409,7 @@ def import_log(path: str | Path, split: str, count_tokens: Callable[[str], int],
     if not lines:
         raise _nothing_read(path, skipped)
     card = {"source": str(path), "split": split, "requests": len(lines), "skipped_lines": len(skipped),
-            "kept_text": keep_text, **reuse_card(lines)}
+            "kept_text": keep_text, **reuse_card(lines), "repeated_line_share": long_lines.share}
     return ImportResult(lines, skipped, card)
 
 
