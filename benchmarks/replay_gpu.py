@@ -87,7 +87,8 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
             return [at_rate(backend, policy, rate, todo, requests, cfg, engine, work, template_len, args)
                     for rate in args.rates]
         t0 = time.perf_counter()
-        replay(backend, policy, todo, out, concurrency=args.concurrency, template_len=template_len)
+        replay(backend, policy, todo, out, concurrency=args.concurrency, template_len=template_len,
+               head_block=block if policy == "prefix" else 0)
         engine["wall_s"] = time.perf_counter() - t0
         return summarise(out.read_requests(), cfg, engine)
     finally:
@@ -104,7 +105,7 @@ def at_rate(backend, policy: str, rate: float, todo: list, requests: list, cfg: 
     out.write_config(c)
     t0 = time.perf_counter()
     replay_arrivals(backend, policy, todo, out, arrivals=poisson_arrivals(len(requests), rate, args.seed),
-                    template_len=template_len)
+                    template_len=template_len, head_block=engine["block_size"] if policy == "prefix" else 0)
     s = summarise(out.read_requests(), c, {**engine, "wall_s": time.perf_counter() - t0})
     s["rate"] = rate
     t, h, co = s["ttft_s"], s["hit_rate"], s.get("client_overhead_s") or {}

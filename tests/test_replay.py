@@ -16,7 +16,7 @@ import pytest
 
 from kvaudit.cli import main
 from kvaudit.core.errors import DatasetError, KvauditError
-from kvaudit.core.replay_format import ReplayConfig, ReplayDir
+from kvaudit.core.replay_format import ReplayConfig, ReplayDir, RequestRecord
 from kvaudit.core.trace import trace_from_requests
 from kvaudit.simulator.segment_cache import simulate_segment, simulate_segment_store
 from tests.conftest import load_benchmark
@@ -202,7 +202,6 @@ def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
 
 
 def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: float | None = None) -> None:
-    from kvaudit.core.replay_format import RequestRecord
     from kvaudit.replay.summary import summarise
 
     rng = np.random.default_rng(seed)
@@ -392,3 +391,32 @@ def test_compare_says_when_replays_were_not_served_side_by_side(tmp_path, served
         assert 'id="apart"' not in page
     else:
         assert 'id="apart"' in page and says in page
+
+
+def test_the_prefix_simulator_shares_the_head_blocks_the_engine_shares():
+    """Issue 42: two heads that share their first 40 tokens (template and a shared timestamp start)
+    share two 16-token blocks in vLLM's prefix cache; cut by blocks, the simulator shares them too
+    (it saw each head as one unique piece, and predicted 0)."""
+    from kvaudit.replay.serve import _pieces
+    from kvaudit.replay.summary import simulated_hits
+    from kvaudit.runners.prompt import Prompt
+
+    def prompt(head_tail: int) -> Prompt:
+        ids = list(range(40)) + [1000 + head_tail + k for k in range(10)] + list(range(500, 530)) + [7, 8]
+        return Prompt(ids=ids, head_len=50, spans=[(50, 80)], segment_ids=["d"], segment_hashes=["dh"],
+                      ids_hash=f"p{head_tail}")
+
+    records = []
+    for i, p in enumerate([prompt(0), prompt(100)]):
+        ids, toks, kinds = _pieces(p, f"r{i}", template_len=12, head_block=16)
+        assert toks == [16, 16, 16, 2, 30, 2] and kinds[:4] == ["prefix"] * 4
+        records.append(RequestRecord(
+            index=i, request_id=f"r{i}", wave=i, session=0, n_prompt_tokens=len(p.ids), head_tokens=50,
+            segment_tokens=30, ttft_s=0.1, warmup_s=0.0, head_s=0.0, queue_s=0.0, prefix_cache_tokens=0,
+            segment_hit_tokens=0, warmup_tokens=0, tokens_computed=len(p.ids), evictions=0.0, wall_s=0.1,
+            ids_hash=p.ids_hash, piece_ids=ids, piece_tokens=toks, piece_kinds=kinds))
+    assert records[0].piece_ids[:2] == records[1].piece_ids[:2] and records[0].piece_ids[2] != records[1].piece_ids[2]
+    assert simulated_hits(records, "prefix", 10_000, 16, False).tolist() == [0, 32]
+    # without blocks (the template alone as a shared piece) the shared second block is missed
+    plain = [_pieces(prompt(0), "a", template_len=12), _pieces(prompt(100), "b", template_len=12)]
+    assert plain[0][0][1] != plain[1][0][1]

@@ -14,11 +14,14 @@ import platform
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvaudit.core.arg_types import byte_size, positive_int, positive_number
 from kvaudit.core.errors import KvauditError
 from kvaudit.runners.registry import add_backend_arguments
+
+if TYPE_CHECKING:
+    from kvaudit.runners.backend import Backend
 
 POLICIES = ("recompute", "prefix", "segment")
 # Open-loop replays on these send each request at its arrival (the default there): the in-process vLLM
@@ -112,25 +115,24 @@ def _schedule(args: argparse.Namespace) -> str:
     return str(args.schedule)
 
 
-def _engine_facts(backend: Any, dtype: str, model: str) -> dict[str, Any]:
+def _engine_facts(backend: Backend, dtype: str, model: str) -> dict[str, Any]:
     from kvaudit.models import resolve_model_dir
     from kvaudit.simulator.kv_bytes import resolve_model
 
     info = backend.info()
     engine = info.get("engine") or {}
-    if hasattr(backend, "bytes_per_token"):
-        bpt = int(backend.bytes_per_token())
-    else:
+    bpt = backend.bytes_per_token()
+    if bpt is None:
         bpt = resolve_model(str(resolve_model_dir(model)), dtype).bytes_per_token
     return {
         "backend": info["backend"],
         "device": info.get("device", "cpu"),
         "dtype": info["dtype"],
         "block_size": int(engine.get("block_size", 16)),
-        "bytes_per_token": bpt,
-        "kv_tokens": int(backend.kv_cache_tokens()) if hasattr(backend, "kv_cache_tokens") else None,
-        "stores_heads": bool(getattr(backend, "stores_heads", False)),
-        "heads_saved_after_load": bool(getattr(backend, "heads_saved_after_load", False)),
+        "bytes_per_token": int(bpt),
+        "kv_tokens": backend.kv_cache_tokens(),
+        "stores_heads": bool(backend.stores_heads),
+        "heads_saved_after_load": bool(backend.heads_saved_after_load),
         "max_prompt_tokens": int(backend.max_prompt_tokens),
     }
 
@@ -271,9 +273,8 @@ class _Engine:
         return self.backend
 
     def close(self) -> None:
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
+        if self.backend is not None:
+            self.backend.close()
 
 
 def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out_dir: Path, requests: list[Any],
@@ -314,7 +315,7 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
             check_waves_fit([request_kv(make(), facts["stores_heads"]) for _, _, make in todo],
                             [rid for _, rid, _ in todo], concurrency=args.concurrency,
                             open_loop=arrivals is not None, bytes_per_token=facts["bytes_per_token"],
-                            store_bytes=int(getattr(backend, "store_bytes", args.budget)), budget=args.budget)
+                            store_bytes=backend.store_budget_bytes(args.budget), budget=args.budget)
         out.write_config(config)
         bar = progress_bar(total=len(todo), desc=f"replay {args.policy}" + (f" at {rate:g}/s" if rate else ""),
                            unit="request", enabled=not args.no_progress)
@@ -323,13 +324,15 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
             times = [arrivals[r.index] for r in todo_requests]
             arrivals = [t - times[0] for t in times] if times else []
         engine.served = True
+        # the prefix policy's heads as the engine's blocks, so the simulator shares what the engine shares
+        head_block = facts["block_size"] if args.policy == "prefix" else 0
         if schedule == "arrivals":
             assert arrivals is not None
             replay_arrivals(backend, args.policy, todo, out, arrivals=arrivals, template_len=engine.template_len,
-                            on_request=bar.update)
+                            head_block=head_block, on_request=bar.update)
         else:
             replay(backend, args.policy, todo, out, concurrency=args.concurrency, template_len=engine.template_len,
-                   on_wave=bar.update, arrivals=arrivals)
+                   on_wave=bar.update, arrivals=arrivals, head_block=head_block)
         bar.close()
         facts["wall_s_last_session"] = time.perf_counter() - t0
         summary = summarise(out.read_requests(), config, facts)

@@ -118,15 +118,26 @@ class Served:
     record: RequestRecord
 
 
-def _pieces(prompt: Prompt, request_id: str, template_len: int) -> tuple[list[str], list[int], list[str]]:
+def _pieces(prompt: Prompt, request_id: str, template_len: int, head_block: int = 0) -> tuple[list[str], list[int], list[str]]:
     """The prompt as the simulator sees it: the template start all requests share, the rest of
-    the head, each document unit (by its ids hash), and the tail."""
+    the head, each document unit (by its ids hash), and the tail. With ``head_block`` (the prefix
+    policy: the engine's block), the head is cut into whole blocks from the prompt's start, each
+    keyed by every id up to its end as vLLM keys a block, then the rest: two heads that share a
+    first block (the template and a shared timestamp prefix) share that piece, as the engine's
+    prefix cache shares it."""
     ids, kinds, toks = [], [], []
     head = prompt.ids[: prompt.head_len]
-    cut = template_len if 0 < template_len <= prompt.head_len else 0
-    for name, part in (("tmpl", head[:cut]), ("head", head[cut:])):
+    if head_block > 0:
+        full = len(head) // head_block * head_block
+        parts = [(f"hb:{ids_hash(head[:end])}", head[end - head_block:end])
+                 for end in range(head_block, full + 1, head_block)]
+        parts.append((f"head:{ids_hash(head)}", head[full:]))
+    else:
+        cut = template_len if 0 < template_len <= prompt.head_len else 0
+        parts = [(f"tmpl:{ids_hash(head[:cut])}", head[:cut]), (f"head:{ids_hash(head[cut:])}", head[cut:])]
+    for key, part in parts:
         if part:
-            ids.append(f"{name}:{ids_hash(part)}")
+            ids.append(key)
             kinds.append("prefix")
             toks.append(len(part))
     for (s, e), h in zip(prompt.spans, prompt.segment_hashes, strict=True):
@@ -142,7 +153,7 @@ def _pieces(prompt: Prompt, request_id: str, template_len: int) -> tuple[list[st
 
 
 def serve_wave(backend: Backend, policy: str, prompts: list[Prompt], request_ids: list[str], indices: list[int],
-               wave: int, session: int, template_len: int) -> list[RequestRecord]:
+               wave: int, session: int, template_len: int, head_block: int = 0) -> list[RequestRecord]:
     """Serve ``prompts`` together under ``policy``; one record each."""
     spec = ARMS[POLICY_ARM[policy]]
     ev0 = backend.cache.stats.evictions
@@ -152,7 +163,7 @@ def serve_wave(backend: Backend, policy: str, prompts: list[Prompt], request_ids
     evictions = (backend.cache.stats.evictions - ev0) / len(prompts)
     warmup_s = sum(o.build_s for o in outs)  # the wave's warm-ups, one batch before any request of it
     head_s = max(o.head_s for o in outs)  # the wave's head requests where they go first (0 in-process vLLM)
-    stores_heads = getattr(backend, "stores_heads", False)
+    stores_heads = backend.stores_heads
     records = []
     for p, rid, idx, out in zip(prompts, request_ids, indices, outs, strict=True):
         res = out.result
@@ -164,7 +175,7 @@ def serve_wave(backend: Backend, policy: str, prompts: list[Prompt], request_ids
             held_head = stores_heads and out.head_s == 0 and not out.head_prefilled
             seg_hit = res.cache_hit_tokens + (p.head_len if held_head else 0)
             warm_tokens = seg_tokens - res.cache_hit_tokens
-        ids, toks, kinds = _pieces(p, rid, template_len)
+        ids, toks, kinds = _pieces(p, rid, template_len, head_block)
         records.append(RequestRecord(
             index=idx, request_id=rid, wave=wave, session=session, n_prompt_tokens=len(p.ids),
             head_tokens=p.head_len, segment_tokens=seg_tokens,
@@ -201,7 +212,7 @@ def _waves(n: int, concurrency: int, arrivals: list[float] | None,
 
 def replay(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[], Prompt]]], out: ReplayDir, *,
            concurrency: int, template_len: int, on_wave: Callable[[int], None] | None = None,
-           arrivals: list[float] | None = None) -> int:
+           arrivals: list[float] | None = None, head_block: int = 0) -> int:
     """Serve ``todo`` (index, request id, prompt maker) in waves, appending each wave's records
     (flushed and fsynced) before the next; returns the number served. ``arrivals`` (seconds from
     the session's start, one per request, non-decreasing) makes it open loop: a request's TTFT
@@ -218,7 +229,7 @@ def replay(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[]
             chunk = [todo[i] for i in pos]
             prompts = [make() for _, _, make in chunk]
             records = serve_wave(backend, policy, prompts, [rid for _, rid, _ in chunk], [i for i, _, _ in chunk],
-                                 wave, session, template_len)
+                                 wave, session, template_len, head_block)
             for i, rec in zip(pos, records, strict=True):
                 if arrivals is not None:
                     waited = max(0.0, started - arrivals[i])
@@ -235,17 +246,17 @@ def replay(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[]
 
 
 def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[], Prompt]]], out: ReplayDir, *,
-                    arrivals: list[float], template_len: int,
+                    arrivals: list[float], template_len: int, head_block: int = 0,
                     on_request: Callable[[int], None] | None = None) -> int:
     """Serve ``todo`` at ``arrivals`` (seconds from the session's start), each request joining the
     engine's running batch at its arrival; each record is appended (flushed and fsynced) as its
     request finishes, so a killed replay loses only the requests in flight. Returns the number served."""
     from kvaudit.runners.engines.vllm.live import LiveJob, LiveOutcome, serve_arrivals
 
-    if getattr(backend, "name", "") == "openai":
+    if backend.name == "openai":
         return replay_arrivals_http(backend, policy, todo, out, arrivals=arrivals, template_len=template_len,
-                                    on_request=on_request)
-    if getattr(backend, "name", "") != "vllm":
+                                    head_block=head_block, on_request=on_request)
+    if backend.name != "vllm":
         raise KvauditError("--schedule arrivals needs the in-process vLLM engine (--backend vllm) or a server "
                            "(--backend openai)")
     done = out.finished()
@@ -262,7 +273,7 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
             evicted, seen = backend.cache.stats.evictions - seen, backend.cache.stats.evictions
             idx, rid, _ = todo[o.tag]
             p = prompts[o.tag]
-            ids, toks, kinds = _pieces(p, rid, template_len)
+            ids, toks, kinds = _pieces(p, rid, template_len, head_block)
             hit = o.hit_tokens + o.prefix_cache_tokens
             stored = None
             if o.warmed_s:  # [head][documents] -> pieces: the head's entry is its template and head pieces
@@ -290,7 +301,7 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
 
 
 def replay_arrivals_http(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[], Prompt]]],
-                         out: ReplayDir, *, arrivals: list[float], template_len: int,
+                         out: ReplayDir, *, arrivals: list[float], template_len: int, head_block: int = 0,
                          on_request: Callable[[int], None] | None = None) -> int:
     """Send each request of ``todo`` to the server at its arrival, on its own thread, whatever is in
     flight (the server batches them as its clients' requests), at most ``backend.concurrent_cases``
@@ -315,7 +326,7 @@ def replay_arrivals_http(backend: Backend, policy: str, todo: list[tuple[int, st
             res = backend.run_arm(prompts[k], spec).result
             idx, rid, _ = todo[k]
             p = prompts[k]
-            ids, toks, kinds = _pieces(p, rid, template_len)
+            ids, toks, kinds = _pieces(p, rid, template_len, head_block)
             waited = max(0.0, sent - arrivals[k])
             rec = RequestRecord(
                 index=idx, request_id=rid, wave=-1, session=session, n_prompt_tokens=len(p.ids),
@@ -333,7 +344,7 @@ def replay_arrivals_http(backend: Backend, policy: str, todo: list[tuple[int, st
                 if on_request is not None:
                     on_request(1)
 
-        workers = max(1, int(getattr(backend, "concurrent_cases", 1)))
+        workers = max(1, backend.concurrent_cases)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kvaudit-arrival") as pool:
             futures = []
             for k, at in enumerate(arrivals):

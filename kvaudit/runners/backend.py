@@ -164,6 +164,20 @@ class Backend(ABC):
         """Release what the engine holds (default: nothing; the process's end releases the rest)."""
         return None
 
+    def bytes_per_token(self) -> int | None:
+        """KV bytes one token takes in the engine's own cache, as the engine allocates it; None
+        where the engine does not say (the model's shape gives it: :mod:`kvaudit.simulator.kv_bytes`)."""
+        return None
+
+    def kv_cache_tokens(self) -> int | None:
+        """Tokens the engine's whole KV space holds; None where kvaudit cannot see it (a server)."""
+        return None
+
+    def store_budget_bytes(self, budget: int) -> int:
+        """Bytes kvaudit's segment store keeps per worker when the run's budget is ``budget``
+        (the budget itself on one worker; an engine that splits its store says its share)."""
+        return budget
+
     def reset_caches(self) -> None:
         """Start cold, as a fresh engine does: what the engine and kvaudit's store cached before is
         not served again (each load of a replay sweep). Default: refused."""

@@ -576,6 +576,9 @@ class VllmBackend(Backend):
                                   engine_ttft_s=run.engine_ttft_s))
         return outs
 
+    def store_budget_bytes(self, budget: int) -> int:
+        return int(self.store_bytes)
+
     def reset_caches(self) -> None:
         """Empty the segment store and the engine's own prefix cache (a new cache salt too), as a
         freshly started engine has them: each load of a replay sweep starts cold."""
