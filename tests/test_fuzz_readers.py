@@ -340,6 +340,8 @@ def mismatch(v: Any, hint: Any, where: str) -> str | None:
             want = ", ".join(getattr(a, "__name__", str(a)) for a in args)
             return f"{where}: must be a [{want}] pair, got {type(v).__name__}"
         return next((m for i, (x, a) in enumerate(zip(v, args)) if (m := mismatch(x, a, f"{where}[{i}]"))), None)
+    elif origin is typing.Literal:  # a word of a vocabulary (kvaudit.core.vocabulary)
+        ok = not isinstance(v, bool) and v in args
     elif dataclasses.is_dataclass(hint):
         if not isinstance(v, hint):
             return f"{where}: must be a {hint.__name__}, got {type(v).__name__}"

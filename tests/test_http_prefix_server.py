@@ -136,7 +136,7 @@ def test_an_open_loop_replay_sends_each_request_at_its_arrival_and_sweeps_loads(
     from kvaudit.core.replay_format import ReplayDir
 
     wl = tmp_path / "w.jsonl"
-    assert main(["generate", "workload", "--out", str(wl), "--requests", "6", "--documents", "4", "--queries", "3",
+    assert main(["generate", "workload", "--out", str(wl), "--requests", "5", "--documents", "4", "--queries", "3",
                  "--docs-per-request", "2", "--doc-tokens", "uniform:30:50", "--no-progress"]) == 0
     out = tmp_path / "replay"
     assert main(["replay", "--backend", "openai", "--base-url", server, "--workload", str(wl), "--policy",
@@ -145,7 +145,7 @@ def test_an_open_loop_replay_sends_each_request_at_its_arrival_and_sweeps_loads(
     sweep = json.loads((out / "sweep.json").read_text())
     assert sweep["schedule"] == "arrivals" and [row["rate"] for row in sweep["loads"]] == [4, 50]
     recs = ReplayDir(out / "rate-50").read_requests()
-    assert sorted(r.index for r in recs) == list(range(6))
+    assert sorted(r.index for r in recs) == list(range(5))
     # sent at arrival (not held behind requests in flight), so another request was still running
     assert max(r.queue_s for r in recs) < 0.1
     by_arrival = sorted(recs, key=lambda r: r.arrival_s)

@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass
 
 from kvaudit.core.errors import KvauditError
+from kvaudit.core.vocabulary import ArmRole, ArmSource
 
 ROLES = {
     "reference": "one full prefill of the same ids: what every other arm is compared with",
@@ -64,8 +65,8 @@ PROMPTS = ("case", "evidence")
 @dataclass(frozen=True)
 class ArmSpec:
     name: str
-    source: str | None  # None | "neutral" | "in_context" | "first_user" | "engine_prefix"
-    role: str = ""
+    source: ArmSource | None  # None: the arm computes every token itself
+    role: ArmRole  # every arm says what it is for (ROLES)
     scores_candidates: bool = False  # leak probes: candidate names are scored under this arm
     rerotate: bool = True
     leak_only: bool = False  # run only on cases that carry a canary

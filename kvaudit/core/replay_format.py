@@ -31,6 +31,7 @@ from kvaudit.core.run_format import REPLAY_CONFIG_FILE, REPLAY_FILE, REPLAY_REQU
 from kvaudit.core.run_lock import run_lock
 from kvaudit.core.trace import KINDS, MAX_PIECE_TOKENS
 from kvaudit.core.typed_json import check_fields
+from kvaudit.core.vocabulary import ReplayPolicy, Schedule
 
 REPLAY_FORMAT = 1
 POLICIES = ("recompute", "prefix", "segment")
@@ -44,7 +45,7 @@ class ReplayConfig:
 
     workload: str
     workload_hash: str
-    policy: str
+    policy: ReplayPolicy
     budget_bytes: int
     model: str
     backend: str
@@ -54,7 +55,7 @@ class ReplayConfig:
     arrivals: str = "closed"  # closed | timestamps | poisson:RATE:SEED
     # waves: requests go in waves, a wave one engine batch (arrivals during a wave wait for the
     # next); arrivals: each request joins the running batch at its arrival (in-process vLLM)
-    schedule: str = "waves"
+    schedule: Schedule = "waves"
     format_version: int = REPLAY_FORMAT
 
     def identity(self) -> dict[str, Any]:

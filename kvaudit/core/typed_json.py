@@ -2,7 +2,7 @@
 declared once (in the dataclass) and the reader's checks follow from them.
 
 The annotations understood are the ones run records use: ``str``, ``int``, ``float`` (an integer
-is a number too), ``Any``, ``list[X]``, ``tuple[X, Y]`` (a JSON list of that length),
+is a number too), ``Any``, ``Literal[...]`` (one of its words: :mod:`kvaudit.core.vocabulary`), ``list[X]``, ``tuple[X, Y]`` (a JSON list of that length),
 ``dict[str, X]``, ``X | None`` and a nested dataclass. ``bool`` is never an ``int`` here (JSON
 ``true`` is not a count). A field without a default is required; a field with a default may be
 absent, and may be ``null`` only when its annotation says ``| None``.
@@ -28,6 +28,8 @@ def _describe(tp: Any) -> str:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
         return "any value"
+    if origin is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
     if origin in (types.UnionType, typing.Union):
         return " or ".join("null" if a is type(None) else _describe(a) for a in args)
     if origin is list:
@@ -53,6 +55,8 @@ def _fits(value: Any, tp: Any) -> bool:
     if tp is Any:
         return True
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Literal:
+        return not isinstance(value, bool) and any(type(value) is type(a) and value == a for a in args)
     if origin in (types.UnionType, typing.Union):
         return any(_fits(value, a) for a in args)
     if tp is type(None):
@@ -85,7 +89,9 @@ def _spec(cls: type) -> tuple[tuple[str, Any, bool], ...]:
                  for f in dataclasses.fields(cls))
 
 
-def _type_word(value: Any) -> str:
+def _type_word(value: Any, tp: Any = None) -> str:
+    if isinstance(value, str) and typing.get_origin(tp) is typing.Literal:  # a word outside the vocabulary
+        return repr(excerpt(value, 40))
     return "null" if value is None else type(value).__name__
 
 
@@ -102,7 +108,7 @@ def check_fields(obj: dict, cls: type, where: str, *, skip: tuple[str, ...] = ()
         value = obj[name]
         if not _fits(value, tp):
             path, tp, value = _first_misfit(name, value, tp)
-            raise DatasetError(f"{where}: field '{path}' must be {_describe(tp)}, got {_type_word(value)}")
+            raise DatasetError(f"{where}: field '{path}' must be {_describe(tp)}, got {_type_word(value, tp)}")
 
 
 def _first_misfit(path: str, value: Any, tp: Any) -> tuple[str, Any, Any]:

@@ -107,6 +107,7 @@ from kvaudit.core.errors import DatasetError, KvauditError, cut
 from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_format import SIMULATION_FILE
 from kvaudit.core.toml_file import read_toml
+from kvaudit.core.vocabulary import CheckKind, GateStatus
 from kvaudit.reports.analysis import Analysis
 from kvaudit.stats.leak_tests import text_leak_decision
 from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, check_confidence
@@ -139,7 +140,7 @@ QUALITY_KINDS = ("delta", "flips")
 @dataclass
 class Check:
     name: str
-    kind: str  # delta | speed | flips | audit | hit_rate | leak_text | leak_exposure | tenant_isolation | timing
+    kind: CheckKind
     params: dict[str, Any]
     missing: str = "error"
 
@@ -173,8 +174,8 @@ class Policy:
 @dataclass
 class ThresholdResult:
     name: str
-    kind: str
-    status: str  # pass | fail | error | skip
+    kind: CheckKind
+    status: GateStatus  # error: cannot judge
     observed: str
     threshold: str
     detail: str = ""
