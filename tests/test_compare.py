@@ -155,3 +155,28 @@ def test_page_is_self_contained_and_escapes_run_text(tmp_path):
     csp = html.unescape(re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page)[1])
     assert csp.startswith("default-src 'none'") and "script-src" not in csp
     assert re.search(r'id="compare-forest-1"><svg', page)
+
+
+@pytest.mark.parametrize("started, says", [
+    (["2026-12-04T10:00:00+00:00", "2026-12-04T12:30:00+00:00"], "these runs started 2.5 hours apart"),
+    (["2026-12-04T10:00:00+00:00", None], "some of these runs do not record when they started"),
+    (["2026-12-04T10:00:00+00:00", "2026-12-04T10:20:00+00:00"], None),
+])
+def test_runs_not_made_side_by_side_are_flagged_and_each_speedup_shows_its_noise(tmp_path, started, says):
+    """Issue 42: rows of runs made hours apart say so; every speed-up is shown beside its own run's
+    noise floor speed-up (recompute_again over recompute: identical work)."""
+    runs = []
+    for k, when in enumerate(started):
+        run = make_run(tmp_path / f"r{k}", n_per_task=20, n_docs=12, seed=k)
+        m = read_json(run / "manifest.json")
+        m["sessions"] = [{"started": when}] if when else []
+        write_json(run / "manifest.json", m)
+        write_audit(run, build_audit(run))
+        runs.append(run)
+    c = build_comparison(runs)
+    assert c["groups"][0]["apart"] == says
+    assert all(r["noise_speedup"] is not None for r in c["groups"][0]["rows"])
+    _, html_path = write_comparison(runs, tmp_path / "out")
+    page = html_path.read_text()
+    assert ("Not run side by side:" in page) == (says is not None)
+    assert "noise floor" in page

@@ -113,9 +113,35 @@ def _rows_for_run(path: Path, policy: Any, arms: Sequence[str] | None) -> tuple[
             if noise is not None else None,
             "hit_rate": {"segment": an.hit_rate(arm, "segment"), "token": an.hit_rate(arm)},
             "speedup": an.speedup(arm),
+            # the same ratio for identical work (recompute_again over recompute): this run's timing noise
+            "noise_speedup": an.speedup(NOISE_ARM) if NOISE_ARM in an.compared_arms else None,
+            "started": run.manifest.sessions[0].started if run.manifest.sessions else None,
             "families": families,
         })
     return rows, skipped, ident
+
+
+APART_S = 3600.0  # runs started further apart than this were not made in one sitting
+
+
+def _apart(started: list[str | None]) -> str | None:
+    """Why the rows' timings met different conditions, or None: runs started more than
+    :data:`APART_S` apart, or not saying when. Each speed-up is measured within its own run (paired),
+    so this warns about reading one run's latencies against another's, not about the ratios."""
+    from datetime import datetime
+
+    if len({s for s in started}) < 2:
+        return None
+    try:
+        times = [datetime.fromisoformat(s) for s in started if s]
+    except (TypeError, ValueError):
+        return "some of these runs record an unreadable start time"
+    if len(times) < len(started):
+        return "some of these runs do not record when they started"
+    if any(t.tzinfo is None for t in times) and any(t.tzinfo is not None for t in times):
+        return "these runs record their start times in different forms"
+    span = (max(times) - min(times)).total_seconds()
+    return f"these runs started {span / 3600:.1f} hours apart" if span > APART_S else None
 
 
 def build_comparison(run_dirs: Sequence[str | Path], *, policy_path: str | Path | None = None,
@@ -158,6 +184,7 @@ def build_comparison(run_dirs: Sequence[str | Path], *, policy_path: str | Path 
             g["families"] += [t for t in r["families"] if t not in g["families"]]
     for g in groups.values():
         g["families"].sort()
+        g["apart"] = _apart([r.get("started") for r in g["rows"]])
     return jsonable({
         "format": FORMAT, "policy": policy.source, "confidence": policy.confidence,
         "arms": list(arms) if arms else [policy.arm],

@@ -21,6 +21,8 @@ from pathlib import Path
 
 ENV = "KVAUDIT_ENGINE_LOG"
 _beside: Path | None = None  # the output directory's log, named by the command being run
+_CONFIG_PREFIX = "kvaudit-vllm-logging-"
+_made: list[Path] = []
 
 
 def route_vllm_log() -> Path | None:
@@ -29,7 +31,10 @@ def route_vllm_log() -> Path | None:
     sets up its loggers, so it must be set before the engine starts), unless the user set that
     variable. Returns the file, or None where the lines stay where vLLM puts them (neither, or ``-``)."""
     target = os.environ.get(ENV) or (str(_beside) if _beside else None)
-    if not target or target == "-" or os.environ.get("VLLM_LOGGING_CONFIG_PATH"):
+    theirs = os.environ.get("VLLM_LOGGING_CONFIG_PATH")
+    # a configuration named by kvaudit (this process's earlier engine, or a parent kvaudit process
+    # whose environment this one inherited) is replaced; the user's own is kept
+    if not target or target == "-" or (theirs and not Path(theirs).name.startswith(_CONFIG_PREFIX)):
         return None
     path = Path(target).resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -40,7 +45,8 @@ def route_vllm_log() -> Path | None:
                               "encoding": "utf-8", "formatter": "plain", "level": "INFO"}},
         "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": False}},
     }
-    cfg = Path(tempfile.gettempdir()) / f"kvaudit-vllm-logging-{os.getpid()}.json"
+    cfg = Path(tempfile.gettempdir()) / f"{_CONFIG_PREFIX}{os.getpid()}-{len(_made)}.json"
+    _made.append(cfg)
     cfg.write_text(json.dumps(config))
     atexit.register(cfg.unlink, missing_ok=True)
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(cfg)
