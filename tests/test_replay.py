@@ -374,6 +374,7 @@ def test_compare_draws_ttft_against_offered_load_and_the_load_an_slo_allows(tmp_
     ([("a", "2026-12-04T10:00:00+00:00"), ("b", "2026-12-04T10:05:00+00:00")], "served on 2 machines (a, b)"),
     ([("a", "2026-12-04T10:00:00+00:00"), ("a", "2026-12-04T12:00:00+00:00")], "finished 2.0 hours apart"),
     ([("a", "2026-12-04T10:00:00+00:00"), ("a", "2026-12-04T10:20:00+00:00")], None),
+    ([("a", "2026-12-04T10:00:00"), ("a", "2026-12-04T10:20:00+00:00")], "finishing times in different forms"),
 ])
 def test_compare_says_when_replays_were_not_served_side_by_side(tmp_path, served, says):
     """Issue 42: latencies measured on other machines or hours apart are put side by side only

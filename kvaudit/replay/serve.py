@@ -316,6 +316,7 @@ def replay_arrivals_http(backend: Backend, policy: str, todo: list[tuple[int, st
     session = max((r.session for r in done), default=-1) + 1
     prompts = [make() for _, _, make in todo]  # assembled before the clock starts: not on any request's path
     lock = threading.Lock()
+    failed = threading.Event()  # a request failed: send no more; what finished is kept
     served = 0
     t0 = time.perf_counter()
 
@@ -323,7 +324,11 @@ def replay_arrivals_http(backend: Backend, policy: str, todo: list[tuple[int, st
         def one(k: int) -> None:
             nonlocal served
             sent = time.perf_counter() - t0
-            res = backend.run_arm(prompts[k], spec).result
+            try:
+                res = backend.run_arm(prompts[k], spec).result
+            except BaseException:
+                failed.set()
+                raise
             idx, rid, _ = todo[k]
             p = prompts[k]
             ids, toks, kinds = _pieces(p, rid, template_len, head_block)
@@ -351,10 +356,9 @@ def replay_arrivals_http(backend: Backend, policy: str, todo: list[tuple[int, st
                 wait = at - (time.perf_counter() - t0)
                 if wait > 0:
                     time.sleep(wait)
-                futures.append(pool.submit(one, k))
-                failed = next((f for f in futures if f.done() and f.exception() is not None), None)
-                if failed is not None:  # stop sending; what finished is kept
+                if failed.is_set():
                     break
+                futures.append(pool.submit(one, k))
             errors = [e for f in futures if (e := f.exception()) is not None]
         if errors:
             raise errors[0]

@@ -121,27 +121,18 @@ def _rows_for_run(path: Path, policy: Any, arms: Sequence[str] | None) -> tuple[
     return rows, skipped, ident
 
 
-APART_S = 3600.0  # runs started further apart than this were not made in one sitting
-
-
 def _apart(started: list[str | None]) -> str | None:
-    """Why the rows' timings met different conditions, or None: runs started more than
-    :data:`APART_S` apart, or not saying when. Each speed-up is measured within its own run (paired),
-    so this warns about reading one run's latencies against another's, not about the ratios."""
-    from datetime import datetime
+    """Why the rows' timings met different conditions, or None: runs started more than an hour
+    apart (:mod:`kvaudit.reports.sittings`), or some not saying when. Each speed-up is measured within
+    its own run (paired), so this warns about reading one run's latencies against another's."""
+    from kvaudit.reports.sittings import hours_apart
 
-    if len({s for s in started}) < 2:
+    if len(set(started)) < 2:
         return None
-    try:
-        times = [datetime.fromisoformat(s) for s in started if s]
-    except (TypeError, ValueError):
-        return "some of these runs record an unreadable start time"
-    if len(times) < len(started):
+    stamps = [s for s in started if s]
+    if len(stamps) < len(started):
         return "some of these runs do not record when they started"
-    if any(t.tzinfo is None for t in times) and any(t.tzinfo is not None for t in times):
-        return "these runs record their start times in different forms"
-    span = (max(times) - min(times)).total_seconds()
-    return f"these runs started {span / 3600:.1f} hours apart" if span > APART_S else None
+    return hours_apart(stamps, "runs", "started", "start")
 
 
 def build_comparison(run_dirs: Sequence[str | Path], *, policy_path: str | Path | None = None,

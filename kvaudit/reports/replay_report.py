@@ -98,14 +98,11 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             "apart": _apart(rows)}
 
 
-APART_S = 3600.0  # replays finished further apart than this were not served in one sitting
-
-
 def _apart(rows: list[dict[str, Any]]) -> str | None:
     """Why the rows' latencies met different conditions, or None: served on different machines,
-    more than :data:`APART_S` apart, or not saying where and when (replays made before kvaudit
-    recorded it)."""
-    from datetime import datetime
+    more than an hour apart (:mod:`kvaudit.reports.sittings`), or not saying where and when
+    (replays made before kvaudit recorded it)."""
+    from kvaudit.reports.sittings import hours_apart
 
     served = [r["summary"].get("served") for r in rows]
     if len(rows) < 2:
@@ -116,14 +113,7 @@ def _apart(rows: list[dict[str, Any]]) -> str | None:
     hosts = sorted({s["host"] for s in served})
     if len(hosts) > 1:
         return f"these replays were served on {len(hosts)} machines ({', '.join(hosts)})"
-    try:
-        times = [datetime.fromisoformat(s["finished_utc"]) for s in served]
-    except (TypeError, ValueError):
-        return "some of these replays record an unreadable finishing time"
-    span = (max(times) - min(times)).total_seconds()
-    if span > APART_S:
-        return f"these replays finished {span / 3600:.1f} hours apart"
-    return None
+    return hours_apart([s["finished_utc"] for s in served], "replays", "finished", "finishing")
 
 
 def _load_svg(sweeps: list[dict[str, Any]], slo_ttft_s: float | None) -> str:
