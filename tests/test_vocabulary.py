@@ -61,3 +61,13 @@ def test_the_replay_reads_only_its_words(tmp_path):
     d.config_file.write_text(json.dumps(obj))
     with pytest.raises(DatasetError, match=r"field 'schedule' must be one of 'arrivals', 'waves', got 'wavez'"):
         d.read_config()
+
+
+def test_every_check_kind_has_its_evaluator():
+    """Each gate row kind is judged by one registered evaluator (kvaudit.reports.gate_checks), except
+    the rows the policy itself adds: the noise-floor controls and "quality checked"."""
+    from kvaudit.reports.gate_checks import EVALUATORS, sections
+
+    assert set(EVALUATORS) | {"noise_control", "coverage"} == set(words(CheckKind))
+    assert [s.name for s in sections()] == ["delta", "speed", "flips", "audit", "hit_rate", "leak", "security",
+                                            "provenance"]
