@@ -103,18 +103,18 @@ def compute_coverage(segments: dict[str, Segment], cases: list[Case],
         head = heads.setdefault((case.system, case.prefix), len(heads))
         doc_sets[frozenset(order)].add(order)
         off = 0
-        for k, sid in enumerate(order):
+        for i, sid in enumerate(order):
             rec = per_seg.get(sid)
             if rec is None:
                 rec = per_seg[sid] = [0, set(), set(), set(), set(), count(segments[sid].text)]
             rec[0] += 1
-            rec[1].add(k)
+            rec[1].add(i)
             rec[2].add(off)
             rec[3].add(order)
-            rec[4].add((head, order[:k]))
+            rec[4].add((head, order[:i]))
             if off:
                 never_cached += 1
-            if k or case.prefix:
+            if i or case.prefix:
                 foreign += 1
             off += rec[5]
         n_occ += len(order)

@@ -209,7 +209,7 @@ class ReplayDir:
     # ------------------------------------------------------------------ requests.jsonl
     def read_requests(self) -> list[RequestRecord]:
         """Every request record, validated (a torn last line from a killed replay is skipped)."""
-        out = []
+        out: list[RequestRecord] = []
         if not self.requests_file.exists():
             return out
         for n, obj in iter_jsonl(self.requests_file, tolerate_torn_tail=True):

@@ -23,8 +23,10 @@ ArmSource = Literal["neutral", "in_context", "first_user", "engine_prefix"]
 GateStatus = Literal["pass", "fail", "error", "skip"]
 CheckKind = Literal[
     "delta", "speed", "flips", "audit", "hit_rate", "leak_text", "leak_exposure", "tenant_isolation", "timing",
-    "provenance", "noise_control", "coverage",
+    "provenance", "noise_control", "coverage", "completeness",
 ]
+# A statistical decision before the gate maps it to a status: "undecided" becomes "cannot judge".
+Decision = Literal["pass", "fail", "undecided"]
 ReplayPolicy = Literal["recompute", "prefix", "segment"]
 Schedule = Literal["arrivals", "waves"]
 

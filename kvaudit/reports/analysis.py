@@ -354,14 +354,14 @@ class Analysis:
         where it keeps one, and the rest, kvaudit's client. ``None`` where neither was recorded."""
         rows = [p.arms[arm] for p in self.run.pairs if arm in p.arms]
         heads = [r.head_s for r in rows]
-        timed = [r for r in rows if r.engine_ttft_s is not None]
+        timed = [r for r in rows if r.engine_ttft_s is not None and r.head_s is not None and r.ttft_s is not None]
         if not rows or (not any(heads) and not timed):
             return None
         out: dict[str, Any] = {"n": len(rows), "head_s": float(np.median(heads)) if any(heads) else None,
                                "engine_s": None, "client_s": None}
         if timed:
             out["engine_s"] = float(np.median([r.engine_ttft_s for r in timed]))
-            out["client_s"] = float(np.median([r.ttft_s - r.head_s - r.engine_ttft_s for r in timed]))
+            out["client_s"] = float(np.median([r.ttft_s - r.head_s - r.engine_ttft_s for r in timed]))  # type: ignore[operator]
         return out
 
     def times(self, arm: str, metric: str) -> tuple[list[float], list[float]]:

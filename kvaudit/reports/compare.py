@@ -93,7 +93,7 @@ def _rows_for_run(path: Path, policy: Any, arms: Sequence[str] | None) -> tuple[
             d = an.delta(arm, f"task:{task}")
             f = an.flips_by_group(arm, [f"task:{task}"])
             r = routes.get(task, {})
-            families[task] = {**_pick(d, *_DELTA_KEYS),
+            families[task] = {**(_pick(d, *_DELTA_KEYS) or {}),
                               "flips": f[0]["flips"] if f else None, "flip_n": f[0]["n"] if f else None,
                               "flip_rate": f[0]["rate"] if f else None,
                               "recommendation": r.get("recommendation"), "routing_reason": r.get("reason"),
@@ -164,8 +164,8 @@ def build_comparison(run_dirs: Sequence[str | Path], *, policy_path: str | Path 
         rows, skip, ident = _rows_for_run(Path(d), policy, arms)
         skipped += skip
         h = ident["dataset_hash"]
-        key = h if h else f"(no dataset hash recorded: {d})#{i}"
-        g = groups.setdefault(key, {"dataset_hash": h, "datasets": [], "dataset_paths": [], "runs": [],
+        group_key = h if h else f"(no dataset hash recorded: {d})#{i}"
+        g = groups.setdefault(group_key, {"dataset_hash": h, "datasets": [], "dataset_paths": [], "runs": [],
                                     "families": [], "rows": []})
         for k, v in (("datasets", ident["dataset"]), ("dataset_paths", ident["dataset_path"]), ("runs", str(d))):
             if v and v not in g[k]:

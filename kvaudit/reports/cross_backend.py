@@ -36,8 +36,8 @@ def _run_info(run: Run) -> dict[str, Any]:
 
 
 def _max_diff(run: Run, arm: str) -> float | None:
-    vals = [p.arms[arm].logit_diff_vs_recompute for p in run.pairs if arm in p.arms]
-    vals = [float(v) for v in vals if v is not None]
+    found = [p.arms[arm].logit_diff_vs_recompute for p in run.pairs if arm in p.arms]
+    vals = [float(v) for v in found if v is not None]
     return max(vals) if vals else None
 
 

@@ -122,7 +122,7 @@ def arm_means(an: Analysis, group: str = "overall") -> dict[str, dict[str, Any]]
                 if v is not None]
         n = len(vals)
         mean = sum(vals) / n if n else None
-        se = (math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1) / n) if n > 1 else None)
+        se = (math.sqrt(sum((v - mean) ** 2 for v in vals) / (n - 1) / n) if n > 1 and mean is not None else None)
         out[arm] = {"n": n, "mean": mean, "stderr": se}
     return out
 

@@ -128,7 +128,7 @@ def flip_strata_svg(arm_rows: Sequence[dict[str, Any]], noise_rows: Sequence[dic
 
 
 def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = UNDER_TEST_ARM, unit: str = "cases",
-             what: str = "arm", median_method: str = "linear") -> str:
+             what: str = "arm", median_method: Any = "linear") -> str:
     """Time to first token per arm: a box (quartiles, whiskers at 1.5 IQR) over a jittered strip
     of the cases (at most :data:`MAX_STRIP_POINTS` per arm, an even subsample), log-scaled x.
     ``unit`` names the dots, ``what`` the rows; ``median_method`` is numpy's quantile method of the

@@ -57,7 +57,8 @@ def _sweep_dirs(path: Path) -> list[Path]:
 def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[str, Any]:
     """The comparison: rows in the order given (a sweep's loads in its order), per replay its TTFT
     samples and windows, and per sweep its p50/p95/p99 against offered load."""
-    rows, ttft, by_length, over_time = [], {}, {}, {}
+    rows: list[dict[str, Any]] = []
+    ttft, by_length, over_time = {}, {}, {}
     sweeps: list[dict[str, Any]] = []
     expanded: list[tuple[Path, str | None]] = []
     for p in paths:

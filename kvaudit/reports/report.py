@@ -7,11 +7,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 
 def write_report(run_dir: str | Path, *, policy_path: str | Path | None = None, near_tie: float = 1.0,
-                 max_cases: int = 2000, compare: list[str | Path] = ()) -> Path:
+                 max_cases: int = 2000, compare: Sequence[str | Path] = ()) -> Path:
     """Write the three report files into ``run_dir``; return the path of ``report.html``.
 
     ``compare``: runs of the same dataset on other backends, for the cross-backend table.

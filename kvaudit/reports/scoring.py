@@ -149,7 +149,7 @@ def score_pairs(pairs: Iterable[PairRecord], near_tie: float = DEFAULT_NEAR_TIE)
         ref_margin = reference.margin if reference is not None else None
         strata = {f"stratum:{k}": _stratum_value(v) for k, v in (pair.strata or {}).items()}
         for name, arm in pair.arms.items():
-            scores = score_answer(arm.answer, refs) if scorable else dict.fromkeys(SCORE_METRICS, float("nan"))
+            scores = score_answer(arm.answer, refs) if scorable and refs is not None else dict.fromkeys(SCORE_METRICS, float("nan"))
             is_ref = name == REFERENCE_ARM
             # flips against the arm's own reference (the oracle's: its recompute on the same prompt)
             own = reference_of(name)

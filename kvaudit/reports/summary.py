@@ -156,7 +156,7 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
     m = run.manifest
     as_written = m.to_dict()
     reasons = m.arm_reasons or {}
-    summary = {
+    summary: dict[str, Any] = {
         "run": {
             "path": str(run.path),
             "n_cases": len(run.pairs),

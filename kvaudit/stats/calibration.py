@@ -153,7 +153,7 @@ def new_gate(diffs: np.ndarray, memberships: Sequence[Sequence[str]],
     """The shipped gate as a :data:`Statistic`: :func:`paired_bound`'s lower end for the
     decision and its two-sided interval for coverage (``min_icc`` as a policy sets it)."""
     b = paired_bound(diffs, memberships, confidence=confidence, min_icc=min_icc)
-    if not b.decidable:
+    if not b.decidable or b.lower is None or b.upper is None:
         return None
     return b.lower, b.lower, b.upper
 
@@ -196,9 +196,10 @@ def characterise(design: Design, margin: float, *, reps: int = 1000, seed: int =
                  confidence: float = DEFAULT_CONFIDENCE,
                  statistic: Statistic | None = None) -> Characteristic:
     """False-pass rate and coverage at the margin, power at a true delta of 0."""
-    kw = {"reps": reps, "confidence": confidence, "statistic": statistic}
-    return Characteristic(design, margin, rates(design, margin, margin, seed=seed, **kw),
-                          rates(design, 0.0, margin, seed=seed + 1, **kw))
+    return Characteristic(
+        design, margin,
+        rates(design, margin, margin, seed=seed, reps=reps, confidence=confidence, statistic=statistic),
+        rates(design, 0.0, margin, seed=seed + 1, reps=reps, confidence=confidence, statistic=statistic))
 
 
 def cases_for_power(design: Design, margin: float, *, target: float = 0.80, reps: int = 300,

@@ -53,6 +53,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from kvaudit.core.vocabulary import Decision
+
 DEFAULT_ALPHA = 0.05
 DEFAULT_CONFIDENCE = 0.95
 DEFAULT_POWER = 0.8
@@ -314,7 +316,7 @@ class TextLeakDecision:
     """``verdict`` is ``"pass"``, ``"fail"`` or ``"undecided"``; ``probes_to_pass`` is how many
     probes with 0 leaks would pass (None when none would)."""
 
-    verdict: str
+    verdict: Decision
     leaks: int
     n: int
     rate: float | None
@@ -334,5 +336,5 @@ def text_leak_decision(leaks: int, n: int, max_rate: float, *,
     if n <= 0:
         return TextLeakDecision("undecided", 0, 0, None, None, None, max_rate, need)
     lo, hi = wilson_interval(leaks, n, confidence)
-    verdict = "pass" if hi <= max_rate else "fail" if lo > max_rate else "undecided"
+    verdict: Decision = "pass" if hi <= max_rate else "fail" if lo > max_rate else "undecided"
     return TextLeakDecision(verdict, leaks, n, leaks / n, lo, hi, max_rate, need)

@@ -108,7 +108,7 @@ def _text_rates(probes: list[PairRecord], confidence: float) -> dict[str, Any]:
         rows = [p for p in probes if arm in p.arms]
         if not rows:
             continue
-        cases = [p.case_id for p in rows if text_leak(p.arms[arm].answer, p.canary["value"])]
+        cases = [p.case_id for p in rows if text_leak(p.arms[arm].answer, (p.canary or {})["value"])]
         k, n = len(cases), len(rows)
         out[arm] = {"n": n, "leaks": k, "rate": k / n, "ci": list(wilson_interval(k, n, confidence)),
                     "cases": cases}
@@ -122,8 +122,9 @@ def _exposure(probes: list[PairRecord], arm: str, ref: str, confidence: float,
         a, r = p.arms.get(arm), p.arms.get(ref)
         if a is None or r is None or not a.canary_logprobs or not r.canary_logprobs:
             continue
-        value = p.canary["value"]
-        decoys = list(dict.fromkeys(d for d in p.canary.get("decoys", []) if d != value))
+        canary = p.canary or {}  # a probe row: _probe_rows kept only pairs with a canary
+        value = canary["value"]
+        decoys = list(dict.fromkeys(d for d in canary.get("decoys", []) if d != value))
         names = [value, *decoys]
         if any(n not in a.canary_logprobs or n not in r.canary_logprobs for n in names):
             continue

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 DEFAULT_CONFIDENCE = 0.95  # two-sided; each bound is one-sided at (1 + confidence) / 2
 MIN_CLUSTERS = 10
@@ -197,7 +198,7 @@ def _score_lower(d: np.ndarray, q: float, deff: float) -> float:
     return float(brentq(excess, lo, hi, xtol=1e-10))
 
 
-def paired_bound(diffs: Sequence[float], memberships: Sequence[Sequence[str]], *,
+def paired_bound(diffs: npt.ArrayLike, memberships: Sequence[Sequence[str]], *,
                  confidence: float = DEFAULT_CONFIDENCE, min_clusters: int = MIN_CLUSTERS,
                  min_effective_n: float = MIN_EFFECTIVE_N, min_icc: float = DEFAULT_MIN_ICC) -> PairedBound:
     """Score bounds of ``mean(diffs)`` with a document design effect (see module docstring)."""

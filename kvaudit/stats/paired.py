@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE, detectable_delta, paired_bound
 
@@ -46,11 +47,11 @@ def cluster_bootstrap_means(diffs: Sequence[float], clusters: Sequence[Any], *,
     return sums[idx].sum(axis=1) / counts[idx].sum(axis=1)
 
 
-def is_binary(*arrays: Sequence[float]) -> bool:
+def is_binary(*arrays: npt.ArrayLike) -> bool:
     return all(np.isin(np.asarray(a, dtype=float), (0.0, 1.0)).all() for a in arrays)
 
 
-def mcnemar_p(ref: Sequence[float], arm: Sequence[float]) -> float:
+def mcnemar_p(ref: npt.ArrayLike, arm: npt.ArrayLike) -> float:
     """McNemar p-value for paired 0/1 outcomes (exact when fewer than 25 discordant pairs)."""
     from statsmodels.stats.contingency_tables import mcnemar
 
@@ -62,7 +63,7 @@ def mcnemar_p(ref: Sequence[float], arm: Sequence[float]) -> float:
     return float(mcnemar(table, exact=b + c < _EXACT_MCNEMAR_BELOW, correction=True).pvalue)
 
 
-def wilcoxon_p(diffs: Sequence[float]) -> float:
+def wilcoxon_p(diffs: npt.ArrayLike) -> float:
     """Wilcoxon signed-rank p-value of paired differences (1.0 when none differ)."""
     from scipy.stats import wilcoxon
 
@@ -72,7 +73,7 @@ def wilcoxon_p(diffs: Sequence[float]) -> float:
     return float(wilcoxon(d, zero_method="wilcox").pvalue)
 
 
-def paired_test(ref: Sequence[float], arm: Sequence[float]) -> tuple[str, float]:
+def paired_test(ref: npt.ArrayLike, arm: npt.ArrayLike) -> tuple[str, float]:
     """``("mcnemar", p)`` for 0/1 scores, else ``("wilcoxon", p)``."""
     if is_binary(ref, arm):
         return "mcnemar", mcnemar_p(ref, arm)
@@ -133,10 +134,11 @@ def paired_delta(ref: Sequence[float], arm: Sequence[float], memberships: Sequen
                            "mdd": None}
     if n == 0:
         return out
+    assert b.mean is not None  # n > 0
     out.update(mean_ref=SCALE * r.mean(), mean_arm=SCALE * a.mean(), delta=SCALE * b.mean,
                binary=is_binary(r, a))
     out["test"], out["p"] = paired_test(r, a)
-    if b.decidable:
+    if b.decidable and b.lower is not None and b.upper is not None:
         out["lower_bound"], out["upper_bound"] = _points(b.lower), _points(b.upper)
         out["ci"] = [out["lower_bound"], out["upper_bound"]]
     mdd = detectable_delta(b)

@@ -51,6 +51,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvaudit.stats.noninferiority import (
     DEFAULT_MIN_ICC,
@@ -105,6 +106,7 @@ def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str = "obr
         if dens is None:
             c = float(norm.isf(target)) if target > 0 else np.inf
         else:
+            assert s_grid is not None  # set with dens after the first look
             sd = np.sqrt(dt)
             w = _weights(s_grid)
 
@@ -120,6 +122,7 @@ def _boundaries(fractions: tuple[float, ...], alpha: float, spending: str = "obr
         if dens is None:
             new_dens = norm.pdf(new_grid / np.sqrt(t)) / np.sqrt(t)
         else:
+            assert s_grid is not None
             sd = np.sqrt(dt)
             kern = norm.pdf((new_grid[:, None] - s_grid[None, :]) / sd) / sd
             new_dens = kern @ (_weights(s_grid) * dens)
@@ -259,7 +262,7 @@ class LookResult:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def evaluate_look(diffs: Sequence[float], memberships: Sequence[Sequence[str]], margin: float,
+def evaluate_look(diffs: Sequence[float] | np.ndarray, memberships: Sequence[Sequence[str]], margin: float,
                   plan: SequentialDesign, look: int, *, min_clusters: int = MIN_CLUSTERS,
                   min_effective_n: float = MIN_EFFECTIVE_N, min_icc: float = DEFAULT_MIN_ICC) -> LookResult:
     """The decision at look ``look`` on the first ``plan.looks[look]`` cases' differences."""
@@ -270,7 +273,7 @@ def evaluate_look(diffs: Sequence[float], memberships: Sequence[Sequence[str]], 
                           min_effective_n=min_effective_n, min_icc=min_icc)
 
 
-def decide_at_look(diffs: Sequence[float], memberships: Sequence[Sequence[str]], margin: float,
+def decide_at_look(diffs: npt.ArrayLike, memberships: Sequence[Sequence[str]], margin: float,
                    plan: SequentialDesign, look: int, *, min_clusters: int = MIN_CLUSTERS,
                    min_effective_n: float = MIN_EFFECTIVE_N, min_icc: float = DEFAULT_MIN_ICC) -> LookResult:
     """The decision at look ``look`` on these cases (all of a group's cases seen by that look: a
@@ -310,9 +313,10 @@ def decide_at_look(diffs: Sequence[float], memberships: Sequence[Sequence[str]],
     return LookResult(n, look, "continue", lower, upper, a)
 
 
-def run_sequential(diffs: Sequence[float], memberships: Sequence[Sequence[str]], margin: float,
+def run_sequential(diffs: npt.ArrayLike, memberships: Sequence[Sequence[str]], margin: float,
                    plan: SequentialDesign, **kw: Any) -> LookResult:
     """Look at each planned point in turn; the first pass or fail, else the last look's decision."""
+    diffs = np.asarray(diffs, dtype=float)
     res = None
     for k in range(len(plan.looks)):
         if plan.looks[k] > len(diffs):

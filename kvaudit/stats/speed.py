@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvaudit.core.vocabulary import Decision
+
 METRICS = {
     "ttft": "time to first token",
     "time_per_output_token": "time per output token after the first (decode)",
@@ -69,7 +71,7 @@ def median_ratio(arm: list[float], reference: list[float], confidence: float = 0
     return RatioInterval(int(r.size), float(np.median(r)), lo, hi, confidence)
 
 
-def speed_decision(interval: RatioInterval | None, max_ratio: float) -> str:
+def speed_decision(interval: RatioInterval | None, max_ratio: float) -> Decision:
     """``pass`` when the interval's upper end is at most ``max_ratio`` (arm time over reference time),
     ``fail`` when it is above, ``undecided`` without an interval."""
     if interval is None or interval.upper is None:

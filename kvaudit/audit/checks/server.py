@@ -25,7 +25,7 @@ from kvaudit.audit.checks.base import check, from_problems, not_run, result, ser
 from kvaudit.audit.checks.loading import LoadedRun
 from kvaudit.core.arms import FRESH_ROLES, arm_for, arms_where, get_arm, known_arm
 from kvaudit.core.run_format import PairRecord
-from kvaudit.stats.timing import isolation_decision
+from kvaudit.stats.timing import IsolationResult, isolation_decision
 
 
 def server_arms(p: PairRecord) -> dict:
@@ -190,7 +190,7 @@ def probe_arms(pairs: list[PairRecord]) -> list[tuple[str, str, str]]:
     return out
 
 
-def isolation_results(pairs: list[PairRecord]) -> dict[str, object]:
+def isolation_results(pairs: list[PairRecord]) -> dict[str, IsolationResult]:
     """``{"prefix cache" | "segment reuse": IsolationResult}`` for the probes that ran."""
     out = {}
     for what, same, probe in probe_arms(pairs):

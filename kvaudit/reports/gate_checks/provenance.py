@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvaudit.core.attestation import attestation_key, verify_attestation
+from kvaudit.core.vocabulary import GateStatus
 from kvaudit.reports.gate_checks.base import (
     Check,
     Table,
@@ -30,6 +31,6 @@ def parse_provenance(sec: dict[str, Any], t: Table) -> list[Check]:
 @evaluates("provenance")
 def provenance_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
     found = verify_attestation(an.run.path, attestation_key())
-    status = "pass" if found.state == "verified" else "error"
+    status: GateStatus = "pass" if found.state == "verified" else "error"
     return ThresholdResult(check.name, check.kind, status, found.state.replace("_", " "), "verified",
                            found.reason if status == "pass" else f"cannot judge: {found.reason}")

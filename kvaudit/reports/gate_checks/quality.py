@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from kvaudit.core.errors import KvauditError
+from kvaudit.core.vocabulary import GateStatus
 from kvaudit.reports.gate_checks.base import (
     Check,
     Table,
@@ -63,7 +64,7 @@ def delta_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
     if sequential is not None:
         return _sequential_delta_result(check, an, arm, sequential, thr, d)
     margin = p["min_lower_bound"]
-    status = ("pass" if d["lower_bound"] >= margin else
+    status: GateStatus = ("pass" if d["lower_bound"] >= margin else
               "fail" if d["upper_bound"] < margin else "error")
     detail = (f"delta {d['delta']:+.1f} pts, {an.confidence:.0%} interval [{d['lower_bound']:+.1f}, "
               f"{d['upper_bound']:+.1f}], n={d['n']} on {d['n_clusters']} documents "
@@ -85,12 +86,13 @@ def flip_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
     b = an.flip_bound(arm)
     if b is None:
         return missing_result(check, "no cases", thr, f"arm '{arm}' has no answers compared with recompute's")
+    assert b.mean is not None  # b.n > 0
     k = round(b.mean * b.n)
     obs = f"{k} of {b.n} ({pct(b.mean)})"
     if not b.decidable:
         return ThresholdResult(name, "flips", "error", obs + ", no bound", thr, f"cannot judge: {b.reason}")
     assert b.lower is not None and b.upper is not None
-    status = "pass" if b.upper <= mx else "fail" if b.lower > mx else "error"
+    status: GateStatus = "pass" if b.upper <= mx else "fail" if b.lower > mx else "error"
     detail = (f"{an.confidence:.0%} interval [{pct(max(0.0, b.lower))}, {pct(b.upper)}] on {b.n_clusters} documents "
               f"(design effect {b.deff:.2f})")
     if status == "error":
@@ -125,7 +127,7 @@ def _sequential_delta_result(check: Check, an: Analysis, arm: str, recorded: Any
                                f"cannot judge: a sequential run is judged only at a planned look: {why}")
     margin = check.params["min_lower_bound"]
     res = an.sequential_decision(arm, check.params["group"], margin, plan, look)
-    status = {"pass": "pass", "fail": "fail"}.get(res.decision, "error")
+    status: GateStatus = "pass" if res.decision == "pass" else "fail" if res.decision == "fail" else "error"
     lo = "–" if res.lower is None else f"{100 * res.lower:+.1f}"
     hi = "–" if res.upper is None else f"{100 * res.upper:+.1f}"
     detail = (f"sequential design, look {look + 1} of {len(plan.looks)} at {n} cases: delta {d['delta']:+.1f} pts, "

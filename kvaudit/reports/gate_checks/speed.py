@@ -57,7 +57,8 @@ def speed_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
     if iv is None:
         return missing_result(check, "n/a", thr, f"no case where both '{arm}' and '{ref}' have a {SPEED_METRICS[metric]}")
     if p["speedup"]:
-        obs = (f"{1 / iv.median:.3g}x" + ("" if iv.upper is None else f" [{1 / iv.upper:.3g}, {1 / iv.lower:.3g}]")
+        obs = (f"{1 / iv.median:.3g}x" + ("" if iv.upper is None or iv.lower is None
+                                          else f" [{1 / iv.upper:.3g}, {1 / iv.lower:.3g}]")
                + f" on {iv.n} cases")
     else:
         obs = (f"{iv.median:.3g}x" + ("" if iv.upper is None else f" [{iv.lower:.3g}, {iv.upper:.3g}]")
