@@ -65,9 +65,10 @@ def test_the_replay_reads_only_its_words(tmp_path):
 
 def test_every_check_kind_has_its_evaluator():
     """Each gate row kind is judged by one registered evaluator (kvaudit.reports.gate_checks), except
-    the rows the policy itself adds: the noise-floor controls and "quality checked"."""
+    the rows the policy and gate add themselves: the noise-floor controls, "quality checked" and the
+    run's completeness."""
     from kvaudit.reports.gate_checks import EVALUATORS, sections
 
-    assert set(EVALUATORS) | {"noise_control", "coverage"} == set(words(CheckKind))
+    assert set(EVALUATORS) | {"noise_control", "coverage", "completeness"} == set(words(CheckKind))
     assert [s.name for s in sections()] == ["delta", "speed", "flips", "audit", "hit_rate", "leak", "security",
                                             "provenance"]
