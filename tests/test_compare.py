@@ -75,17 +75,17 @@ def test_numbers_match_each_runs_own_analysis_gate_and_routing(written, runs):
         an = Analysis(load_run(run_dir), confidence=policy.confidence, min_icc=policy.min_icc)
         assert row["arm"] == policy.arm == "reuse"
         ov = an.delta("reuse", "overall")
-        assert row["overall"]["delta"] == pytest.approx(ov["delta"])
-        assert row["overall"]["ci"] == pytest.approx(ov["ci"])
+        assert row["overall"]["delta"] == pytest.approx(ov.delta)
+        assert row["overall"]["ci"] == pytest.approx(ov.ci)
         for task in an.tasks:
             d = an.delta("reuse", f"task:{task}")
             fam = row["families"][task]
-            assert fam["n"] == d["n"] and fam["delta"] == pytest.approx(d["delta"])
-            assert (fam["ci"] is None) == (d["ci"] is None)
-            if d["ci"]:
-                assert fam["ci"] == pytest.approx(d["ci"])
-                assert fam["lower_bound"] == pytest.approx(d["lower_bound"])
-            assert fam["decidable"] == d["decidable"] and fam["reason"] == d["reason"]
+            assert fam["n"] == d.n and fam["delta"] == pytest.approx(d.delta)
+            assert (fam["ci"] is None) == (d.ci is None)
+            if d.ci:
+                assert fam["ci"] == pytest.approx(d.ci)
+                assert fam["lower_bound"] == pytest.approx(d.lower_bound)
+            assert fam["decidable"] == d.decidable and fam["reason"] == d.reason
         assert row["flips"]["flips"] == an.flips("reuse")["flips"]
         assert row["hit_rate"]["segment"] == pytest.approx(an.hit_rate("reuse", "segment"))
         assert row["speedup"]["ratio_of_medians"] == pytest.approx(an.speedup("reuse")["ratio_of_medians"])

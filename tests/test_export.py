@@ -79,7 +79,7 @@ def test_inspect_log_opens_with_read_eval_log(run_dir, tmp_path, capsys):
     scores = {s.name: s for s in log.results.scores}
     assert list(scores) == an.arms
     reuse = scores["reuse"].metrics
-    assert reuse["delta_pts"].value == pytest.approx(an.delta("reuse")["delta"])
+    assert reuse["delta_pts"].value == pytest.approx(an.delta("reuse").delta)
     assert reuse["flip_rate"].value == pytest.approx(an.flips("reuse")["rate"])
     assert reuse["hit_rate"].value == pytest.approx(an.hit_rate("reuse"))
     overall = list(an.select("overall"))
@@ -177,7 +177,7 @@ def test_lm_eval_results_layout(run_dir, tmp_path, capsys):
                                      "effective": r["results"][t]["sample_len"]}
         assert r["configs"][t]["task"] == t and r["configs"][t]["output_type"] == "generate_until"
     d = an.delta("reuse", "task:multi_hop_bridge")
-    assert r["results"]["kvaudit_multi_hop_bridge"]["delta_pts,reuse"] == pytest.approx(d["delta"])
+    assert r["results"]["kvaudit_multi_hop_bridge"]["delta_pts,reuse"] == pytest.approx(d.delta)
     assert r["config"]["model"] == "kvaudit-synthetic" and r["model_name_sanitized"] == "synthetic"
 
     for f in sample_files:

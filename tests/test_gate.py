@@ -269,7 +269,7 @@ def test_the_gate_judges_what_the_report_plots(passing):
 
     an = Analysis(load_run(passing))
     d = an.delta("reuse", "overall")
-    assert d["ci"] == [d["lower_bound"], d["upper_bound"]]
+    assert d.ci == [d.lower_bound, d.upper_bound]
     with pytest.raises(ValueError, match="confidence"):
         Analysis(load_run(passing), confidence=0.5)
 
@@ -348,7 +348,7 @@ def test_min_icc_floors_the_design_effect(passing, tmp_path):
 
     run = load_run(passing)
     plain, floored = Analysis(run).delta("reuse", "overall"), Analysis(run, min_icc=0.2).delta("reuse", "overall")
-    assert floored["deff"] > plain["deff"] and floored["lower_bound"] < plain["lower_bound"]
+    assert floored.deff > plain.deff and floored.lower_bound < plain.lower_bound
     policy = tmp_path / "p.toml"
     policy.write_text("min_icc = 1.5\n[audit]\n")
     with pytest.raises(KvauditError, match="min_icc"):

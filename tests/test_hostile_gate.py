@@ -416,7 +416,7 @@ def signed_loser(tmp_path, monkeypatch):
 def test_the_signed_loser_fails_the_shipped_policy(signed_loser, capsys):
     from kvaudit.reports.analysis import Analysis, load_run
 
-    assert Analysis(load_run(signed_loser)).delta("reuse")["delta"] < -40
+    assert Analysis(load_run(signed_loser)).delta("reuse").delta < -40
     assert cli([str(signed_loser)]) == 1
     assert "| overall quality | ❌ fail |" in capsys.readouterr().out
 

@@ -23,31 +23,31 @@ def test_planted_delta_is_found_with_sign_and_ci():
     ref, arm, clusters = planted()
     true = 100 * (arm - ref).mean()
     r = stats.paired_delta(ref, arm, clusters)
-    assert r["delta"] == pytest.approx(true) and r["delta"] < -10
-    assert r["ci"][0] < r["delta"] < r["ci"][1] < 0  # interval excludes zero on the loss side
-    assert r["lower_bound"] < r["delta"] < r["upper_bound"] < 0
-    assert r["test"] == "mcnemar" and r["p"] < 1e-6
-    assert not stats.non_inferior(r["lower_bound"], -2.0)
-    assert r["n"] == 400 and r["n_clusters"] == 200
+    assert r.delta == pytest.approx(true) and r.delta < -10
+    assert r.ci[0] < r.delta < r.ci[1] < 0  # interval excludes zero on the loss side
+    assert r.lower_bound < r.delta < r.upper_bound < 0
+    assert r.test == "mcnemar" and r.p < 1e-6
+    assert not stats.non_inferior(r.lower_bound, -2.0)
+    assert r.n == 400 and r.n_clusters == 200
 
 
 def test_planted_gain_has_positive_sign():
     ref, arm, clusters = planted()
     r = stats.paired_delta(arm, ref, clusters)  # swapped: the "arm" now gains
-    assert r["ci"][0] > 0 and r["p"] < 1e-6
+    assert r.ci[0] > 0 and r.p < 1e-6
 
 
 def test_aa_identical_arms_give_zero_delta_and_no_significance():
     ref, _, clusters = planted()
     r = stats.paired_delta(ref, ref.copy(), clusters)
-    assert r["delta"] == 0.0 and r["p"] == 1.0
-    assert r["ci"][0] < 0 < r["ci"][1]  # the rule-of-three floor keeps the interval honest
-    assert stats.holm([r["p"], r["p"]]) == [1.0, 1.0]
+    assert r.delta == 0.0 and r.p == 1.0
+    assert r.ci[0] < 0 < r.ci[1]  # the rule-of-three floor keeps the interval honest
+    assert stats.holm([r.p, r.p]) == [1.0, 1.0]
     # 400 unchanged cases bound the loss within -2 points; 20 do not
-    assert stats.non_inferior(r["lower_bound"], -2.0)
+    assert stats.non_inferior(r.lower_bound, -2.0)
     small = stats.paired_delta(ref[:20], ref[:20], clusters[:20])
-    assert small["delta"] == 0.0 and not stats.non_inferior(small["lower_bound"], -2.0)
-    assert small["mdd"] > r["mdd"] > 0
+    assert small.delta == 0.0 and not stats.non_inferior(small.lower_bound, -2.0)
+    assert small.mdd > r.mdd > 0
 
 
 def test_continuous_scores_use_wilcoxon():
@@ -55,7 +55,7 @@ def test_continuous_scores_use_wilcoxon():
     ref = rng.uniform(0.3, 1.0, 200)
     arm = np.clip(ref - 0.1 + rng.normal(0, 0.02, 200), 0, 1)
     r = stats.paired_delta(ref, arm, list(range(200)))
-    assert r["test"] == "wilcoxon" and r["p"] < 1e-10 and r["ci"][1] < 0
+    assert r.test == "wilcoxon" and r.p < 1e-10 and r.ci[1] < 0
 
 
 def test_cluster_bootstrap_is_wider_when_clusters_are_correlated():
@@ -90,24 +90,24 @@ def test_mcnemar_exact_small_counts():
 
 def test_min_detectable_delta_shrinks_with_n_and_is_capped():
     def mdd(n: int) -> float:
-        return stats.paired_delta(np.ones(n), np.ones(n), [f"d{i % 20}" for i in range(n)])["mdd"]
+        return stats.paired_delta(np.ones(n), np.ones(n), [f"d{i % 20}" for i in range(n)]).mdd
 
     assert mdd(100) > mdd(1000) > 0
-    assert stats.paired_delta([1.0], [1.0], ["a"])["mdd"] == 100.0  # cannot detect any
-    assert stats.paired_delta([], [], [])["mdd"] is None
+    assert stats.paired_delta([1.0], [1.0], ["a"]).mdd == 100.0  # cannot detect any
+    assert stats.paired_delta([], [], []).mdd is None
 
 
 def test_bounds_stay_within_the_possible_range():
     n = 40
     r = stats.paired_delta(np.zeros(n), np.ones(n), [f"d{i}" for i in range(n)])
-    assert r["delta"] == 100.0 and r["ci"][1] == 100.0 and r["upper_bound"] == 100.0
-    assert -100.0 <= r["ci"][0] == r["lower_bound"] < 100.0
+    assert r.delta == 100.0 and r.ci[1] == 100.0 and r.upper_bound == 100.0
+    assert -100.0 <= r.ci[0] == r.lower_bound < 100.0
 
 
 def test_single_cluster_gives_no_interval():
     r = stats.paired_delta([1, 1, 0], [0, 1, 0], ["d", "d", "d"])
-    assert r["ci"] is None and r["lower_bound"] is None and r["delta"] == pytest.approx(-100 / 3)
-    assert not r["decidable"] and "1 document" in r["reason"]
+    assert r.ci is None and r.lower_bound is None and r.delta == pytest.approx(-100 / 3)
+    assert not r.decidable and "1 document" in r.reason
 
 
 def test_text_leak_is_whole_word():

@@ -132,6 +132,31 @@ def _decoded(r: Any) -> int:
     return r.decode_tokens if r.decode_tokens is not None else max(0, len(r.answer_ids) - 1)
 
 
+@dataclass(frozen=True, kw_only=True)
+class GroupDelta(stats.PairedDelta):
+    """A paired delta of ``arm`` against its ``reference`` on one ``group`` of cases."""
+
+    arm: str
+    group: str
+    reference: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison(GroupDelta):
+    """A row of :meth:`Analysis.comparisons`: a group's delta with its p-value Holm-adjusted across
+    the arm's groups (None where the test gave none)."""
+
+    p_adj: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FlipExcess(stats.PairedDelta):
+    """``arm``'s flip rate minus ``noise_arm``'s on the same cases, as a paired delta of 0/1 flips."""
+
+    arm: str
+    noise_arm: str
+
+
 class Analysis:
     """Scores and statistics of one run; every number the report and gate show comes from here."""
 
@@ -228,15 +253,14 @@ class Analysis:
             return ref, self._wide.loc[ids, [ref, arm]].dropna()
         return ref, pd.DataFrame(columns=[ref, arm])
 
-    def delta(self, arm: str, group: str = "overall") -> dict[str, Any]:
+    def delta(self, arm: str, group: str = "overall") -> GroupDelta:
         """Paired delta of ``arm`` against its reference on a group (see :func:`stats.paired_delta`):
         recompute, or for the oracle its own recompute on the same evidence-only prompt."""
         ref, both = self._paired(arm, group)
-        out = stats.paired_delta(both[ref].to_numpy(float), both[arm].to_numpy(float),
-                                 self._docs.loc[both.index].tolist(), confidence=self.confidence,
-                                 min_icc=self.min_icc)
-        out.update(arm=arm, group=group, reference=ref)
-        return out
+        d = stats.paired_delta(both[ref].to_numpy(float), both[arm].to_numpy(float),
+                               self._docs.loc[both.index].tolist(), confidence=self.confidence,
+                               min_icc=self.min_icc)
+        return GroupDelta(**vars(d), arm=arm, group=group, reference=ref)
 
     def sequential_decision(self, arm: str, group: str, margin_points: float, plan: Any, look: int) -> Any:
         """The sequential design's decision (:func:`kvaudit.stats.sequential.decide_at_look`) for
@@ -248,7 +272,7 @@ class Analysis:
         return decide_at_look(d, self._docs.loc[both.index].tolist(), margin_points / stats.SCALE, plan, look,
                               min_icc=self.min_icc)
 
-    def flip_excess(self, arm: str, noise_arm: str = NOISE_ARM) -> dict[str, Any] | None:
+    def flip_excess(self, arm: str, noise_arm: str = NOISE_ARM) -> FlipExcess | None:
         """``arm``'s flip rate minus the noise floor's on the same cases (points), with the
         paired interval of :func:`stats.paired_delta` (flips as 0/1 scores)."""
         rows = self.scores[self.scores["flip"].notna()]
@@ -258,17 +282,14 @@ class Analysis:
         both = wide[[noise_arm, arm]].dropna().astype(float)
         if both.empty:
             return None
-        out = stats.paired_delta(both[noise_arm].to_numpy(float), both[arm].to_numpy(float),
-                                 self._docs.loc[both.index].tolist(), confidence=self.confidence)
-        out.update(arm=arm, noise_arm=noise_arm)
-        return out
+        d = stats.paired_delta(both[noise_arm].to_numpy(float), both[arm].to_numpy(float),
+                               self._docs.loc[both.index].tolist(), confidence=self.confidence)
+        return FlipExcess(**vars(d), arm=arm, noise_arm=noise_arm)
 
-    def comparisons(self, arm: str) -> list[dict[str, Any]]:
+    def comparisons(self, arm: str) -> list[Comparison]:
         """Delta rows for every group with cases, with Holm-adjusted p-values across them."""
-        rows = [r for r in (self.delta(arm, g) for g in self.groups()) if r["n"] > 0]
-        for r, adj in zip(rows, stats.holm([r["p"] for r in rows]), strict=True):
-            r["p_adj"] = adj
-        return rows
+        rows = [r for r in (self.delta(arm, g) for g in self.groups()) if r.n > 0]
+        return [Comparison(**vars(r), p_adj=adj) for r, adj in zip(rows, stats.holm([r.p for r in rows]), strict=True)]
 
     # ------------------------------------------------------------------ flips, hits, timing
 

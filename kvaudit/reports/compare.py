@@ -29,6 +29,7 @@ from typing import Any
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.manifest import Manifest
+from kvaudit.stats.paired import PairedDelta
 
 JSON_FILE = "compare.json"
 HTML_FILE = "compare.html"
@@ -58,8 +59,11 @@ def run_identity(manifest: Manifest) -> dict[str, Any]:
     }
 
 
-def _pick(d: dict[str, Any] | None, *keys: str) -> dict[str, Any] | None:
-    return None if d is None else {k: d.get(k) for k in keys}
+def _pick(d: PairedDelta | dict[str, Any] | None, *keys: str) -> dict[str, Any] | None:
+    """Some fields of a record (a statistic's, or a dict's keys), for the comparison's JSON."""
+    if d is None:
+        return None
+    return {k: d.get(k) for k in keys} if isinstance(d, dict) else {k: getattr(d, k) for k in keys}
 
 
 _DELTA_KEYS = ("n", "n_clusters", "delta", "ci", "lower_bound", "upper_bound", "decidable", "reason", "mdd")

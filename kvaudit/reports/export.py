@@ -138,8 +138,8 @@ def arm_metrics(an: Analysis) -> dict[str, dict[str, float]]:
                              "n": means[arm]["n"]}
         if arm != an.arms[0]:
             d = an.delta(arm)
-            m.update(delta_pts=d.get("delta"), delta_lower_bound_pts=d.get("lower_bound"),
-                     delta_upper_bound_pts=d.get("upper_bound"))
+            m.update(delta_pts=d.delta, delta_lower_bound_pts=d.lower_bound,
+                     delta_upper_bound_pts=d.upper_bound)
             flips = an.flips(arm)
             m["flip_rate"] = flips["rate"] if flips else None
             sp = an.speedup(arm)

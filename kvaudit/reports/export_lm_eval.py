@@ -137,10 +137,10 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
             r[f"score_stderr,{arm}"] = means[arm]["stderr"] if means[arm]["stderr"] is not None else "N/A"
             if arm != an.arms[0]:
                 d = an.delta(arm, group)
-                if d.get("delta") is not None:
-                    r[f"delta_pts,{arm}"] = d["delta"]
-                if d.get("lower_bound") is not None:
-                    r[f"delta_lower_bound_pts,{arm}"] = d["lower_bound"]
+                if d.delta is not None:
+                    r[f"delta_pts,{arm}"] = d.delta
+                if d.lower_bound is not None:
+                    r[f"delta_lower_bound_pts,{arm}"] = d.lower_bound
         return r
 
     hib = {"score": True, "delta_pts": True, "delta_lower_bound_pts": True}

@@ -70,11 +70,11 @@ def frontier_point(an: Analysis, arm: str, group: str, repairs: dict[tuple[str, 
         if acct is not None and isinstance(acct.get("select_s"), (int, float)):
             select.append(float(acct["select_s"]))
     med_arm, med_ref = _median(t_arm), _median(t_ref)
-    lb = d["lower_bound"]
+    lb = d.lower_bound
     return {
-        "arm": arm, "group": group, "n": d["n"], "n_clusters": d["n_clusters"], "delta": d["delta"],
-        "ci": d["ci"], "lower_bound": lb, "upper_bound": d["upper_bound"], "decidable": d["decidable"],
-        "reason": d["reason"], "recomputed_share": recomputed / seg if seg else None,
+        "arm": arm, "group": group, "n": d.n, "n_clusters": d.n_clusters, "delta": d.delta,
+        "ci": d.ci, "lower_bound": lb, "upper_bound": d.upper_bound, "decidable": d.decidable,
+        "reason": d.reason, "recomputed_share": recomputed / seg if seg else None,
         "ttft_median": med_arm, "ref_ttft_median": med_ref,
         "speedup": med_ref / med_arm if med_arm and med_ref else None,
         "select_median": _median(select) if get_arm(arm).repair else None,
@@ -111,15 +111,15 @@ def oracle_split(an: Analysis) -> list[dict[str, Any]]:
         full = an.delta(UNDER_TEST_ARM, group) if UNDER_TEST_ARM in an.arms else None
         oracle = an.delta(ORACLE_ARM, group)
         model = an.delta(ORACLE_REFERENCE_ARM, group)
-        if oracle["n"] == 0:
+        if oracle.n == 0:
             continue
-        distractors = (full["delta"] - oracle["delta"]
-                       if full is not None and full["delta"] is not None and oracle["delta"] is not None else None)
-        out.append({"group": group, "n": oracle["n"],
-                    "reuse_delta": full["delta"] if full else None, "reuse_ci": full["ci"] if full else None,
-                    "oracle_delta": oracle["delta"], "oracle_ci": oracle["ci"],
+        distractors = (full.delta - oracle.delta
+                       if full is not None and full.delta is not None and oracle.delta is not None else None)
+        out.append({"group": group, "n": oracle.n,
+                    "reuse_delta": full.delta if full else None, "reuse_ci": full.ci if full else None,
+                    "oracle_delta": oracle.delta, "oracle_ci": oracle.ci,
                     "distractor_part": distractors,
-                    "model_distractor_delta": model["delta"], "model_distractor_ci": model["ci"]})
+                    "model_distractor_delta": model.delta, "model_distractor_ci": model.ci})
     return out
 
 

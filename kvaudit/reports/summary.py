@@ -44,9 +44,10 @@ from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, reference_of
 from kvaudit.reports.analysis import Analysis, arm_reason
 from kvaudit.reports.frontier import build_frontier
 from kvaudit.reports.policy import Policy, evaluate, verdict
+from kvaudit.stats.paired import PairedDelta
 
 
-def route(delta: dict[str, Any], margin: float, *, confidence: float = 0.95) -> tuple[str, str]:
+def route(delta: PairedDelta, margin: float, *, confidence: float = 0.95) -> tuple[str, str]:
     """Routing recommendation for one task family from its paired delta and margin (points).
 
     safe: the interval's lower end clears the margin (non-inferior);
@@ -56,11 +57,11 @@ def route(delta: dict[str, Any], margin: float, *, confidence: float = 0.95) -> 
     """
     from kvaudit.reports.policy import cases_needed
 
-    lb, ub, mdd = delta["lower_bound"], delta["upper_bound"], delta["mdd"]
+    lb, ub, mdd = delta.lower_bound, delta.upper_bound, delta.mdd
     need = cases_needed(delta, margin, confidence=confidence)
-    needs = f"; about {need} cases needed (`kvaudit plan`)" if need and need > delta["n"] else ""
-    if lb is None:
-        return "undecided", f"{delta['reason'] or 'too few cases to bound'}{needs}"
+    needs = f"; about {need} cases needed (`kvaudit plan`)" if need and need > delta.n else ""
+    if lb is None or ub is None:  # both or neither: no interval
+        return "undecided", f"{delta.reason or 'too few cases to bound'}{needs}"
     if lb >= margin:
         return "safe", f"lower bound {lb:+.1f} ≥ margin {margin:+.1f}"
     if ub < margin:
@@ -76,13 +77,13 @@ def routing(an: Analysis, policy: Policy) -> list[dict[str, Any]]:
     for task in an.tasks:
         margin = policy.margin_for_task(task)
         d = an.delta(policy.arm, f"task:{task}")
-        if margin is None or d["n"] == 0:
+        if margin is None or d.n == 0:
             rec, why = "undecided", ("no margin in the policy" if margin is None
                                      else f"no cases with arm '{policy.arm}'")
         else:
             rec, why = route(d, margin, confidence=an.confidence)
         out.append({"task": task, "recommendation": rec, "reason": why, "margin": margin,
-                    "delta": d["delta"], "lower_bound": d["lower_bound"], "n": d["n"]})
+                    "delta": d.delta, "lower_bound": d.lower_bound, "n": d.n})
     return out
 
 
@@ -101,30 +102,30 @@ def cases_needed_rows(an: Analysis, policy: Policy, gate: list[Any],
         if c.kind != "delta" or status.get(c.name) == "pass":
             continue
         d = an.delta(policy.arm, c.params["group"])
-        if d["decidable"] and d["upper_bound"] < c.params["min_lower_bound"]:
+        if d.decidable and d.upper_bound < c.params["min_lower_bound"]:
             continue  # decided: even the upper end misses the margin, more cases will not pass it
-        need = cases_needed(d, c.params["min_lower_bound"], confidence=an.confidence) if d["n"] else None
+        need = cases_needed(d, c.params["min_lower_bound"], confidence=an.confidence) if d.n else None
         out.append({"kind": "threshold", "name": c.name, "group": c.params["group"],
-                    "margin": c.params["min_lower_bound"], "status": status.get(c.name), "n": d["n"],
-                    "needed": need if need and need > d["n"] else None})
+                    "margin": c.params["min_lower_bound"], "status": status.get(c.name), "n": d.n,
+                    "needed": need if need and need > d.n else None})
     noise = {r.name: r for r in gate if r.kind == "noise_control" and r.status != "pass"}
     for c in policy.checks:
         name = f"{c.name}: noise floor ({NOISE_ARM})"
         if c.kind != "delta" or name not in noise:
             continue
         d = an.delta(NOISE_ARM, c.params["group"])
-        need = cases_needed(d, c.params["min_lower_bound"], confidence=an.confidence) if d["n"] else None
+        need = cases_needed(d, c.params["min_lower_bound"], confidence=an.confidence) if d.n else None
         out.append({"kind": "noise floor", "name": name, "group": c.params["group"],
-                    "margin": c.params["min_lower_bound"], "status": noise[name].status, "n": d["n"],
-                    "needed": need if need and need > d["n"] else None})
+                    "margin": c.params["min_lower_bound"], "status": noise[name].status, "n": d.n,
+                    "needed": need if need and need > d.n else None})
     for r in routes:
         if r["recommendation"] != "undecided" or r["margin"] is None or not r["n"]:
             continue
         d = an.delta(policy.arm, f"task:{r['task']}")
         need = cases_needed(d, r["margin"], confidence=an.confidence)
         out.append({"kind": "routing", "name": r["task"], "group": f"task:{r['task']}",
-                    "margin": r["margin"], "status": "undecided", "n": d["n"],
-                    "needed": need if need and need > d["n"] else None})
+                    "margin": r["margin"], "status": "undecided", "n": d.n,
+                    "needed": need if need and need > d.n else None})
     return out
 
 
@@ -185,10 +186,11 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
                   "checks": [asdict(c) for c in audit.checks]},
         "gate": {"policy": policy.source, "arm": policy.arm, "verdict": verdict(gate),
                  "checks": [asdict(r) for r in gate]},
-        "comparisons": {arm: an.comparisons(arm) for arm in an.compared_arms},
+        "comparisons": {arm: [r.as_dict() for r in an.comparisons(arm)] for arm in an.compared_arms},
         "flips": {arm: an.flips(arm) for arm in an.compared_arms},
         "noise_floor": an.flips(NOISE_ARM) if NOISE_ARM in an.arms else None,
-        "flip_excess": {arm: an.flip_excess(arm) for arm in an.compared_arms if arm != NOISE_ARM}
+        "flip_excess": {arm: (fe.as_dict() if (fe := an.flip_excess(arm)) else None) for arm in an.compared_arms
+                        if arm != NOISE_ARM}
         if NOISE_ARM in an.arms else {},
         "flips_by_group": {arm: an.flips_by_group(arm) for arm in an.compared_arms},
         "leaks": an.leaks,

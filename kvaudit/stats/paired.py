@@ -22,6 +22,7 @@ Conventions used throughout the report and the gate:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,34 +114,62 @@ def non_inferior(lower_bound: float | None, margin: float) -> bool:
     return lower_bound is not None and lower_bound >= margin
 
 
+@dataclasses.dataclass(frozen=True)
+class PairedDelta:
+    """One paired comparison, deltas in points (:func:`paired_delta`): ``n`` cases on
+    ``n_clusters`` documents; the means, the delta, the two-sided interval ``ci`` and its ends
+    (each a one-sided bound), the design effect ``deff``, the effective sample ``n_eff``, the
+    per-case variance of the differences ``var``, whether the interval exists (``decidable``,
+    ``reason`` when not), the descriptive paired ``test`` and its ``p``, the minimum detectable
+    delta ``mdd``, and whether both arms' scores are 0/1 (``binary``). Without cases, the means,
+    delta, bounds, test and MDD are None."""
+
+    n: int
+    n_clusters: int
+    deff: float
+    n_eff: float
+    var: float
+    decidable: bool
+    reason: str
+    binary: bool | None = None
+    mean_ref: float | None = None
+    mean_arm: float | None = None
+    delta: float | None = None
+    ci: list[float] | None = None
+    lower_bound: float | None = None
+    upper_bound: float | None = None
+    test: str | None = None
+    p: float | None = None
+    mdd: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as summary.json and the exports write it."""
+        return dataclasses.asdict(self)
+
+
 def paired_delta(ref: Sequence[float], arm: Sequence[float], memberships: Sequence[Sequence[str]], *,
-                 confidence: float = DEFAULT_CONFIDENCE, min_icc: float = 0.0) -> dict[str, Any]:
-    """Everything the report says about one paired comparison, deltas in points.
+                 confidence: float = DEFAULT_CONFIDENCE, min_icc: float = 0.0) -> PairedDelta:
+    """Everything the report says about one paired comparison (:class:`PairedDelta`).
 
     ``memberships``: per case, the documents it rests on (:func:`kvaudit.reports.scoring.documents`).
-    Keys: n, n_clusters, mean_ref, mean_arm, delta, ci [lo, hi] or None, lower_bound,
-    upper_bound, deff, n_eff, var (per-case variance of the differences), decidable, reason,
-    test, p, mdd, binary.
     """
     r, a = np.asarray(ref, dtype=float), np.asarray(arm, dtype=float)
     if r.shape != a.shape or len(r) != len(memberships):
         raise ValueError("ref, arm and memberships must have the same length")
     n = len(r)
     b = paired_bound(a - r, memberships, confidence=confidence, min_icc=min_icc)
-    out: dict[str, Any] = {"n": n, "n_clusters": b.n_clusters, "binary": None, "mean_ref": None,
-                           "mean_arm": None, "delta": None, "ci": None, "lower_bound": None,
-                           "upper_bound": None, "deff": b.deff, "n_eff": b.n_eff, "var": b.var,
-                           "decidable": b.decidable, "reason": b.reason, "test": None, "p": None,
-                           "mdd": None}
+    base = PairedDelta(n=n, n_clusters=b.n_clusters, deff=b.deff, n_eff=b.n_eff, var=b.var, decidable=b.decidable,
+                       reason=b.reason)
     if n == 0:
-        return out
+        return base
     assert b.mean is not None  # n > 0
-    out.update(mean_ref=SCALE * r.mean(), mean_arm=SCALE * a.mean(), delta=SCALE * b.mean,
-               binary=is_binary(r, a))
-    out["test"], out["p"] = paired_test(r, a)
+    test, p = paired_test(r, a)
+    lower = upper = None
     if b.decidable and b.lower is not None and b.upper is not None:
-        out["lower_bound"], out["upper_bound"] = _points(b.lower), _points(b.upper)
-        out["ci"] = [out["lower_bound"], out["upper_bound"]]
+        lower, upper = _points(b.lower), _points(b.upper)
     mdd = detectable_delta(b)
-    out["mdd"] = None if mdd is None else SCALE * mdd
-    return out
+    return dataclasses.replace(
+        base, binary=is_binary(r, a), mean_ref=SCALE * r.mean(), mean_arm=SCALE * a.mean(),
+                       delta=SCALE * b.mean, ci=None if lower is None or upper is None else [lower, upper],
+                       lower_bound=lower, upper_bound=upper, test=test, p=p,
+                       mdd=None if mdd is None else SCALE * mdd)

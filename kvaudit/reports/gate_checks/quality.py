@@ -24,18 +24,19 @@ from kvaudit.reports.gate_checks.base import (
     section,
 )
 from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE
+from kvaudit.stats.paired import PairedDelta
 
 if TYPE_CHECKING:
     from kvaudit.reports.analysis import Analysis
 
 
 @section("delta", {"name", "group", "min_lower_bound", "missing"}, many=True)
-def parse_delta(d: dict[str, Any], t: Table) -> list[Check]:
-    group = d.get("group")
+def parse_delta(table: dict[str, Any], t: Table) -> list[Check]:
+    group = table.get("group")
     if not isinstance(group, str) or not (group == "overall" or ":" in group):
         raise KvauditError(f"{t.field('group')} must be 'overall', 'task:<glob>' or '<stratum>:<glob>'")
-    bound = number(f"{t.field('min_lower_bound')} (points)", d.get("min_lower_bound"), -100.0, 100.0)
-    name = d.get("name", group)
+    bound = number(f"{t.field('min_lower_bound')} (points)", table.get("min_lower_bound"), -100.0, 100.0)
+    name = table.get("name", group)
     if not isinstance(name, str):
         raise KvauditError(f"{t.field('name')} must be a string")
     return [Check(name, "delta", {"group": group, "min_lower_bound": bound}, t.missing)]
@@ -52,29 +53,29 @@ def delta_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
     p, name = check.params, check.name
     thr = f"lower bound ≥ {p['min_lower_bound']:+.1f} pts"
     d = an.delta(arm, p["group"])
-    if d["n"] == 0:
+    if d.n == 0:
         return missing_result(check, "no cases", thr,
                               f"no answer-quality cases with arm '{arm}' match group '{p['group']}'")
-    if not d["decidable"]:
+    if not d.decidable:
         need = cases_needed(d, p["min_lower_bound"], confidence=an.confidence)
-        return ThresholdResult(name, "delta", "error", f"delta {d['delta']:+.1f} pts, no bound", thr,
-                               f"cannot judge: {d['reason']}" + (f"; about {need} cases needed "
+        return ThresholdResult(name, "delta", "error", f"delta {d.delta:+.1f} pts, no bound", thr,
+                               f"cannot judge: {d.reason}" + (f"; about {need} cases needed "
                                                              "(`kvaudit plan` simulates it)" if need else ""))
     sequential = an.run.manifest.extra.get("sequential")
     if sequential is not None:
         return _sequential_delta_result(check, an, arm, sequential, thr, d)
     margin = p["min_lower_bound"]
-    status: GateStatus = ("pass" if d["lower_bound"] >= margin else
-              "fail" if d["upper_bound"] < margin else "error")
-    detail = (f"delta {d['delta']:+.1f} pts, {an.confidence:.0%} interval [{d['lower_bound']:+.1f}, "
-              f"{d['upper_bound']:+.1f}], n={d['n']} on {d['n_clusters']} documents "
-              f"(design effect {d['deff']:.2f}), MDD {d['mdd']:.1f} pts")
+    status: GateStatus = ("pass" if d.lower_bound >= margin else
+              "fail" if d.upper_bound < margin else "error")
+    detail = (f"delta {d.delta:+.1f} pts, {an.confidence:.0%} interval [{d.lower_bound:+.1f}, "
+              f"{d.upper_bound:+.1f}], n={d.n} on {d.n_clusters} documents "
+              f"(design effect {d.deff:.2f}), MDD {d.mdd:.1f} pts")
     if status == "error":
         need = cases_needed(d, margin, confidence=an.confidence)
         detail = ("cannot judge: the interval straddles the margin; " + detail
-                  + (f"; about {need} cases would be needed to pass a true delta of 0" if need and need > d["n"]
+                  + (f"; about {need} cases would be needed to pass a true delta of 0" if need and need > d.n
                      else ""))
-    return ThresholdResult(name, "delta", status, f"lower bound {d['lower_bound']:+.1f} pts", thr, detail)
+    return ThresholdResult(name, "delta", status, f"lower bound {d.lower_bound:+.1f} pts", thr, detail)
 
 
 @evaluates("flips")
@@ -101,7 +102,7 @@ def flip_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
 
 
 def _sequential_delta_result(check: Check, an: Analysis, arm: str, recorded: Any, thr: str,
-                             d: dict[str, Any]) -> ThresholdResult:
+                             d: PairedDelta) -> ThresholdResult:
     """A run made with ``kvaudit run --until-decided`` is judged by the boundary of the look it
     stopped at, never by the fixed-sample bound (that would spend alpha at every look and inflate
     the false-pass rate); a run whose case count is not one of its planned looks (extended past its
@@ -123,21 +124,21 @@ def _sequential_delta_result(check: Check, an: Analysis, arm: str, recorded: Any
     if look is None:
         why = (f"{n} cases, past the design's maximum of {plan.max_cases}" if n > plan.max_cases
                else f"{n} cases is not one of the design's looks ({', '.join(map(str, plan.looks))})")
-        return ThresholdResult(name, "delta", "error", f"delta {d['delta']:+.1f} pts at no planned look", thr,
+        return ThresholdResult(name, "delta", "error", f"delta {d.delta:+.1f} pts at no planned look", thr,
                                f"cannot judge: a sequential run is judged only at a planned look: {why}")
     margin = check.params["min_lower_bound"]
     res = an.sequential_decision(arm, check.params["group"], margin, plan, look)
     status: GateStatus = "pass" if res.decision == "pass" else "fail" if res.decision == "fail" else "error"
     lo = "–" if res.lower is None else f"{100 * res.lower:+.1f}"
     hi = "–" if res.upper is None else f"{100 * res.upper:+.1f}"
-    detail = (f"sequential design, look {look + 1} of {len(plan.looks)} at {n} cases: delta {d['delta']:+.1f} pts, "
+    detail = (f"sequential design, look {look + 1} of {len(plan.looks)} at {n} cases: delta {d.delta:+.1f} pts, "
               f"lower bound {lo} pts at one-sided {res.nominal_alpha:.2g}, upper {hi} pts (fail rule)"
               + (f"; {res.reason}" if res.reason else "")
               + ("; not decided at this look: run on to the next" if res.decision == "continue" else ""))
     return ThresholdResult(name, "delta", status, f"lower bound {lo} pts (look {look + 1})", thr, detail)
 
 
-def cases_needed(delta: dict[str, Any], margin_points: float, *,
+def cases_needed(delta: PairedDelta, margin_points: float, *,
                  confidence: float = DEFAULT_CONFIDENCE) -> int | None:
     """Approximate cases needed for 80% power at a true delta of 0 against ``margin_points``
     (normal approximation with the run's design effect and spread, floored at the spread a
@@ -145,8 +146,8 @@ def cases_needed(delta: dict[str, Any], margin_points: float, *,
     from scipy.stats import norm
 
     m = abs(margin_points) / 100
-    if m <= 0 or delta["n"] == 0:
+    if m <= 0 or delta.n == 0:
         return None
-    var = max(delta.get("var") or 0.0, m * (1 - m))
+    var = max(delta.var or 0.0, m * (1 - m))
     z = norm.ppf((1 + confidence) / 2) + norm.ppf(0.80)
-    return int(math.ceil(max(delta.get("deff") or 1.0, 1.0) * var * (z / m) ** 2))
+    return int(math.ceil(max(delta.deff or 1.0, 1.0) * var * (z / m) ** 2))
