@@ -89,7 +89,8 @@ def test_numbers_match_each_runs_own_analysis_gate_and_routing(written, runs):
         assert row["flips"]["flips"] == an.flips("reuse")["flips"]
         assert row["hit_rate"]["segment"] == pytest.approx(an.hit_rate("reuse", "segment"))
         assert row["speedup"]["ratio_of_medians"] == pytest.approx(an.speedup("reuse")["ratio_of_medians"])
-        verdict, results, *_ = judge(run_dir)
+        judged = judge(run_dir)
+        verdict, results = judged.verdict, judged.results
         assert row["gate"]["verdict"] == verdict
         assert [ch["status"] for ch in row["gate"]["checks"]] == [r.status for r in results]
         assert {t: f["recommendation"] for t, f in row["families"].items()} == {

@@ -164,16 +164,18 @@ def test_gate_judges_a_repair_arm(tmp_path):
     run = make_run(tmp_path / "run", _pairs())
     loose = tmp_path / "loose.toml"
     loose.write_text(LOOSE.format(arm="blend@0.15"))
-    verdict, results, _, arm, error = judge(run, loose)
+    judged = judge(run, loose)
+    verdict, results, arm, error = judged.verdict, judged.results, judged.arm, judged.error
     assert error is None and arm == "blend@0.15"
     assert verdict == "pass", [(r.name, r.status, r.detail) for r in results]
     loose.write_text(LOOSE.format(arm="reuse"))
     # reuse's interval on the same run, about [-21, -6], straddles -15: too few cases to tell
-    assert judge(run, loose)[0] == "error"
+    assert judge(run, loose).verdict == "error"
     loose.write_text(LOOSE.format(arm="reuse").replace("-15.0", "-5.0"))
-    assert judge(run, loose)[0] == "fail"  # and lies wholly below -5: a confirmed loss
+    assert judge(run, loose).verdict == "fail"  # and lies wholly below -5: a confirmed loss
     loose.write_text(LOOSE.format(arm="blend@2"))
-    verdict, _, _, _, error = judge(run, loose)
+    judged = judge(run, loose)
+    verdict, error = judged.verdict, judged.error
     assert verdict == "error" and "share R in" in error
     assert load_policy(None).arm == "reuse"
 

@@ -136,7 +136,8 @@ def test_a_numerics_change_is_measured_and_its_controls_hold(change_run, tmp_pat
     # speed-up is not shown, so that row fails and the gate with it (exit 1)
     policy = write(tmp_path, "policy.toml", POLICY)
     assert main(["gate", str(change_run), "--policy", str(policy)]) == 1
-    verdict, results, *_ = judge(change_run, policy)
+    judged = judge(change_run, policy)
+    verdict, results = judged.verdict, judged.results
     rows = {r.name: r for r in results}
     assert verdict == "fail" and rows["decode 100x faster"].status == "fail"
     assert rows["TTFT no worse than 1.5x"].status in ("pass", "fail")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,7 +178,7 @@ class RunDir:
         self.attestation_file.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ the report's files
-    def write_report(self, summary: dict[str, Any], rows: Iterable[dict[str, Any]], html: str) -> Path:
+    def write_report(self, summary: Mapping[str, Any], rows: Iterable[dict[str, Any]], html: str) -> Path:
         """Write ``report.html``, ``summary.json`` and ``samples.jsonl`` all new or none (a full
         disk must not leave a new summary beside an old page); the page's path."""
         write_all({self.report_file: html, self.summary_file: dump_json(summary),

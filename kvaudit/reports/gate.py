@@ -16,7 +16,14 @@ The command, ``kvaudit gate``, with its exit status, is :mod:`kvaudit.reports.ga
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import dataclass
 from pathlib import Path
+
+from kvaudit.core.vocabulary import Verdict
+from kvaudit.reports.gate_checks import ThresholdResult
+
+# What CI acts on (the exit codes every kvaudit command keeps): 0 pass, 1 a failed verdict, 2 anything else.
+EXIT: dict[Verdict, int] = {"pass": 0, "fail": 1, "error": 2}
 
 _ICON = {"pass": "✅ pass", "fail": "❌ fail", "error": "⚠️ cannot judge", "skip": "⏭ skip"}
 _TITLE = {"pass": "✅ PASS", "fail": "❌ FAIL", "error": "⚠️ CANNOT JUDGE"}
@@ -70,8 +77,6 @@ def junit_xml(results: list, *, run_dir: str, policy: str, error: str | None = N
 
 def completeness(run, *, allow_partial: bool):
     """A gate row for a run that lacks cases: cannot judge, or pass with the cases named."""
-    from kvaudit.reports.policy import ThresholdResult
-
     if not run.missing_cases:
         return None
     n = run.n_expected - len(run.pairs) if run.n_expected else len(run.missing_cases)
@@ -85,9 +90,27 @@ def completeness(run, *, allow_partial: bool):
                        "--allow-partial")
 
 
-def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_partial: bool = False):
-    """``(verdict, results, policy_source, arm, error)``; never raises for bad user input (a
-    bad policy, an unreadable or malformed run: ``error`` says why)."""
+@dataclass(frozen=True)
+class GateVerdict:
+    """The gate's judgement of one run: the ``verdict``, its rows (``results``), the policy file it
+    used, the arm it judged (None when the policy or run could not be read) and, for a verdict of
+    error that no row explains (a bad policy, an unreadable run), the ``error`` saying why."""
+
+    verdict: Verdict
+    results: list[ThresholdResult]
+    policy_source: str
+    arm: str | None
+    error: str | None = None
+
+    @property
+    def exit_code(self) -> int:
+        """What CI acts on: 0 pass, 1 fail, 2 cannot judge."""
+        return EXIT[self.verdict]
+
+
+def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_partial: bool = False) -> GateVerdict:
+    """The gate's :class:`GateVerdict` on a run; never raises for bad user input (a bad policy, an
+    unreadable or malformed run: ``error`` says why)."""
     from kvaudit.core.errors import USER_ERRORS, cut, os_error_message
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.policy import default_policy, evaluate, load_policy, verdict
@@ -100,7 +123,7 @@ def judge(run_dir: str | Path, policy_path: str | Path | None = None, *, allow_p
         row = completeness(run, allow_partial=allow_partial)
         results = ([row] if row else []) + results
     except USER_ERRORS as e:
-        return "error", [], source, None, cut(e)
+        return GateVerdict("error", [], source, None, cut(e))
     except OSError as e:  # a run file that is a directory, unreadable, ...
-        return "error", [], source, None, os_error_message(e)
-    return verdict(results), results, policy.source, policy.arm, None
+        return GateVerdict("error", [], source, None, os_error_message(e))
+    return GateVerdict(verdict(results), results, policy.source, policy.arm)

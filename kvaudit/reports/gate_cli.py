@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvaudit.reports.gate import judge, junit_xml, markdown
-
-EXIT = {"pass": 0, "fail": 1, "error": 2}
+from kvaudit.reports.gate import EXIT, judge, junit_xml, markdown
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +41,9 @@ def run(args: argparse.Namespace) -> int:
     from kvaudit.core.errors import error_line, os_error_message
     from kvaudit.core.jsonio import write_atomic
 
-    result, results, source, arm, error = judge(args.run_dir, args.policy, allow_partial=args.allow_partial)
+    judged = judge(args.run_dir, args.policy, allow_partial=args.allow_partial)
+    result, results, source, arm, error = (judged.verdict, judged.results, judged.policy_source, judged.arm,
+                                           judged.error)
     if error:  # a bad policy or unreadable run: one line on stderr too, the Markdown stays on stdout
         error_line(error)
     md = markdown(result, results, run_dir=str(args.run_dir), policy=source, arm=arm, error=error)
@@ -68,4 +68,4 @@ def run(args: argparse.Namespace) -> int:
         # `kvaudit gate RUN | head -1`: the reader left, the files are written, the verdict stands.
         # `kvaudit.cli.main` sends the rest of stdout to os.devnull when it flushes.
         pass
-    return EXIT[result]
+    return judged.exit_code

@@ -18,6 +18,7 @@ import base64
 import difflib
 import hashlib
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -190,7 +191,7 @@ def _cases(an: Analysis, arm: str, max_cases: int) -> tuple[list[dict[str, Any]]
     return rows[:max_cases], len(rows)
 
 
-def render(summary: dict[str, Any], an: Analysis, policy: Policy, *,
+def render(summary: Mapping[str, Any], an: Analysis, policy: Policy, *,
            max_cases: int = DEFAULT_MAX_CASES) -> str:
     """The report page as a string."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined

@@ -97,6 +97,7 @@ from kvaudit.core.arms import NOISE_ARM, ROLES, UNDER_TEST_ARM, gated_arms, get_
 from kvaudit.core.errors import KvauditError, cut
 from kvaudit.core.run_dir import RunDir
 from kvaudit.core.toml_file import read_toml
+from kvaudit.core.vocabulary import Verdict
 from kvaudit.reports.analysis import Analysis
 from kvaudit.reports.gate_checks import (
     MISSING,
@@ -309,7 +310,7 @@ def evaluate(policy: Policy, an: Analysis) -> list[ThresholdResult]:
     return results + ([row] if row else [])
 
 
-def verdict(results: list[ThresholdResult]) -> str:
+def verdict(results: list[ThresholdResult]) -> Verdict:
     """``fail`` if any check failed (a failed threshold is a decision even where other rows could
     not be judged), else ``error`` (cannot judge) if any check could not be judged or no quality
     threshold (:data:`QUALITY_KINDS`) reached pass or fail (all skipped, or no rows), else ``pass``."""

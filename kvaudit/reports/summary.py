@@ -28,6 +28,7 @@ Top-level keys:
                  configuration key where an engine differs from the baseline (declared or not), and per
                  engine arm the median per-case TTFT and decode-time ratios with their intervals
                  (None for a run of one engine)
+``cross_backend`` (``kvaudit report --compare``) this run against each other run of the same cases
 ``cases_needed`` each delta threshold that did not pass and each undecided task family, with the
                  cases the run has and about how many a decision needs (policy.cases_needed)
 """
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 
@@ -150,14 +151,41 @@ def jsonable(obj: Any) -> Any:
     return obj
 
 
-def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
+class RunSummary(TypedDict):
+    """summary.json's record: its top-level keys (the module docstring says what each holds), so a
+    key misspelled where the summary is built is a type error, not a report section gone blank."""
+
+    run: dict[str, Any]
+    audit: dict[str, Any]
+    gate: dict[str, Any]
+    comparisons: dict[str, list[dict[str, Any]]]
+    flips: dict[str, dict[str, Any] | None]
+    noise_floor: dict[str, Any] | None
+    flip_excess: dict[str, dict[str, Any] | None]
+    flips_by_group: dict[str, list[dict[str, Any]]]
+    leaks: dict[str, Any]
+    security: dict[str, Any]
+    hit_rate: dict[str, Any]
+    ttft: dict[str, Any]
+    ttft_parts: dict[str, dict[str, Any]]
+    speedup: dict[str, Any]
+    coverage: dict[str, Any] | None
+    routing: list[dict[str, Any]]
+    frontier: dict[str, Any]
+    cases_needed: list[dict[str, Any]]
+    serving_change: dict[str, Any] | None
+    cross_backend: NotRequired[list[dict[str, Any]]]  # added by `kvaudit report --compare`
+
+
+def build_summary(an: Analysis, policy: Policy) -> RunSummary:
     run = an.run
     gate = evaluate(policy, an)
     audit = run.audit
     m = run.manifest
     as_written = m.to_dict()
     reasons = m.arm_reasons or {}
-    summary: dict[str, Any] = {
+    routes = routing(an, policy)
+    summary: RunSummary = {
         "run": {
             "path": str(run.path),
             "n_cases": len(run.pairs),
@@ -202,11 +230,11 @@ def build_summary(an: Analysis, policy: Policy) -> dict[str, Any]:
         "ttft_parts": {a: parts for a in an.arms if (parts := an.ttft_parts(a))},
         "speedup": {a: an.speedup(a) for a in an.compared_arms},
         "coverage": an.coverage,
-        "routing": routing(an, policy),
+        "routing": routes,
         "frontier": build_frontier(an, policy),
+        "cases_needed": cases_needed_rows(an, policy, gate, routes),
+        "serving_change": serving_change_summary(an),
     }
-    summary["cases_needed"] = cases_needed_rows(an, policy, gate, summary["routing"])
-    summary["serving_change"] = serving_change_summary(an)
     return jsonable(summary)
 
 
