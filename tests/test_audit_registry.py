@@ -54,8 +54,8 @@ def test_a_check_cannot_be_registered_twice():
 
 @pytest.mark.parametrize("field, value, message", [
     ("task", 3, "field 'task' must be str"),
-    ("strata", [], "field 'strata' must be dict"),
-    ("arms.recompute.margin", "big", "arm 'recompute': field 'margin' must be int/float"),
+    ("strata", [], "field 'strata' must be an object, got list"),
+    ("arms.recompute.margin", "big", "arm 'recompute': field 'margin' must be a number, got str"),
     ("arms.reuse.tokens_reused", True, "arm 'reuse': field 'tokens_reused' must be int"),
 ])
 def test_audit_and_report_read_pairs_through_one_validated_reader(tmp_path, field, value, message):

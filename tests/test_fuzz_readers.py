@@ -1072,8 +1072,8 @@ def _edited_run(tmp_path: Path, edit: Callable[[dict], None]) -> Path:
 @pytest.mark.parametrize("edit, message", [
     # found by benchmarks/fuzz_readers.py --examples 3000 --seed 1: an arm name's control
     # characters echoed raw; null decode_s / cache_hit_tokens read as if valid
-    (lambda p: p["arms"].__setitem__("p\x18q", [1]), "field 'arms.p\\x18q' must be dict, got list"),
-    (lambda p: p["arms"]["reuse"].__setitem__("decode_s", None), "field 'decode_s' must be int/float, got null"),
+    (lambda p: p["arms"].__setitem__("p\x18q", [1]), "field 'arms.p\\x18q' must be an object, got list"),
+    (lambda p: p["arms"]["reuse"].__setitem__("decode_s", None), "field 'decode_s' must be a number, got null"),
     (lambda p: p["arms"]["reuse"].__setitem__("cache_hit_tokens", None),
      "field 'cache_hit_tokens' must be int, got null"),
 ])

@@ -194,7 +194,7 @@ def test_bad_case_fields_are_refused_before_any_model_loads(tmp_path: Path, caps
     ({}, "missing field 'generator'"),
     ([], "expected a JSON object"),
     ({"generator": "x", "seed": "zero"}, "field 'seed' must be int"),
-    ({"generator": "x", "params": [1]}, "field 'params' must be dict"),
+    ({"generator": "x", "params": [1]}, "field 'params' must be an object, got list"),
     ({"generator": "x", "content_hash": "0" * 32}, "field 'content_hash'"),
 ])
 def test_bad_dataset_card_is_refused(tmp_path: Path, capsys, card, message):

@@ -48,7 +48,7 @@ def test_request_records_are_read_typed_and_a_torn_tail_is_mended(tmp_path):
     assert [r.index for r in d.finished()] == [0]  # the torn second line is cut, to be served again
     assert d.requests_file.read_text().endswith("\n")
     d.requests_file.write_text(json.dumps({**rec, "ttft_s": "fast"}) + "\n")
-    with pytest.raises(DatasetError, match=r"requests.jsonl, line 1: field 'ttft_s' must be int/float, got str"):
+    with pytest.raises(DatasetError, match=r"requests.jsonl, line 1: field 'ttft_s' must be a number, got str"):
         d.read_requests()
 
 

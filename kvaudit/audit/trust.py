@@ -44,11 +44,12 @@ from kvaudit.core.jsonio import file_sha256
 from kvaudit.core.manifest import Manifest, RunFileError
 from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_format import MANIFEST_FILE, PAIRS_FILE, SIMULATION_FILE, PairRecord
+from kvaudit.core.vocabulary import AuditVerdict
 
 __all__ = ["AUDIT_FORMAT", "VERDICTS", "VerifiedAudit", "build_audit", "file_sha256", "verdict_of", "verify"]
 
 
-def verdict_of(checks: list[CheckResult]) -> str:
+def verdict_of(checks: list[CheckResult]) -> AuditVerdict:
     """``failed`` if a required check failed, else ``cannot_judge`` if one lacked its evidence,
     else ``passed``."""
     required = [c for c in checks if c.required]

@@ -31,11 +31,13 @@ from typing import Any
 
 from kvaudit.core.errors import excerpt
 from kvaudit.core.jsonio import write_json
-from kvaudit.core.manifest import Fields, RunFileError, read_record
+from kvaudit.core.manifest import RunFileError, read_record
 from kvaudit.core.run_format import AUDIT_FILE, MANIFEST_FILE, PAIRS_FILE, SIMULATION_FILE
+from kvaudit.core.typed_json import record_from_json
+from kvaudit.core.vocabulary import AuditVerdict, words
 
 AUDIT_FORMAT = 2
-VERDICTS = ("passed", "failed", "cannot_judge")
+VERDICTS = words(AuditVerdict)
 
 
 @dataclass
@@ -60,10 +62,10 @@ class AuditInputs:
     read (``None``: none was found) and the sha256 of the run's ``simulation.json`` (``None``:
     the run had none), which the audit binds to the run for the gate."""
 
-    pairs_sha256: str
-    manifest_sha256: str
+    pairs_sha256: str = field(metadata={"json": PAIRS_FILE})
+    manifest_sha256: str = field(metadata={"json": MANIFEST_FILE})
     dataset: str | None = None
-    simulation_sha256: str | None = None
+    simulation_sha256: str | None = field(default=None, metadata={"json": SIMULATION_FILE})
 
     def to_dict(self) -> dict[str, Any]:
         return {PAIRS_FILE: self.pairs_sha256, MANIFEST_FILE: self.manifest_sha256, "dataset": self.dataset,
@@ -85,7 +87,7 @@ class AuditRecord:
     kvaudit_version: str
     inputs: AuditInputs
     parameters: AuditParameters
-    verdict: str
+    verdict: AuditVerdict
     passed: bool
     checks: list[CheckResult] = field(default_factory=list)
     format: int = AUDIT_FORMAT
@@ -102,29 +104,7 @@ class AuditRecord:
             got = obj.get("format") if isinstance(obj, dict) else None
             raise RunFileError(f"{file}: not an audit of format {AUDIT_FORMAT} (field 'format' is "
                                f"{excerpt(repr(got), 60)}); it was not written by this kvaudit")
-        f = Fields(obj, file)
-        inputs = f.record("inputs", lambda g: AuditInputs(
-            pairs_sha256=g.string(PAIRS_FILE, required=True), manifest_sha256=g.string(MANIFEST_FILE, required=True),
-            dataset=g.string("dataset"), simulation_sha256=g.string(SIMULATION_FILE)))
-        params = f.record("parameters", lambda g: AuditParameters(
-            identity_tol=g.number("identity_tol"), dataset_dir=g.string("dataset_dir")))
-        if inputs is None or params is None:
-            raise RunFileError(f"{file}: missing field '{'inputs' if inputs is None else 'parameters'}'")
-        verdict = f.string("verdict", required=True)
-        if verdict not in VERDICTS:
-            raise f.error(f"must be one of {', '.join(VERDICTS)}, got {excerpt(repr(verdict), 60)}", "verdict")
-        return cls(kvaudit_version=f.string("kvaudit_version", required=True), inputs=inputs, parameters=params,
-                   verdict=verdict, passed=f.boolean("passed", required=True),
-                   checks=f.records("checks", _read_check))
-
-
-def _read_check(g: Fields) -> CheckResult:
-    failing = g.str_list("failing_cases")
-    return CheckResult(name=g.string("name", required=True), passed=g.boolean("passed", required=True),
-                       required=g.boolean("required", required=True), detail=g.string("detail") or "",
-                       failing_cases=failing or [], warning=g.string("warning"),
-                       cannot_judge=bool(g.boolean("cannot_judge")),
-                       not_applicable=bool(g.boolean("not_applicable")))
+        return record_from_json(obj, cls, str(file), error=RunFileError)
 
 
 def read_audit(run_dir: str | os.PathLike) -> AuditRecord:

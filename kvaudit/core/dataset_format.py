@@ -28,10 +28,10 @@ from kvaudit.core.jsonio import (
     read_bytes,
     read_json,
     sha256_hex,
-    type_name,
     write_json,
     write_jsonl,
 )
+from kvaudit.core.typed_json import check_fields, record_from_json
 
 SEGMENTS_FILE = "segments.jsonl"
 CASES_FILE = "cases.jsonl"
@@ -110,28 +110,6 @@ class Dataset:
     path: Path | None = None
 
 
-def _check_fields(obj: dict, cls: type, where: str, types: dict[str, type | tuple]) -> dict:
-    known = {f.name for f in fields(cls)}
-    unknown = set(obj) - known
-    if unknown:
-        raise DatasetError(f"{where}: unknown field '{excerpt(sorted(unknown)[0], 40)}'")
-    for name, typ in types.items():
-        if name not in obj:
-            raise DatasetError(f"{where}: missing field '{name}'")
-        if not isinstance(obj[name], typ):
-            want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
-            raise DatasetError(
-                f"{where}: field '{name}' must be {want}, got {type(obj[name]).__name__}"
-            )
-    return obj
-
-
-def _str_list(obj: dict, name: str, where: str) -> None:
-    v = obj.get(name, [])
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise DatasetError(f"{where}: field '{name}' must be a list of strings")
-
-
 def _check_strata(strata: Any, where: str) -> None:
     """Strata are a flat object: each key a stratum, each value a string, number or boolean (the
     report groups cases by ``str(value)``; a list or object there has no group)."""
@@ -167,11 +145,7 @@ def read_segments(path: Path, data: bytes | None = None) -> dict[str, Segment]:
     out: dict[str, Segment] = {}
     for n, obj in iter_jsonl(path, data=data):
         where = f"{path}, line {n}"
-        _check_fields(obj, Segment, where, {"id": str, "text": str})
-        if not isinstance(obj.get("source", ""), str):
-            raise DatasetError(f"{where}: field 'source' must be str")
-        if not isinstance(obj.get("tags", {}), dict):
-            raise DatasetError(f"{where}: field 'tags' must be an object")
+        check_fields(obj, Segment, where, closed=True)
         if obj["id"] in out:
             raise DatasetError(f"{where}: field 'id': duplicate segment id {excerpt(obj['id'])!r}")
         if not obj["text"]:
@@ -185,11 +159,7 @@ def read_cases(path: Path, segments: dict[str, Segment], data: bytes | None = No
     seen: set[str] = set()
     for n, obj in iter_jsonl(path, data=data):
         where = f"{path}, line {n}"
-        _check_fields(
-            obj, Case, where, {"id": str, "task": str, "segment_ids": list, "question": str, "answers": list}
-        )
-        for name in ("segment_ids", "answers", "evidence"):
-            _str_list(obj, name, where)
+        check_fields(obj, Case, where, closed=True)
         if obj["id"] in seen:
             raise DatasetError(f"{where}: field 'id': duplicate case id {excerpt(obj['id'])!r}")
         seen.add(obj["id"])
@@ -207,9 +177,6 @@ def read_cases(path: Path, segments: dict[str, Segment], data: bytes | None = No
         _check_strata(obj.get("strata", {}), where)
         if obj.get("canary") is not None:
             _check_canary(obj["canary"], where)
-        for name in ("system", "prefix", "metric"):
-            if name in obj and not isinstance(obj[name], str):
-                raise DatasetError(f"{where}: field '{name}' must be str")
         out.append(Case(**obj))
     if not out:
         raise DatasetError(f"{path}: no cases")
@@ -240,9 +207,6 @@ def read_dataset(dir_: str | os.PathLike) -> Dataset:
     return Dataset(segments=segments, cases=cases, card=card, path=d)
 
 
-_CARD_TYPES: dict[str, type | tuple] = {
-    "generator": str, "seed": int, "params": dict, "coverage": dict, "content_hash": str, "counts": dict,
-}
 
 
 def read_card(path: Path, actual_hash: str | None = None) -> DatasetCard:
@@ -253,15 +217,10 @@ def read_card(path: Path, actual_hash: str | None = None) -> DatasetCard:
     raw = read_json(path)
     if not isinstance(raw, dict):
         raise DatasetError(f"{path}: expected a JSON object, got {type(raw).__name__}")
-    if "generator" not in raw:
-        raise DatasetError(f"{path}: missing field 'generator'")
-    for name, typ in _CARD_TYPES.items():
-        v = raw.get(name)
-        if v is None and name != "generator":
-            continue
-        if isinstance(v, bool) or not isinstance(v, typ):
-            raise DatasetError(f"{path}: field '{name}' must be {type_name(typ)}, got {type(v).__name__}")
-    if not raw["generator"].strip():
+    # null is absent here (older generators wrote "seed": null), except where a value is required
+    card = record_from_json({k: v for k, v in raw.items() if v is not None or k == "generator"}, DatasetCard,
+                            str(path))
+    if not card.generator.strip():
         raise DatasetError(f"{path}: field 'generator' is empty")
     stated = raw.get("content_hash") or ""
     if stated and actual_hash is not None and stated != actual_hash:
@@ -270,8 +229,7 @@ def read_card(path: Path, actual_hash: str | None = None) -> DatasetCard:
             f"to {actual_hash}: the files were changed after the card was written; regenerate the "
             "dataset, or remove the field to accept the files as they are"
         )
-    known = {f.name for f in fields(DatasetCard)}
-    return DatasetCard(**{k: v for k, v in raw.items() if k in known and v is not None})
+    return card
 
 
 def _shallow(obj: Any) -> dict[str, Any]:

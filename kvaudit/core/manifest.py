@@ -19,8 +19,8 @@ an absent sub-record is ``None``. Keys the format does not define are kept in ea
 Bad input raises :class:`RunFileError` (a :class:`~kvaudit.core.errors.KvauditError` and a
 :class:`~kvaudit.core.dataset_format.DatasetError`) whose message names the file and the field
 (``manifest.json: field 'dataset.n_cases' must be int, got str``), never another exception.
-The helpers that check a JSON value's type (:class:`Fields`) are shared with the audit's record
-(:mod:`kvaudit.core.audit_format`).
+Every record is read by its own annotations (:func:`kvaudit.core.typed_json.record_from_json`, the
+one validator of kvaudit's records).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from kvaudit.core.dataset_format import CASES_FILE
 from kvaudit.core.errors import DatasetError, KvauditError
 from kvaudit.core.jsonio import read_json, unwritable, write_json
 from kvaudit.core.run_format import MANIFEST_FILE
+from kvaudit.core.typed_json import record_from_json
 
 T = TypeVar("T")
 
@@ -43,95 +44,6 @@ MANIFEST_FORMAT = 1  # the manifest layout this kvaudit reads and writes (no ver
 
 class RunFileError(KvauditError, DatasetError):
     """A run file (``manifest.json``, ``audit.json``) is malformed; the message names the file and field."""
-
-
-def json_type(v: Any) -> str:
-    """A JSON value's type as an error message names it."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "bool"
-    return {dict: "object", list: "list", str: "str", int: "int", float: "float"}.get(type(v), type(v).__name__)
-
-
-class Fields:
-    """Typed access to one JSON object's fields; errors name ``file`` and ``prefix + field``.
-
-    Each getter returns the field's value (``None`` when absent or null, unless ``required``)
-    and remembers the name; :meth:`extra` returns the fields no getter asked for.
-    """
-
-    def __init__(self, obj: Any, file: str | os.PathLike, prefix: str = ""):
-        self.file, self.prefix = str(file), prefix
-        if not isinstance(obj, dict):
-            raise self.error(f"must be an object, got {json_type(obj)}", name=None)
-        self.obj = obj
-        self.seen: set[str] = set()
-
-    def error(self, what: str, name: str | None) -> RunFileError:
-        where = (self.prefix + name) if name is not None else self.prefix.rstrip(".")
-        return RunFileError(f"{self.file}: field '{where}' {what}" if where else f"{self.file}: {what}")
-
-    def _get(self, name: str, required: bool) -> Any:
-        self.seen.add(name)
-        v = self.obj.get(name)
-        if v is None and required:
-            raise RunFileError(f"{self.file}: missing field '{self.prefix}{name}'")
-        return v
-
-    def _typed(self, name: str, required: bool, ok: Any, want: str) -> Any:
-        v = self._get(name, required)
-        if v is not None and not ok(v):
-            raise self.error(f"must be {want}, got {json_type(v)}", name)
-        return v
-
-    def string(self, name: str, *, required: bool = False) -> Any:
-        return self._typed(name, required, lambda v: isinstance(v, str), "str")
-
-    def integer(self, name: str, *, required: bool = False) -> Any:
-        return self._typed(name, required, lambda v: isinstance(v, int) and not isinstance(v, bool), "int")
-
-    def number(self, name: str, *, required: bool = False) -> Any:
-        return self._typed(name, required, _is_number, "a number")
-
-    def boolean(self, name: str, *, required: bool = False) -> Any:
-        return self._typed(name, required, lambda v: isinstance(v, bool), "bool")
-
-    def mapping(self, name: str, *, required: bool = False) -> Any:
-        return self._typed(name, required, lambda v: isinstance(v, dict), "an object")
-
-    def str_list(self, name: str, *, required: bool = False) -> Any:
-        return self._typed(name, required, lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-                           "a list of strings")
-
-    def str_map(self, name: str) -> Any:
-        return self._typed(name, False, lambda v: isinstance(v, dict) and all(isinstance(x, str) for x in v.values()),
-                           "an object of strings")
-
-    def number_map(self, name: str) -> Any:
-        return self._typed(name, False, lambda v: isinstance(v, dict) and all(_is_number(x) for x in v.values()),
-                           "an object of numbers")
-
-    def record(self, name: str, reader: Any) -> Any:
-        """A sub-record read by ``reader(Fields)`` (``None`` when absent)."""
-        v = self._get(name, False)
-        return None if v is None else reader(Fields(v, self.file, f"{self.prefix}{name}."))
-
-    def records(self, name: str, reader: Any) -> list:
-        """A list of sub-records (``[]`` when absent)."""
-        v = self._get(name, False)
-        if v is None:
-            return []
-        if not isinstance(v, list):
-            raise self.error(f"must be a list, got {json_type(v)}", name)
-        return [reader(Fields(x, self.file, f"{self.prefix}{name}[{i}].")) for i, x in enumerate(v)]
-
-    def extra(self) -> dict[str, Any]:
-        return {k: v for k, v in self.obj.items() if k not in self.seen}
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def to_json(rec: Any) -> dict[str, Any]:
@@ -186,14 +98,6 @@ class RunIdentity(Record):
         run's identity is compared with, key by key."""
         return {**self.extra, **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}}
 
-    @classmethod
-    def read(cls, f: Fields) -> RunIdentity:
-        return cls(dataset_hash=f.string("dataset_hash"), model_fingerprint=f.string("model_fingerprint"),
-                   model=f.string("model"), backend=f.string("backend"), dtype=f.string("dtype"),
-                   arms=f.str_list("arms"), decoding=f.mapping("decoding"),
-                   warmup_prefix_hash=f.string("warmup_prefix_hash"), threads=f.integer("threads"),
-                   torch=f.string("torch"), transformers=f.string("transformers"),
-                   concurrent_cases=f.integer("concurrent_cases"), extra=f.extra())
 
 
 @dataclass
@@ -205,10 +109,6 @@ class ModelInfo(Record):
     dtype: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def read(cls, f: Fields) -> ModelInfo:
-        return cls(name=f.string("name", required=True), fingerprint=f.string("fingerprint"), dtype=f.string("dtype"),
-                   extra=f.extra())
 
 
 @dataclass
@@ -224,10 +124,6 @@ class DatasetRef(Record):
     coverage: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def read(cls, f: Fields) -> DatasetRef:
-        return cls(path=f.string("path"), hash=f.string("hash"), generator=f.string("generator"), name=f.string("name"),
-                   n_cases=f.integer("n_cases"), coverage=f.mapping("coverage"), extra=f.extra())
 
 
 @dataclass
@@ -238,9 +134,6 @@ class WarmupPrefix(Record):
     ids_hash: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def read(cls, f: Fields) -> WarmupPrefix:
-        return cls(system=f.string("system"), ids_hash=f.string("ids_hash"), extra=f.extra())
 
 
 @dataclass
@@ -257,17 +150,6 @@ class ServingChange(Record):
     specs: dict[str, dict[str, Any]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def read(cls, f: Fields) -> ServingChange:
-        configurations = f.mapping("configurations") or {}
-        specs = f.mapping("specs") or {}
-        for name, group in (("configurations", configurations), ("specs", specs)):
-            for role, v in group.items():
-                if not isinstance(v, dict):
-                    raise f.error(f"{role!r} must be an object", name)
-        return cls(change=f.string("change", required=True), declares=f.str_list("declares", required=True),
-                   engines_sha256=f.string("engines_sha256", required=True), configurations=configurations,
-                   specs=specs, extra=f.extra())
 
 
 @dataclass
@@ -284,12 +166,6 @@ class Session(Record):
     unique_segments_seen: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @classmethod
-    def read(cls, f: Fields) -> Session:
-        return cls(started=f.string("started", required=True), cases_before=f.integer("cases_before"),
-                   finished=f.string("finished"), cases_run=f.integer("cases_run"), wall_s=f.number("wall_s"),
-                   timing_s=f.number_map("timing_s"), segment_cache=f.mapping("segment_cache"),
-                   unique_segments_seen=f.integer("unique_segments_seen"), extra=f.extra())
 
 
 @dataclass
@@ -324,24 +200,15 @@ class Manifest(Record):
     @classmethod
     def from_dict(cls, obj: Any, file: str | os.PathLike = MANIFEST_FILE) -> Manifest:
         """Validate a parsed ``manifest.json`` (errors name ``file`` and the field)."""
-        f = Fields(obj, file)
-        version = f.integer("format_version")
-        if version is not None and version > MANIFEST_FORMAT:
-            raise f.error(f"is {version}, newer than this kvaudit reads (format {MANIFEST_FORMAT}): "
-                          "upgrade kvaudit to read this run", "format_version")
-        if version is not None and version < 1:
-            raise f.error(f"is {version}: manifest formats start at 1", "format_version")
-        return cls(
-            format_version=version or 1, kvaudit_version=f.string("kvaudit_version"),
-            identity=f.record("identity", RunIdentity.read), backend=f.mapping("backend"),
-            model=f.record("model", ModelInfo.read), threads=f.integer("threads"), decoding=f.mapping("decoding"),
-            arms=f.str_list("arms"), arm_reasons=f.str_map("arm_reasons"),
-            dataset=f.record("dataset", DatasetRef.read), warmup_prefix=f.record("warmup_prefix", WarmupPrefix.read),
-            cache_budget_bytes=f.integer("cache_budget_bytes"), git_revision=f.string("git_revision"),
-            sessions=f.records("sessions", Session.read), status=f.string("status"),
-            timing_s=f.number_map("timing_s"),
-            serving_change=f.record("serving_change", ServingChange.read), extra=f.extra(),
-        )
+        where = str(file)
+        if isinstance(obj, dict):
+            version = obj.get("format_version")
+            if isinstance(version, int) and not isinstance(version, bool) and version > MANIFEST_FORMAT:
+                raise RunFileError(f"{where}: field 'format_version' is {version}, newer than this kvaudit reads "
+                                   f"(format {MANIFEST_FORMAT}): upgrade kvaudit to read this run")
+            if isinstance(version, int) and not isinstance(version, bool) and version < 1:
+                raise RunFileError(f"{where}: field 'format_version' is {version}: manifest formats start at 1")
+        return record_from_json(obj, cls, where, error=RunFileError)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object :func:`write_manifest` writes (always at :data:`MANIFEST_FORMAT`)."""

@@ -1,5 +1,12 @@
 """Check a parsed JSON object against a dataclass's own annotations, so a record's field types are
-declared once (in the dataclass) and the reader's checks follow from them.
+declared once (in the dataclass) and the reader's checks follow from them: the one validator of
+every kvaudit record read from disk (the manifest, audit.json, dataset files, pairs, replays).
+
+:func:`record_from_json` reads an object into its dataclass, nested records (and lists of them)
+included: a field's JSON key is its name, or its ``metadata["json"]``; an ``extra`` field collects
+the keys the record does not define (an open record, as the manifest is), and without one,
+``closed=True`` refuses them. :func:`check_fields` checks an object's fields without building the
+record (for readers that build it themselves).
 
 The annotations understood are the ones run records use: ``str``, ``int``, ``float`` (an integer
 is a number too), ``Any``, ``Literal[...]`` (one of its words: :mod:`kvaudit.core.vocabulary`), ``list[X]``, ``tuple[X, Y]`` (a JSON list of that length),
@@ -7,8 +14,9 @@ is a number too), ``Any``, ``Literal[...]`` (one of its words: :mod:`kvaudit.cor
 ``true`` is not a count). A field without a default is required; a field with a default may be
 absent, and may be ``null`` only when its annotation says ``| None``.
 
-Errors are :class:`~kvaudit.core.errors.DatasetError` starting with ``where`` (file and line) and
-naming the field: ``field 'top_k[0]' must be [int, int/float], got list``.
+Errors are :class:`~kvaudit.core.errors.DatasetError` (or the ``error`` class given) starting with
+``where`` (file and line) and naming the field in JSON's words: ``field 'top_k[0]' must be [int, a
+number], got list``, ``field 'sessions[1].wall_s' must be a number, got str``.
 """
 
 from __future__ import annotations
@@ -17,11 +25,21 @@ import dataclasses
 import types
 import typing
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from kvaudit.core.errors import DatasetError, excerpt
 
-_NAMES = {str: "str", int: "int", float: "int/float", dict: "dict", list: "list"}  # as the other readers say
+_NAMES = {str: "str", int: "int", float: "a number", dict: "an object", list: "a list", bool: "bool"}
+T = TypeVar("T")
+
+
+def json_type(v: Any) -> str:
+    """A JSON value's type as an error message names it."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "bool"
+    return {dict: "object", list: "list", str: "str", int: "int", float: "float"}.get(type(v), type(v).__name__)
 
 
 def _describe(tp: Any) -> str:
@@ -37,9 +55,9 @@ def _describe(tp: Any) -> str:
     if origin is tuple:
         return "[" + ", ".join(_describe(a) for a in args) + "]"
     if origin is dict:
-        return "dict" if args[1] is Any else f"a dict mapping names to {_describe(args[1])}"
+        return "an object" if args[1] is Any else f"an object of {_plural(args[1])}"
     if dataclasses.is_dataclass(tp):
-        return "dict"
+        return "an object"
     return _NAMES.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -48,7 +66,9 @@ def _plural(tp: Any) -> str:
         return "values"
     if typing.get_origin(tp) is tuple:
         return _describe(tp) + " pairs" if len(typing.get_args(tp)) == 2 else _describe(tp) + " items"
-    return {str: "strings", int: "integers", float: "int/float numbers"}.get(tp, _describe(tp))
+    if typing.get_origin(tp) is dict or tp is dict or dataclasses.is_dataclass(tp):
+        return "objects"
+    return {str: "strings", int: "integers", float: "numbers"}.get(tp, _describe(tp))
 
 
 def _fits(value: Any, tp: Any) -> bool:
@@ -92,12 +112,17 @@ def _spec(cls: type) -> tuple[tuple[str, Any, bool], ...]:
 def _type_word(value: Any, tp: Any = None) -> str:
     if isinstance(value, str) and typing.get_origin(tp) is typing.Literal:  # a word outside the vocabulary
         return repr(excerpt(value, 40))
-    return "null" if value is None else type(value).__name__
+    return json_type(value)
 
 
-def check_fields(obj: dict, cls: type, where: str, *, skip: tuple[str, ...] = ()) -> None:
+def check_fields(obj: dict, cls: type, where: str, *, skip: tuple[str, ...] = (), closed: bool = False) -> None:
     """Raise :class:`DatasetError` unless ``obj`` fits the fields of dataclass ``cls`` (nested
-    dataclass fields are checked as objects only; fields in ``skip`` are the caller's to check)."""
+    dataclass fields are checked as objects only; fields in ``skip`` are the caller's to check;
+    ``closed``: a key the dataclass does not define is refused)."""
+    if closed:
+        unknown = sorted(set(obj) - {name for name, _, _ in _spec(cls)})
+        if unknown:
+            raise DatasetError(f"{where}: unknown field '{excerpt(unknown[0], 40)}'")
     for name, tp, required in _spec(cls):
         if name in skip:
             continue
@@ -105,10 +130,71 @@ def check_fields(obj: dict, cls: type, where: str, *, skip: tuple[str, ...] = ()
             if required:
                 raise DatasetError(f"{where}: missing field '{name}'")
             continue
-        value = obj[name]
-        if not _fits(value, tp):
-            path, tp, value = _first_misfit(name, value, tp)
-            raise DatasetError(f"{where}: field '{path}' must be {_describe(tp)}, got {_type_word(value, tp)}")
+        _check_value(obj[name], tp, name, where, DatasetError)
+
+
+def _check_value(value: Any, tp: Any, path: str, where: str, error: type[Exception]) -> None:
+    if not _fits(value, tp):
+        path, tp, value = _first_misfit(path, value, tp)
+        raise error(f"{where}: field '{path}' must be {_describe(tp)}, got {_type_word(value, tp)}")
+
+
+def _record_class(tp: Any) -> tuple[Any, bool]:
+    """``(dataclass, is a list of it)`` when ``tp`` is a dataclass, ``list[dataclass]`` or either
+    ``| None``; else ``(None, False)``."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        inner = [a for a in args if a is not type(None)]
+        return _record_class(inner[0]) if len(inner) == 1 else (None, False)
+    if origin is list and dataclasses.is_dataclass(args[0]):
+        return args[0], True
+    return (tp, False) if dataclasses.is_dataclass(tp) else (None, False)
+
+
+def record_from_json(obj: Any, cls: type[T], where: str, *, prefix: str = "", closed: bool = False,
+                error: type[DatasetError] = DatasetError) -> T:
+    """``obj`` read into dataclass ``cls`` after checking every field against its annotation
+    (nested records and lists of them read the same way, their fields named ``name.field`` and
+    ``name[i].field``); errors are ``error`` naming ``where`` and the field."""
+    if not isinstance(obj, dict):
+        what = f"field '{prefix[:-1]}' must be" if prefix else "must be"
+        raise error(f"{where}: {what} an object, got {json_type(obj)}")
+    hints = _hints(cls)  # type: ignore[arg-type]  # a class is hashable
+    values: dict[str, Any] = {}
+    keys: set[str] = set()
+    open_record = False
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name == "extra":
+            open_record = True
+            continue
+        key = f.metadata.get("json", f.name)
+        keys.add(key)
+        if key not in obj:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise error(f"{where}: missing field '{prefix}{key}'")
+            continue
+        value, tp = obj[key], hints[f.name]
+        inner, many = _record_class(tp)
+        if inner is None or value is None:
+            _check_value(value, tp, prefix + key, where, error)
+        elif many:
+            _check_value(value, list, prefix + key, where, error)
+            value = [record_from_json(v, inner, where, prefix=f"{prefix}{key}[{i}].", closed=closed, error=error)
+                     for i, v in enumerate(value)]
+        else:
+            value = record_from_json(value, inner, where, prefix=f"{prefix}{key}.", closed=closed, error=error)
+        values[f.name] = value
+    unknown = [k for k in obj if k not in keys]
+    if open_record:
+        values["extra"] = {k: obj[k] for k in unknown}
+    elif closed and unknown:
+        raise error(f"{where}: unknown field '{prefix}{excerpt(sorted(unknown)[0], 40)}'")
+    return cls(**values)
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 def _first_misfit(path: str, value: Any, tp: Any) -> tuple[str, Any, Any]:

@@ -25,6 +25,8 @@ CheckKind = Literal[
     "delta", "speed", "flips", "audit", "hit_rate", "leak_text", "leak_exposure", "tenant_isolation", "timing",
     "provenance", "noise_control", "coverage", "completeness",
 ]
+# The confounder audit's verdict (audit.json's "verdict").
+AuditVerdict = Literal["passed", "failed", "cannot_judge"]
 # The gate's verdict on a run: error is "cannot judge" (exit 0, 1 and 2).
 Verdict = Literal["pass", "fail", "error"]
 # A statistical decision before the gate maps it to a status: "undecided" becomes "cannot judge".

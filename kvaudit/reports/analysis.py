@@ -36,9 +36,10 @@ from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM, get_arm, known_arm, refe
 from kvaudit.core.dataset_format import CASES_FILE
 from kvaudit.core.errors import DatasetError
 from kvaudit.core.jsonio import file_sha256, iter_jsonl
-from kvaudit.core.manifest import Manifest, json_type, run_dataset_dir
+from kvaudit.core.manifest import Manifest, run_dataset_dir
 from kvaudit.core.run_dir import RunDir, RunRecords
 from kvaudit.core.run_format import PairRecord
+from kvaudit.core.typed_json import json_type
 from kvaudit.reports import scoring
 from kvaudit.stats import paired as stats
 from kvaudit.stats.leaks import leak_summary
