@@ -127,7 +127,7 @@ def test_appended_pairs_name_their_file_when_the_disk_is_full(tmp_path):
     files = RunDir(run)
     pairs = files.read_pairs()
     size = files.pairs_file.stat().st_size
-    with pytest.raises(OSError) as e, file_size_limit(size + 10), files.appending_pairs() as out:
+    with pytest.raises(OSError) as e, file_size_limit(size + 10), files.appending() as out:
         out.append(pairs[0])
         out.flush()
     assert e.value.filename == str(files.pairs_file) and "File too large" in cli.os_error_message(e.value)

@@ -211,7 +211,7 @@ def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: flo
     d.path.mkdir(parents=True)
     d.write_config(cfg)
     recs = []
-    with d.appending_requests() as app:
+    with d.appending() as app:
         for i in range(40):
             hit = 60 if policy == "segment" and i % 2 else 0
             rec = RequestRecord(index=i, request_id=f"r{i}", wave=i, session=0, n_prompt_tokens=100 + i, head_tokens=10,

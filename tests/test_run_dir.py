@@ -31,10 +31,10 @@ def test_appended_pairs_are_the_bytes_of_a_whole_file_write(tmp_path):
     whole, appended = RunDir(tmp_path / "a"), RunDir(tmp_path / "b")
     whole.path.mkdir()
     whole.write_pairs(pairs)
-    with appended.appending_pairs() as out:
+    with appended.appending() as out:
         for p in pairs[:5]:
             out.append(p)
-    with appended.appending_pairs() as out:  # a second session appends the rest
+    with appended.appending() as out:  # a second session appends the rest
         for p in pairs[5:]:
             out.append(p)
         assert out.written == len(pairs) - 5

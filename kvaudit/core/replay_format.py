@@ -11,27 +11,21 @@ with every other run file's. One process writes a replay directory at a time (th
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvaudit.core.errors import DatasetError, KvauditError, excerpt
 from kvaudit.core.jsonio import (
-    JsonlAppender,
-    appending_jsonl,
     iter_jsonl,
-    mend_jsonl_tail,
     read_json,
     write_json,
 )
 from kvaudit.core.run_format import REPLAY_CONFIG_FILE, REPLAY_FILE, REPLAY_REQUESTS_FILE
-from kvaudit.core.run_lock import run_lock
 from kvaudit.core.trace import KINDS, MAX_PIECE_TOKENS
 from kvaudit.core.typed_json import check_fields
 from kvaudit.core.vocabulary import ReplayPolicy, Schedule
+from kvaudit.core.work_dir import WorkDir
 
 REPLAY_FORMAT = 1
 POLICIES = ("recompute", "prefix", "segment")
@@ -148,11 +142,10 @@ def _check_record(r: RequestRecord, where: str) -> None:
                                f"{MAX_PIECE_TOKENS}, got {t}")
 
 
-class ReplayDir:
-    """A replay directory at ``path`` (which need not exist yet)."""
+class ReplayDir(WorkDir[RequestRecord]):
+    """A replay directory at ``path`` (which need not exist yet); its journal is ``requests.jsonl``."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
+    journal_name = REPLAY_REQUESTS_FILE
 
     @property
     def config_file(self) -> Path:
@@ -160,14 +153,11 @@ class ReplayDir:
 
     @property
     def requests_file(self) -> Path:
-        return self.path / REPLAY_REQUESTS_FILE
+        return self.journal_file
 
     @property
     def summary_file(self) -> Path:
         return self.path / REPLAY_FILE
-
-    def lock(self, command: str = "replay", *, create: bool = False) -> contextlib.AbstractContextManager[None]:
-        return run_lock(self.path, command, create=create)
 
     def is_replay(self) -> bool:
         return self.config_file.is_file()
@@ -207,6 +197,12 @@ class ReplayDir:
                                "use a new --out directory to replay something else")
 
     # ------------------------------------------------------------------ requests.jsonl
+    def read_journal(self) -> list[RequestRecord]:
+        return self.read_requests()
+
+    def record_to_dict(self, record: RequestRecord) -> dict[str, Any]:
+        return asdict(record)
+
     def read_requests(self) -> list[RequestRecord]:
         """Every request record, validated (a torn last line from a killed replay is skipped)."""
         out: list[RequestRecord] = []
@@ -221,14 +217,8 @@ class ReplayDir:
         return out
 
     def finished(self) -> list[RequestRecord]:
-        """The requests served so far, after mending the file's tail for appending."""
-        mend_jsonl_tail(self.requests_file)
-        return self.read_requests()
-
-    @contextlib.contextmanager
-    def appending_requests(self) -> Iterator[JsonlAppender]:
-        with appending_jsonl(self.requests_file, asdict) as appender:
-            yield appender
+        """The requests served so far (:meth:`finished_records`)."""
+        return self.finished_records()
 
     # ------------------------------------------------------------------ replay.json
     def read_summary(self) -> dict[str, Any]:

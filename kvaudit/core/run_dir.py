@@ -9,16 +9,14 @@ live in :mod:`kvaudit.core.run_format`; the typed records in :mod:`~kvaudit.core
 (:class:`~kvaudit.core.audit_format.AuditRecord`).
 
 Writes are atomic (a temp file renamed over the old one) except ``pairs.jsonl``, which grows one
-whole line per case (:meth:`RunDir.appending_pairs`: flushed and fsynced after each batch; a
+whole line per case (:meth:`RunDir.appending`: flushed and fsynced after each batch; a
 resumed run first mends a torn tail, :meth:`RunDir.finished`). One process writes a run directory
 at a time: :meth:`RunDir.lock`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +24,6 @@ from typing import Any
 from kvaudit.core.audit_format import AuditRecord, read_audit, write_audit
 from kvaudit.core.errors import DatasetError, KvauditError
 from kvaudit.core.jsonio import (
-    JsonlAppender,
-    appending_jsonl,
     dump_json,
     dump_jsonl,
     read_json,
@@ -45,11 +41,10 @@ from kvaudit.core.run_format import (
     SIMULATION_FILE,
     SUMMARY_FILE,
     PairRecord,
-    mend_pairs_tail,
     pair_to_dict,
     read_pairs,
 )
-from kvaudit.core.run_lock import run_lock
+from kvaudit.core.work_dir import WorkDir
 
 
 @dataclass
@@ -67,14 +62,10 @@ class RunRecords:
         return RunDir(self.path)
 
 
-class RunDir:
-    """A run directory at ``path`` (which need not exist yet)."""
+class RunDir(WorkDir[PairRecord]):
+    """A run directory at ``path`` (which need not exist yet); its journal is ``pairs.jsonl``."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-
-    def __repr__(self) -> str:
-        return f"RunDir({str(self.path)!r})"
+    journal_name = PAIRS_FILE
 
     # ------------------------------------------------------------------ the files, by name
     @property
@@ -109,10 +100,6 @@ class RunDir:
     def simulation_file(self) -> Path:
         return self.path / SIMULATION_FILE
 
-    def lock(self, command: str, *, create: bool = False) -> contextlib.AbstractContextManager[None]:
-        """This directory's writer lock (:func:`kvaudit.core.run_lock.run_lock`)."""
-        return run_lock(self.path, command, create=create)
-
     def require(self) -> RunDir:
         """``self`` when it is a run directory with a manifest and a pairs file, else a
         :class:`KvauditError` saying what is missing."""
@@ -143,19 +130,15 @@ class RunDir:
             raise KvauditError(f"{self.pairs_file}: no pair records; has the run finished any case?")
         return out
 
-    def finished(self) -> dict[str, PairRecord]:
-        """The finished cases by id, after mending the file's tail for appending (a complete
-        unterminated last record gets its newline, a torn one is cut and its case runs again)."""
-        mend_pairs_tail(self.path)
-        if not self.pairs_file.exists():
-            return {}
-        return {rec.case_id: rec for rec in read_pairs(self.path)}
+    def read_journal(self) -> list[PairRecord]:
+        return read_pairs(self.path)
 
-    @contextlib.contextmanager
-    def appending_pairs(self) -> Iterator[JsonlAppender]:
-        """Append records to ``pairs.jsonl`` (mend its tail first: :meth:`finished`)."""
-        with appending_jsonl(self.pairs_file, pair_to_dict) as appender:
-            yield appender
+    def record_to_dict(self, record: PairRecord) -> dict[str, Any]:
+        return pair_to_dict(record)
+
+    def finished(self) -> dict[str, PairRecord]:
+        """The finished cases by id (:meth:`finished_records`: a torn last record's case runs again)."""
+        return {rec.case_id: rec for rec in self.finished_records()}
 
     def write_pairs(self, pairs: Iterable[PairRecord]) -> None:
         """Write ``pairs.jsonl`` whole, atomically (synthetic runs; the same bytes as appending)."""

@@ -224,7 +224,7 @@ def replay(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[]
     wave = max((r.wave for r in done), default=-1) + 1
     served = 0
     t0 = time.perf_counter()
-    with out.appending_requests() as app:
+    with out.appending() as app:
         for pos, started in _waves(len(todo), concurrency, arrivals, lambda: time.perf_counter() - t0, time.sleep):
             chunk = [todo[i] for i in pos]
             prompts = [make() for _, _, make in chunk]
@@ -265,7 +265,7 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
     jobs = [LiveJob(k, p, a) for k, (p, a) in enumerate(zip(prompts, arrivals, strict=True))]
     seen = backend.cache.stats.evictions
     served = 0
-    with out.appending_requests() as app:
+    with out.appending() as app:
         def finished(o: LiveOutcome) -> None:
             # the store's evictions since the last request finished are charged to this one (they
             # happen on warm-ups' saves; the sum over the session is the store's count)
@@ -320,7 +320,7 @@ def replay_arrivals_http(backend: Backend, policy: str, todo: list[tuple[int, st
     served = 0
     t0 = time.perf_counter()
 
-    with out.appending_requests() as app:
+    with out.appending() as app:
         def one(k: int) -> None:
             nonlocal served
             sent = time.perf_counter() - t0

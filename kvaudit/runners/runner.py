@@ -369,7 +369,7 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
     t_start = time.perf_counter()
     bar = tqdm(total=len(cases), initial=len(cases) - len(todo), unit="case", disable=not progress,
                dynamic_ncols=True)
-    with run.appending_pairs() as pairs:
+    with run.appending() as pairs:
         for k in range(0, len(todo), per_batch):
             for rec in run_cases(backend, todo[k: k + per_batch], cfg, timing):
                 pairs.append(rec)
