@@ -112,7 +112,7 @@ BUGS: tuple[Bug, ...] = (
         ("tests/test_hostile_gate.py", "tests/test_gate.py"),
         "a failed threshold beside a row that cannot be judged gives 'cannot judge' (exit 2), not fail"),
     Bug("straddling-interval-fails", "772a343", "kvaudit/reports/gate_checks/quality.py",
-        '"fail" if d["upper_bound"] < margin else "error")',
+        '"fail" if d.upper_bound < margin else "error")',
         '"fail")',
         ("tests/test_repairs.py", "tests/test_hostile_gate.py"),
         "a delta whose interval straddles the margin fails instead of 'cannot judge'"),
