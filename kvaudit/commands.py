@@ -15,7 +15,7 @@ from kvaudit.core.registry import Entry, Registry
 from kvaudit.generators.registry import GENERATORS
 
 COMMANDS: Registry[Entry] = Registry("command", (
-    Entry("run", "kvaudit.reports.run_until_decided",
+    Entry("run", "kvaudit.stages.run",
           "run every case of a dataset under every arm (--until-decided: stop when the gate is decided)"),
     Entry("audit", "kvaudit.audit.audit_cli", "confounder audit of a run directory"),
     Entry("report", "kvaudit.reports.report_cli", "statistics, summary.json and report.html for a run"),

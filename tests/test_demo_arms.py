@@ -10,7 +10,7 @@ import pytest
 
 from kvaudit.core.arms import REPAIR_SWEEP, SERVING_CHANGE_ARMS
 from kvaudit.demo import demo_arms
-from kvaudit.reports import run_until_decided
+from kvaudit.stages import run as run_stage
 from kvaudit.runners import run_cli
 from kvaudit.runners.registry import BACKENDS
 
@@ -18,7 +18,7 @@ from kvaudit.runners.registry import BACKENDS
 @pytest.mark.parametrize("backend, arms", [*((b, demo_arms(b)) for b in BACKENDS), ("transformers", ",".join(REPAIR_SWEEP))])
 def test_the_demo_asks_run_for_arms_it_accepts(backend, arms):
     p = argparse.ArgumentParser()
-    run_until_decided.add_arguments(p)
+    run_stage.add_arguments(p)
     args = p.parse_args(["--dataset", "DS", "--out", "RUN", "--arms", arms, "--model", "smollm2", "--backend", backend])
     chosen, engines = run_cli.prepare(args)
     assert engines is None and "recompute" in chosen

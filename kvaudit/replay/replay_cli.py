@@ -176,11 +176,10 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvaudit.core.jsonio import check_writable_dir
     from kvaudit.replay.serve import POLICY_ARM
     from kvaudit.replay.workload_text import read_workload
-    from kvaudit.runners.engines.vllm.engine_log import log_beside
     from kvaudit.runners.registry import backend_options, check_arms_run_on
+    from kvaudit.runners.run_cli import prepare_out
 
     opts = backend_options(args)  # refuse another backend's options before any work
     schedule = _schedule(args)
@@ -206,8 +205,7 @@ def run(args: argparse.Namespace) -> int:
         opts["max_num_seqs"] = args.concurrency
     if args.backend == "vllm":
         opts["disable_log_stats"] = False  # vLLM's per-request stats: its own TTFT beside the client's
-    check_writable_dir(args.out)
-    log_beside(args.out)  # vLLM's lines to OUT/engine.log, not the terminal
+    prepare_out(args.out)
     requests = read_workload(args.workload)
     if args.limit:
         requests = requests[: args.limit]

@@ -11,13 +11,19 @@ refused beside it: they are the shorthand for a baseline alone.
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvaudit.core.arg_types import byte_size, positive_int
 from kvaudit.core.arms import ARMS, DEFAULT_ARMS, SERVING_CHANGE_ARMS, SERVING_CHANGE_DEFAULT_ARMS
 from kvaudit.core.errors import KvauditError
 from kvaudit.runners.registry import BACKENDS, DEFAULT_BACKEND, add_backend_arguments
+
+if TYPE_CHECKING:
+    from kvaudit.core.run_dir import RunDir
+    from kvaudit.runners.backend import Backend
 
 DEFAULT_MODEL = "smollm2"
 _SINGLE_ENGINE = {"backend": "--backend", "model": "--model", "dtype": "--dtype", "max_new_tokens": "--max-new-tokens"}
@@ -101,29 +107,54 @@ def open_backend(args: argparse.Namespace, arms: list[str], engines: Any) -> Any
     return open_from_args(args, dtype=args.dtype, max_new_tokens=args.max_new_tokens, cache_bytes=args.cache_budget)
 
 
-def run(args: argparse.Namespace) -> int:
-    from kvaudit.core.attestation import attestation_key
-    from kvaudit.core.dataset_format import read_dataset
+def prepare_out(out: Path) -> None:
+    """Before a command writes ``out`` (a run or a replay): it is a directory this user may write,
+    or may create, and vLLM's lines go to ``out/engine.log``, not the terminal."""
     from kvaudit.core.jsonio import check_writable_dir
-    from kvaudit.core.run_dir import RunDir
     from kvaudit.runners.engines.vllm.engine_log import log_beside
+
+    check_writable_dir(out)
+    log_beside(out)
+
+
+@contextlib.contextmanager
+def locked_run(out: Path) -> Iterator[RunDir]:
+    """The run directory, prepared (:func:`prepare_out`), the attestation key checked (a key too
+    short to sign with is refused now, not after the run) and locked for this process alone."""
+    from kvaudit.core.attestation import attestation_key
+    from kvaudit.core.run_dir import RunDir
+
+    prepare_out(out)
+    attestation_key()
+    run = RunDir(out)
+    with run.lock("run", create=True):
+        yield run
+
+
+@contextlib.contextmanager
+def run_backend(args: argparse.Namespace, dataset: Any, arms: list[str], engines: Any) -> Iterator[Backend]:
+    """The run's backend, opened once the directory is known to resume this run (checked before
+    time is spent loading the model), closed when the run is done or fails."""
+    from kvaudit.runners.runner import check_resumable
+
+    check_resumable(args.out, cheap_identity(dataset, arms, args.model, engines))
+    backend = open_backend(args, arms, engines)
+    try:
+        yield backend
+    finally:
+        backend.close()
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvaudit.core.dataset_format import read_dataset
     from kvaudit.runners.run_summary import print_run_summary
-    from kvaudit.runners.runner import RunConfig, check_resumable, execute
+    from kvaudit.runners.runner import RunConfig, execute
 
     arms, engines = prepare(args)
     dataset = read_dataset(args.dataset)
-    check_writable_dir(args.out)
-    log_beside(args.out)  # vLLM's lines to OUT/engine.log, not the terminal
-    attestation_key()  # a key too short to sign with is refused now, not after the run
-    # The run directory is locked and checked before time is spent on loading the model.
-    with RunDir(args.out).lock("run", create=True):
-        check_resumable(args.out, cheap_identity(dataset, arms, args.model, engines))
-        backend = open_backend(args, arms, engines)
-        try:
-            cfg = RunConfig(dataset=dataset, out=args.out, arms=arms, model_name=args.model, limit=args.limit,
-                            skip_unfit=args.skip_unfit_cases)
-            manifest = execute(cfg, backend, progress=not args.no_progress)
-        finally:
-            backend.close()
+    with locked_run(args.out), run_backend(args, dataset, arms, engines) as backend:
+        cfg = RunConfig(dataset=dataset, out=args.out, arms=arms, model_name=args.model, limit=args.limit,
+                        skip_unfit=args.skip_unfit_cases)
+        manifest = execute(cfg, backend, progress=not args.no_progress)
         print_run_summary(args.out, manifest)
     return 0

@@ -75,12 +75,9 @@ def _shuffled(dataset: Any, seed: int) -> Any:
 def run_until_decided(args: argparse.Namespace) -> int:
     from kvaudit.core.attestation import attest, attestation_key
     from kvaudit.core.dataset_format import read_dataset
-    from kvaudit.core.jsonio import check_writable_dir
-    from kvaudit.core.run_dir import RunDir
     from kvaudit.reports.analysis import Analysis, load_run
     from kvaudit.reports.policy import SERVING_CHANGE_POLICY, evaluate_check, load_policy
-    from kvaudit.runners.engines.vllm.engine_log import log_beside
-    from kvaudit.runners.runner import RunConfig, check_cases_fit, check_resumable, execute
+    from kvaudit.runners.runner import RunConfig, check_cases_fit, execute
     from kvaudit.stats.sequential import FUTILITY, default_look_every, design
 
     if args.max_cases is None:
@@ -107,11 +104,7 @@ def run_until_decided(args: argparse.Namespace) -> int:
         design(args.max_cases, look_every, alpha, futility=0.0)
     except ValueError as e:
         raise KvauditError(f"--max-cases/--look-every: {e}") from None
-    check_writable_dir(args.out)
-    log_beside(args.out)  # vLLM's lines to OUT/engine.log, not the terminal
-    attestation_key()
-    run = RunDir(args.out)
-    with run.lock("run", create=True):
+    with run_cli.locked_run(args.out) as run:
         old = run.read_manifest().extra.get("sequential", False) if run.manifest_file.is_file() else None
         futility = args.futility
         if futility is None:  # a run resumed keeps the futility it was designed with (none before the rule)
@@ -129,24 +122,23 @@ def run_until_decided(args: argparse.Namespace) -> int:
                 print(printable(f"{args.out}: already stopped at {old['stopped']['cases']} cases "
                                 f"({old['stopped']['why']})"))
                 return 0
-        check_resumable(args.out, run_cli.cheap_identity(dataset, arms, args.model, engines))
-        backend = run_cli.open_backend(args, arms, engines)
         ordered = _shuffled(dataset, args.order_seed)
-        # every case the design may take, checked before the first look runs (not when a look reaches it)
-        check_cases_fit(backend, ordered.cases[: args.max_cases],
-                        RunConfig(dataset=ordered, out=args.out, arms=arms, model_name=args.model))
         stopped = None
-        for k, n in enumerate(plan.looks):
-            cfg = RunConfig(dataset=ordered, out=args.out, arms=arms, model_name=args.model, limit=n,
-                            extra_manifest={"sequential": record})
-            execute(cfg, backend, progress=not args.no_progress)
-            an = Analysis(load_run(args.out), confidence=policy.confidence, min_icc=policy.min_icc)
-            results = [evaluate_check(c, an, policy.arm) for c in deltas]
-            line = ", ".join(f"{r.name} {_WORD.get(r.status, r.status)}" for r in results)
-            print(f"look {k + 1}/{len(plan.looks)} at {n} cases: {printable(line)}", flush=True)
-            if all(r.status in ("pass", "fail") for r in results):
-                stopped = {"cases": n, "look": k + 1, "why": "every delta threshold decided: " + line}
-                break
+        with run_cli.run_backend(args, dataset, arms, engines) as backend:
+            # every case the design may take, checked before the first look runs (not when a look reaches it)
+            check_cases_fit(backend, ordered.cases[: args.max_cases],
+                            RunConfig(dataset=ordered, out=args.out, arms=arms, model_name=args.model))
+            for k, n in enumerate(plan.looks):
+                cfg = RunConfig(dataset=ordered, out=args.out, arms=arms, model_name=args.model, limit=n,
+                                extra_manifest={"sequential": record})
+                execute(cfg, backend, progress=not args.no_progress)
+                an = Analysis(load_run(args.out), confidence=policy.confidence, min_icc=policy.min_icc)
+                results = [evaluate_check(c, an, policy.arm) for c in deltas]
+                line = ", ".join(f"{r.name} {_WORD.get(r.status, r.status)}" for r in results)
+                print(f"look {k + 1}/{len(plan.looks)} at {n} cases: {printable(line)}", flush=True)
+                if all(r.status in ("pass", "fail") for r in results):
+                    stopped = {"cases": n, "look": k + 1, "why": "every delta threshold decided: " + line}
+                    break
         if stopped is None:
             stopped = {"cases": plan.looks[-1], "look": len(plan.looks), "why": "--max-cases reached: " + line}
         manifest = run.read_manifest()
