@@ -23,8 +23,8 @@ sys.path.insert(0, str(ROOT))
 
 from kvaudit.core.attestation import KEY_ENV, attest  # noqa: E402
 from kvaudit.core.errors import printable  # noqa: E402
-from kvaudit.reports.synthetic import make_run  # noqa: E402
-from tests.example_dataset import edited_example  # noqa: E402
+from kvaudit.testing.example_dataset import edited_example  # noqa: E402
+from kvaudit.testing.synthetic import make_run  # noqa: E402
 
 EXAMPLE = ROOT / "kvaudit" / "data" / "example"
 NO_LOSS = {"single_doc": 0.0, "multi_hop_bridge": 0.0, "aggregate": 0.0, "agreement": 0.0}
@@ -83,7 +83,7 @@ def kvaudit_io(args: list[str], fsize: int | None = None) -> tuple[int, str, str
 def issue38_output_cases(tmp: Path) -> list[tuple]:
     """Issue 38, findings 6 and 8: ``(command, what, args, want, fsize, check(out, err))``; the
     check is what the exit code cannot show (no raw escape on the terminal, no file left)."""
-    from kvaudit.reports.synthetic import make_pairs
+    from kvaudit.testing.synthetic import make_pairs
 
     def raw(out: str, err: str) -> bool:
         return "\x1b" not in out + err

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
-from tests.test_fuzz_readers import EXAMPLES, READERS, Bytes, Mutation, attempt, inputs  # noqa: E402
+from kvaudit.testing.fuzz_readers import EXAMPLES, READERS, Bytes, Mutation, attempt, inputs  # noqa: E402
 
 
 class Hang(Exception):

@@ -81,7 +81,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=16)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvaudit-client-bound-"))
-    from tests.vllm_server import boxoffice_behind_server
+    from kvaudit.testing.vllm_server import boxoffice_behind_server
 
     with boxoffice_behind_server(args.base_url, work, args.cases, connector=False) as (ds, url):
         card = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]

@@ -36,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kvaudit-http-throughput-"))
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.vllm_server import boxoffice_behind_server
+    from kvaudit.testing.vllm_server import boxoffice_behind_server
 
     with boxoffice_behind_server(args.base_url, work, args.cases, connector=True) as (ds, url):
         walls: dict[int, list[float]] = {1: [], args.concurrent: []}

@@ -21,7 +21,7 @@ from kvaudit.cli import main as cli
 from kvaudit.core.dataset_format import Case, DatasetCard, Segment, write_dataset
 from kvaudit.core.jsonio import read_json, write_json
 from kvaudit.reports.analysis import load_run
-from kvaudit.reports.synthetic import DEFAULT_LOSS, make_pairs, make_run
+from kvaudit.testing.synthetic import DEFAULT_LOSS, make_pairs, make_run
 
 
 def build(base: Path, n_cases: int) -> Path:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from kvaudit.generators.workload import WorkloadParams, generate, write_workload  # noqa: E402
-from tests.served import free_port, served  # noqa: E402
+from kvaudit.testing.served import free_port, served  # noqa: E402
 
 
 def prompts_as_text(model_dir: Path, workload: Path, max_prompt_tokens: int) -> tuple[list[str], list[list[int]]]:

@@ -243,8 +243,7 @@ def transformers_run(boxoffice5, tmp_path_factory) -> Path:
 def connector_server(tmp_path_factory):
     """``vllm serve`` with kvaudit's segment connector, for the session."""
     from kvaudit.models import resolve_model_dir
-
-    from .vllm_server import vllm_server
+    from kvaudit.testing.vllm_server import vllm_server
 
     with vllm_server(resolve_model_dir("smollm2"), tmp_path_factory.mktemp("serve") / "vllm-serve.log",
                      connector=True) as url:
@@ -256,8 +255,7 @@ def stock_server(tmp_path_factory):
     """Stock ``vllm serve`` with prefix caching at the engine's default block (128 tokens on the
     CPU), as a team runs it, for the session."""
     from kvaudit.models import resolve_model_dir
-
-    from .vllm_server import vllm_server
+    from kvaudit.testing.vllm_server import vllm_server
 
     with vllm_server(resolve_model_dir("smollm2"), tmp_path_factory.mktemp("serve") / "vllm-serve.log",
                      connector=False, block_size=None) as url:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .served import free_port, served
+from kvaudit.testing.served import free_port, served
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = ("llama-server is not built here: run `make test-engines` once (it builds upstream llama.cpp's server "

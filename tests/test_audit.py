@@ -17,7 +17,7 @@ from kvaudit.cli import main
 from kvaudit.core.arms import NOISE_ARM
 from kvaudit.core.jsonio import write_json, write_jsonl
 from kvaudit.core.run_format import read_pairs
-from kvaudit.reports.synthetic import make_pairs, make_run
+from kvaudit.testing.synthetic import make_pairs, make_run
 
 EXAMPLE = Path(kvaudit.__file__).parent / "data" / "example"
 REQUIRED = {"records", "same_inputs", "one_configuration", "identity_control", "reuse_happened",

@@ -14,7 +14,7 @@ from kvaudit.audit.checks.base import REGISTRY, check, result
 from kvaudit.core.errors import DatasetError
 from kvaudit.core.run_format import read_pairs
 from kvaudit.reports.analysis import load_run as report_load_run
-from kvaudit.reports.synthetic import make_run
+from kvaudit.testing.synthetic import make_run
 
 REPORT_ORDER = ["records", "same_inputs", "one_configuration",
                 "engines_differ_only_in_change", "candidate_control", "candidate_noise_floor",

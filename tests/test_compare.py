@@ -18,7 +18,7 @@ from kvaudit.reports.compare import build_comparison, write_comparison
 from kvaudit.reports.gate import judge
 from kvaudit.reports.policy import load_policy
 from kvaudit.reports.summary import routing
-from kvaudit.reports.synthetic import make_pairs, make_run
+from kvaudit.testing.synthetic import make_pairs, make_run
 
 INJECT = '<script>document.title="PWNED"</script><img src=x onerror=alert(1)>'
 

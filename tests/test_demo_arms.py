@@ -10,9 +10,9 @@ import pytest
 
 from kvaudit.core.arms import REPAIR_SWEEP, SERVING_CHANGE_ARMS
 from kvaudit.demo import demo_arms
-from kvaudit.stages import run as run_stage
 from kvaudit.runners import run_cli
 from kvaudit.runners.registry import BACKENDS
+from kvaudit.stages import run as run_stage
 
 
 @pytest.mark.parametrize("backend, arms", [*((b, demo_arms(b)) for b in BACKENDS), ("transformers", ",".join(REPAIR_SWEEP))])

@@ -16,7 +16,7 @@ import pytest
 from kvaudit import cli
 from kvaudit.core.jsonio import read_json, write_json
 from kvaudit.reports.analysis import Analysis, load_run
-from kvaudit.reports.synthetic import make_run
+from kvaudit.testing.synthetic import make_run
 
 SESSIONS = [{"started": "2026-01-02T03:04:05+0000", "finished": "2026-01-02T04:05:06+0000"}]
 

@@ -12,7 +12,7 @@ from kvaudit.core.errors import USER_ERRORS, KvauditError
 from kvaudit.core.jsonio import write_json
 from kvaudit.reports import gate_cli as gate
 from kvaudit.reports.policy import load_policy
-from kvaudit.reports.synthetic import make_run
+from kvaudit.testing.synthetic import make_run
 
 NO_LOSS = {"single_doc": 0.0, "multi_hop_bridge": 0.0, "aggregate": 0.0, "agreement": 0.0}
 
@@ -300,7 +300,7 @@ def test_three_probes_with_a_large_exposure_do_not_pass(tmp_path, capsys):
 def test_noise_floor_is_held_to_the_thresholds(tmp_path, capsys):
     """Finding 7: recompute_again only warned. A noise floor that flips as often as reuse
     makes the run unjudgeable, even where reuse itself would clear the margin."""
-    from kvaudit.reports.synthetic import make_pairs
+    from kvaudit.testing.synthetic import make_pairs
 
     pairs = make_pairs(**PASSING)
     for i, p in enumerate(pairs):
@@ -385,7 +385,7 @@ def test_the_flip_rate_is_gated_by_its_upper_bound(passing, failing, tmp_path, c
 def test_a_flip_threshold_below_the_engines_own_noise_cannot_pass(tmp_path, capsys):
     """recompute_again changing answers as often as the threshold allows: the noise floor's row
     cannot judge, so the gate cannot pass whatever the arm's own rate."""
-    from kvaudit.reports.synthetic import make_pairs
+    from kvaudit.testing.synthetic import make_pairs
 
     pairs = make_pairs(**PASSING)
     for i, p in enumerate(pairs):

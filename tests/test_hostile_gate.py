@@ -20,7 +20,7 @@ from kvaudit import cli as kvaudit_cli
 from kvaudit.core.errors import USER_ERRORS, KvauditError
 from kvaudit.reports import gate_cli as gate
 from kvaudit.reports.policy import ThresholdResult, load_policy, verdict
-from kvaudit.reports.synthetic import make_run
+from kvaudit.testing.synthetic import make_run
 
 NO_LOSS = {"single_doc": 0.0, "multi_hop_bridge": 0.0, "aggregate": 0.0, "agreement": 0.0}
 PASSING = dict(n_per_task=100, loss=NO_LOSS, n_docs=40, leak_probes=80)  # as in test_gate.py

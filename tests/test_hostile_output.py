@@ -17,8 +17,8 @@ from kvaudit.core.errors import cut, printable
 from kvaudit.core.progress import progress_bar, progress_print
 from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_lock import LOCK_FILE
-from kvaudit.reports.synthetic import make_pairs, make_run
 from kvaudit.runners.run_summary import print_run_summary
+from kvaudit.testing.synthetic import make_pairs, make_run
 
 FAKE = "\x1b[2J\x1b[H\x1b[32maudit PASSED\x1b[0m\r\u202e"
 

@@ -18,9 +18,8 @@ from kvaudit.core.errors import DatasetError
 from kvaudit.core.run_dir import RunDir
 from kvaudit.core.run_format import read_pairs
 from kvaudit.core.run_lock import LOCK_FILE, run_lock
-from kvaudit.reports.synthetic import make_run
-
-from .example_dataset import EXAMPLE, edited_example
+from kvaudit.testing.example_dataset import EXAMPLE, edited_example
+from kvaudit.testing.synthetic import make_run
 
 KVAUDIT = [sys.executable, "-m", "kvaudit.cli"]
 
@@ -299,7 +298,7 @@ def test_generate_does_not_overwrite_a_different_dataset(tmp_path: Path, capsys)
 
 def test_mathtext_in_a_stratum_value_renders_as_text(tmp_path: Path):
     from kvaudit.reports.report import write_report
-    from kvaudit.reports.synthetic import make_pairs
+    from kvaudit.testing.synthetic import make_pairs
 
     pairs = make_pairs(n_per_task=6)
     for p in pairs:

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from kvaudit.audit.audit_cli import audit
-from kvaudit.reports.synthetic import make_pairs, make_run
+from kvaudit.testing.synthetic import make_pairs, make_run
 
 
 def _run(tmp_path, *, backend: str, device: str | None, identity: float, noise: float | None,

@@ -11,9 +11,9 @@ import pytest
 from scipy.stats import norm
 
 from kvaudit.core.run_format import PairRecord
-from kvaudit.reports.synthetic import make_pairs
 from kvaudit.stats import leak_tests as lt
 from kvaudit.stats.leaks import leak_summary
+from kvaudit.testing.synthetic import make_pairs
 
 # --------------------------------------------------------------------------- exact p-values
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvaudit.cli import main
-from kvaudit.reports.synthetic import make_run
+from kvaudit.testing.synthetic import make_run
 
 FAST = ["--reps", "40"]
 

@@ -12,8 +12,7 @@ from kvaudit.cli import main
 from kvaudit.core.arg_types import parse_size
 from kvaudit.core.errors import KvauditError
 from kvaudit.replay.serve import RequestKV, check_waves_fit
-
-from .example_dataset import edited_example
+from kvaudit.testing.example_dataset import edited_example
 
 # --------------------------------------------------------------------------- 9. one size parser
 

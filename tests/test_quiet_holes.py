@@ -20,7 +20,7 @@ from kvaudit.generators.boxoffice_world import World
 from kvaudit.generators.knobs import ReuseKnobs
 from kvaudit.generators.names import NameGen
 from kvaudit.reports.analysis import Analysis, load_run
-from kvaudit.reports.synthetic import make_pairs, make_run
+from kvaudit.testing.synthetic import make_pairs, make_run
 
 # --------------------------------------------------------------------------- canary guard
 

@@ -15,9 +15,9 @@ from kvaudit.reports.analysis import Analysis, load_run
 from kvaudit.reports.frontier import build_frontier, route_cheapest
 from kvaudit.reports.gate import judge
 from kvaudit.reports.policy import load_policy, parse_policy
-from kvaudit.reports.synthetic import make_pairs, make_run
-from kvaudit.reports.synthetic_repairs import add_oracle_pair, add_repair_arms
 from kvaudit.runners.registry import arms_for
+from kvaudit.testing.synthetic import make_pairs, make_run
+from kvaudit.testing.synthetic_repairs import add_oracle_pair, add_repair_arms
 
 LOOSE = """arm = "{arm}"
 [[delta]]

@@ -16,7 +16,7 @@ from kvaudit.core.jsonio import sha256_hex, write_json
 from kvaudit.reports import report_cli
 from kvaudit.reports.html import FILTER_JS, diff_spans
 from kvaudit.reports.report import write_report
-from kvaudit.reports.synthetic import make_pairs, make_run
+from kvaudit.testing.synthetic import make_pairs, make_run
 
 INJECT = '<script>document.title="PWNED"</script><img src=x onerror=alert(1)>'
 
@@ -190,7 +190,7 @@ def test_cases_missing_a_stratum_are_left_out_of_its_groups(tmp_path):
 
 
 def test_cross_backend_table_counts_agreement_and_refuses_another_dataset(tmp_path):
-    from kvaudit.reports.synthetic import make_pairs
+    from kvaudit.testing.synthetic import make_pairs
 
     pairs = make_pairs(n_per_task=6, seed=4)
     a = make_run(tmp_path / "a", pairs)

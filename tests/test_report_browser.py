@@ -23,8 +23,8 @@ from kvaudit.core.coverage import compute_coverage
 from kvaudit.core.dataset_format import Case, Segment
 from kvaudit.core.jsonio import read_json, write_json, write_jsonl
 from kvaudit.reports.report import write_report
-from kvaudit.reports.synthetic import make_pairs, make_run
-from kvaudit.reports.synthetic_repairs import add_oracle_pair, add_repair_arms
+from kvaudit.testing.synthetic import make_pairs, make_run
+from kvaudit.testing.synthetic_repairs import add_oracle_pair, add_repair_arms
 
 CHROMIUM = Path("/usr/bin/chromium")
 pytestmark = pytest.mark.skipif(

@@ -21,7 +21,7 @@ from kvaudit.core.run_format import (
     SIMULATION_FILE,
     SUMMARY_FILE,
 )
-from kvaudit.reports.synthetic import make_pairs, make_run
+from kvaudit.testing.synthetic import make_pairs, make_run
 
 ROOT = Path(__file__).resolve().parents[1] / "kvaudit"
 

@@ -31,7 +31,7 @@ from kvaudit.core.manifest import (
     write_manifest,
 )
 from kvaudit.reports.analysis import load_run as report_load_run
-from kvaudit.reports.synthetic import make_run
+from kvaudit.testing.synthetic import make_run
 
 # What a run written before the manifest had a format looks like (runs/demo, trimmed): no
 # format_version, every field the runner has always written.

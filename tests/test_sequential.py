@@ -109,7 +109,7 @@ def test_sequential_gate_is_calibrated_and_stops_early_fast_slice():
 
 def _sequential_run(tmp_path, loss: float, record_edit=None, drop: int = 0):
     from kvaudit.core.run_dir import RunDir
-    from kvaudit.reports.synthetic import make_pairs, make_run
+    from kvaudit.testing.synthetic import make_pairs, make_run
 
     pairs = make_pairs(60, loss={"single_doc": loss, "multi_hop_bridge": loss, "leak_probe": 0.0}, n_docs=40,
                        leak_probes=0, seed=2)

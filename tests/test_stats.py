@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvaudit.reports.synthetic import make_pairs
 from kvaudit.stats import paired as stats
 from kvaudit.stats.leaks import leak_summary, text_leak
+from kvaudit.testing.synthetic import make_pairs
 
 
 def planted(n: int = 400, loss: float = 0.2, seed: int = 1):

@@ -22,7 +22,7 @@ from kvaudit.core.vocabulary import (
 )
 from kvaudit.replay.replay_cli import POLICIES
 from kvaudit.reports.policy import parse_policy
-from kvaudit.reports.synthetic import make_run
+from kvaudit.testing.synthetic import make_run
 
 
 def test_every_arm_speaks_the_vocabulary():

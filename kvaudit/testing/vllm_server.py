@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from .served import free_port, served
+from kvaudit.testing.served import free_port, served
 
 CONNECTOR = {"kv_connector": "KvauditSegmentConnector", "kv_connector_module_path": "kvaudit.runners.engines.vllm.connector",
              "kv_role": "kv_both", "kv_connector_extra_config": {"store": "http", "capacity_bytes": 1 << 30}}

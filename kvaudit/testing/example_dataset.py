@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "kvaudit" / "data" / "example"
+EXAMPLE = Path(__file__).resolve().parents[1] / "data" / "example"
 
 
 def edited_example(dest: Path, edit: Callable[[dict], Any] | None = None, card: Any = None) -> Path:

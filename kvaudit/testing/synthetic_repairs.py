@@ -1,4 +1,4 @@
-"""Synthetic repair arms and the oracle pair, added to :func:`kvaudit.reports.synthetic.make_pairs`'s
+"""Synthetic repair arms and the oracle pair, added to :func:`kvaudit.testing.synthetic.make_pairs`'s
 records, for the report's, the gate's and the audit's tests (no model).
 
 :func:`add_repair_arms` gives every pair each named repair arm (``blend@R``, ``epic@K``) built
