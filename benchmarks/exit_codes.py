@@ -193,7 +193,7 @@ def main() -> int:
     kvaudit(["generate", "workload", "--out", str(tiny), "--requests", "8", "--documents", "8", "--queries", "5",
              "--docs-per-request", "2", "--doc-tokens", "uniform:30:70", "--prefix-tokens", "12",
              "--question-tokens", "fixed:6", "--no-progress"])
-    replay = ["replay", "--workload", str(tiny), "--out", str(tmp / "rp"), "--no-progress", "--policy", "segment"]
+    replay = ["replay", "--workload", str(tiny), "--out", str(tmp / "rp"), "--no-progress", "--cache-policy", "segment"]
 
     cases: list[tuple[str, str, list[str], int, dict]] = [
         ("gate", "a passing run", ["gate", str(passing)], 0, {}),
@@ -271,11 +271,11 @@ def main() -> int:
          2, {}),
         ("run", "--cache-budget=-1GB (38.9)", [*run, str(EXAMPLE), "--out", str(tmp / "r8"), "--cache-budget=-1GB"],
          2, {}),
-        ("replay", "--budget nan (38.9)", [*replay, "--budget", "nan"], 2, {}),
-        ("simulate", "--capacity 30GB,inf (38.9)", ["simulate", "--workload", str(workload), "--out",
-                                                    str(tmp / "s1"), "--capacity", "30GB,inf"], 2, {}),
-        ("replay", "segment, a wave of 4 over --budget 8MB, refused before any request (38.10)", [
-            *replay, "--budget", "8MB", "--concurrency", "4"], 2, {}),
+        ("replay", "--cache-budget nan (38.9)", [*replay, "--cache-budget", "nan"], 2, {}),
+        ("simulate", "--cache-budget 30GB,inf (38.9)", ["simulate", "--workload", str(workload), "--out",
+                                                    str(tmp / "s1"), "--cache-budget", "30GB,inf"], 2, {}),
+        ("replay", "segment, a wave of 4 over --cache-budget 8MB, refused before any request (38.10)", [
+            *replay, "--cache-budget", "8MB", "--concurrency", "4"], 2, {}),
     ]
     broken = 0
     print("| command | bad input (finding) | exit | contract | traceback | stderr |")

@@ -1,5 +1,5 @@
 """kvaudit's replay held to vLLM's own serving benchmark: the same prompts at the same offered loads,
-sent to one ``vllm serve`` by ``kvaudit replay --backend openai --policy recompute`` and by
+sent to one ``vllm serve`` by ``kvaudit replay --backend openai --cache-policy recompute`` and by
 ``vllm bench serve`` (custom dataset), TTFT p50/p95 side by side with their ratio (issue 41).
 
 The server runs without prefix caching, so both clients' requests are full prefills whatever
@@ -54,7 +54,7 @@ def prompts_as_text(model_dir: Path, workload: Path, max_prompt_tokens: int) -> 
 
 def kvaudit_at(url: str, model_dir: Path, wl: Path, rate: float, args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, "-m", "kvaudit.cli", "replay", "--backend", "openai", "--base-url", url, "--model",
-           str(model_dir), "--workload", str(wl), "--policy", "recompute", "--budget", "1MB", "--rate", f"{rate:g}",
+           str(model_dir), "--workload", str(wl), "--cache-policy", "recompute", "--cache-budget", "1MB", "--rate", f"{rate:g}",
            "--seed", str(args.seed), "--max-new-tokens", str(args.max_new_tokens), "--out", str(out), "--no-progress"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

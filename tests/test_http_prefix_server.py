@@ -139,8 +139,8 @@ def test_an_open_loop_replay_sends_each_request_at_its_arrival_and_sweeps_loads(
     assert main(["generate", "workload", "--out", str(wl), "--requests", "5", "--documents", "4", "--queries", "3",
                  "--docs-per-request", "2", "--doc-tokens", "uniform:30:50", "--no-progress"]) == 0
     out = tmp_path / "replay"
-    assert main(["replay", "--backend", "openai", "--base-url", server, "--workload", str(wl), "--policy",
-                 "recompute", "--budget", "1MB", "--rate", "4,50", "--max-new-tokens", "4", "--out", str(out),
+    assert main(["replay", "--backend", "openai", "--base-url", server, "--workload", str(wl), "--cache-policy",
+                 "recompute", "--cache-budget", "1MB", "--rate", "4,50", "--max-new-tokens", "4", "--out", str(out),
                  "--no-progress"]) == 0
     sweep = json.loads((out / "sweep.json").read_text())
     assert sweep["schedule"] == "arrivals" and [row["rate"] for row in sweep["loads"]] == [4, 50]

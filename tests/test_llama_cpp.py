@@ -17,9 +17,9 @@ import pytest
 
 from kvaudit.cli import main
 from kvaudit.core.run_format import read_pairs
-from .llama_server import llama_server
 
 from .http_runs import checks, run
+from .llama_server import llama_server
 
 ARMS = "recompute,prefix_cache_cold,prefix_cache_flushed,prefix_cache,prefix_cache_other_tenant,recompute_again"
 

@@ -37,12 +37,14 @@ def test_a_size_that_is_not_positive_finite_bytes_is_refused(bad):
     (["run", "--dataset", "no-such-dir", "--out", "{tmp}/r", "--cache-budget", "inf"], "--cache-budget"),
     (["run", "--dataset", "no-such-dir", "--out", "{tmp}/r", "--cache-budget=-1GB"], "--cache-budget"),
     (["run", "--dataset", "no-such-dir", "--out", "{tmp}/r", "--cache-budget", "nan"], "--cache-budget"),
-    (["replay", "--workload", "no-such.jsonl", "--policy", "segment", "--out", "{tmp}/p", "--budget", "inf"],
-     "--budget"),
+    (["replay", "--workload", "no-such.jsonl", "--cache-policy", "segment", "--out", "{tmp}/p",
+      "--cache-budget", "inf"], "--cache-budget/--budget"),
+    # the old names are still accepted, and still checked
     (["replay", "--workload", "no-such.jsonl", "--policy", "segment", "--out", "{tmp}/p", "--budget", "0MB"],
-     "--budget"),
-    (["simulate", "--workload", "no-such.jsonl", "--out", "{tmp}/s", "--capacity", "30GB,inf"], "--capacity"),
-    (["simulate", "--workload", "no-such.jsonl", "--out", "{tmp}/s", "--capacity=-3GB"], "--capacity"),
+     "--cache-budget/--budget"),
+    (["simulate", "--workload", "no-such.jsonl", "--out", "{tmp}/s", "--cache-budget", "30GB,inf"],
+     "--cache-budget/--capacity"),
+    (["simulate", "--workload", "no-such.jsonl", "--out", "{tmp}/s", "--capacity=-3GB"], "--cache-budget/--capacity"),
 ])
 def test_every_size_option_refuses_a_bad_size_naming_the_option(tmp_path, capsys, argv, option):
     assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 2
@@ -103,10 +105,10 @@ def test_the_wave_check_counts_shared_documents_once_and_names_what_fits():
         check_waves_fit(kvs, ids, concurrency=4, store_bytes=2500, budget=2500, **common)
     msg = str(e.value)
     assert "'r0' to 'r3'" in msg and "360 tokens (3,600 B)" in msg
-    assert "--budget 3600 or more or --concurrency 2" in msg
+    assert "--cache-budget 3600 or more or --concurrency 2" in msg
     check_waves_fit(kvs, ids, concurrency=4, store_bytes=3600, budget=3600, **common)  # the advice holds
     # open loop: any two neighbours may be served together; on two workers the budget is doubled
-    with pytest.raises(KvauditError, match=r"'r0' to 'r1', which may arrive together.*--budget 5000 or more or --concurrency 1$"):
+    with pytest.raises(KvauditError, match=r"'r0' to 'r1', which may arrive together.*--cache-budget 5000 or more or --concurrency 1$"):
         check_waves_fit(kvs, ids, concurrency=2, open_loop=True, bytes_per_token=10, store_bytes=2400,
                         budget=4800)
 
@@ -127,6 +129,6 @@ def test_a_segment_replay_whose_wave_overflows_the_budget_is_refused_before_any_
                  "--concurrency", "4", "--limit", "4", "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.splitlines()[-1].startswith("kvaudit: error: "), err[-400:]
-    assert "--budget 8,000,000 B cannot hold the segment KV of the wave of requests 'r0000000' to 'r0000003'" in err
+    assert "--cache-budget 8,000,000 B cannot hold the segment KV of the wave of requests 'r0000000' to 'r0000003'" in err
     assert "nothing was replayed" in err and "or --concurrency" in err
     assert not (out / "requests.jsonl").exists() and not (out / "replay_config.json").exists()

@@ -96,11 +96,11 @@ def workload(tmp_path_factory) -> Path:
 
 def test_segment_replay_is_held_to_the_simulator_and_resumes_without_loss(workload, tmp_path, capsys):
     out = tmp_path / "seg"
-    args = ["replay", "--workload", str(workload), "--policy", "segment", "--budget", "10MB",
+    args = ["replay", "--workload", str(workload), "--cache-policy", "segment", "--cache-budget", "10MB",
             "--out", str(out), "--no-progress"]
     assert main(args + ["--limit", "6"]) == 0
     assert [r.index for r in ReplayDir(out).read_requests()] == list(range(6))
-    assert main(args + ["--budget", "20MB"]) == 2  # another budget is another replay
+    assert main(args + ["--cache-budget", "20MB"]) == 2  # another budget is another replay
     assert "holds a replay with budget_bytes=10000000" in capsys.readouterr().err
     # the rest, in a second session that starts with an empty store; with an audit sample
     assert main(args + ["--audit-sample", "4"]) == 0
@@ -132,7 +132,7 @@ def test_a_killed_replay_resumes_without_losing_or_repeating_a_request(workload,
     import time
 
     out = tmp_path / "rec"
-    args = ["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",
+    args = ["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
             "--out", str(out), "--no-progress"]
     proc = subprocess.Popen([sys.executable, "-m", "kvaudit.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -157,7 +157,7 @@ def test_a_killed_replay_resumes_without_losing_or_repeating_a_request(workload,
 
 
 def test_prefix_policy_needs_the_in_process_vllm_engine(workload, tmp_path, capsys):
-    code = main(["replay", "--workload", str(workload), "--policy", "prefix", "--budget", "1MB",
+    code = main(["replay", "--workload", str(workload), "--cache-policy", "prefix", "--cache-budget", "1MB",
                  "--out", str(tmp_path / "p"), "--no-progress"])
     assert code == 2
     assert "--backend vllm" in capsys.readouterr().err
@@ -168,7 +168,7 @@ def test_a_bad_workload_is_named_by_line(tmp_path, capsys):
     bad = tmp_path / "w.jsonl"
     bad.write_text('{"id": "a", "pieces": [{"kind": "document", "id": "d", "tokens": 3}]}\n'
                    '{"id": "b", "pieces": [{"kind": "document", "id": "d", "tokens": "x"}]}\n')
-    code = main(["replay", "--workload", str(bad), "--policy", "segment", "--budget", "1MB",
+    code = main(["replay", "--workload", str(bad), "--cache-policy", "segment", "--cache-budget", "1MB",
                  "--out", str(tmp_path / "r"), "--no-progress"])
     assert code == 2
     err = capsys.readouterr().err
@@ -192,7 +192,7 @@ def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
     log.write_text("".join(json.dumps(r) + "\n" for r in rows))
     wl = tmp_path / "w.jsonl"
     assert main(["generate", "workload", "--from-log", str(log), "--keep-text", "--out", str(wl)]) == 0
-    assert main(["replay", "--workload", str(wl), "--policy", "segment", "--budget", "50MB",
+    assert main(["replay", "--workload", str(wl), "--cache-policy", "segment", "--cache-budget", "50MB",
                  "--out", str(tmp_path / "r"), "--no-progress"]) == 0
     recs = ReplayDir(tmp_path / "r").read_requests()
     tok = load_tokenizer("smollm2")
@@ -270,7 +270,7 @@ def test_open_loop_waves_take_what_has_arrived_when_the_engine_is_free():
 
 def test_an_open_loop_replay_counts_the_wait_in_ttft(workload, tmp_path):
     out = tmp_path / "open"
-    assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",
+    assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
                  "--out", str(out), "--rate", "40", "--limit", "8", "--no-progress"]) == 0
     d = ReplayDir(out)
     recs = d.read_requests()
@@ -282,17 +282,17 @@ def test_an_open_loop_replay_counts_the_wait_in_ttft(workload, tmp_path):
 
 def test_segment_policy_over_http_is_refused_before_any_request(workload, tmp_path, capsys):
     code = main(["replay", "--backend", "openai", "--base-url", "http://127.0.0.1:9", "--workload", str(workload),
-                 "--policy", "segment", "--budget", "1MB", "--out", str(tmp_path / "h"), "--no-progress"])
+                 "--cache-policy", "segment", "--cache-budget", "1MB", "--out", str(tmp_path / "h"), "--no-progress"])
     assert code == 2
     assert "needs kvaudit's own segment store" in capsys.readouterr().err
     assert not (tmp_path / "h").exists()
 
 
 def test_arrivals_need_arrival_times_and_an_engine_that_batches_as_requests_come(workload, tmp_path, capsys):
-    assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB", "--out",
+    assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB", "--out",
                  str(tmp_path / "a"), "--schedule", "arrivals", "--backend", "vllm"]) == 2
     assert "needs arrival times" in capsys.readouterr().err
-    assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB", "--out",
+    assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB", "--out",
                  str(tmp_path / "b"), "--schedule", "arrivals", "--rate", "2", "--backend", "transformers"]) == 2
     assert "needs an engine that batches requests as they come: --backend vllm" in capsys.readouterr().err
 
@@ -327,15 +327,15 @@ def test_the_store_at_arrivals_pins_waits_and_serves_what_it_cannot_hold_as_miss
 @pytest.mark.parametrize("rate, says", [("0", "positive number"), ("inf", "positive number"), ("x", "not a number"),
                                         ("1,2,1", "given twice")])
 def test_a_bad_rate_is_refused_naming_it(workload, tmp_path, capsys, rate, says):
-    assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",
+    assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
                  "--out", str(tmp_path / "r"), "--rate", rate]) == 2
     assert says in capsys.readouterr().err
 
 
 def test_a_load_sweep_needs_the_in_process_vllm_engine(workload, tmp_path, capsys):
-    assert main(["replay", "--workload", str(workload), "--policy", "recompute", "--budget", "1MB",
+    assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
                  "--out", str(tmp_path / "r"), "--rate", "1,2", "--schedule", "waves"]) == 2
-    assert "it needs --backend vllm, or --backend openai with --policy recompute" in capsys.readouterr().err
+    assert "it needs --backend vllm, or --backend openai with --cache-policy recompute" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
 
 

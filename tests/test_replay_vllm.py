@@ -32,7 +32,7 @@ def workload(tmp_path_factory) -> Path:
 
 def _cmd(workload: Path, out: Path, policy: str, budget: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "kvaudit.cli", "replay", "--backend", "vllm", "--workload", str(workload),
-            "--policy", policy, "--budget", budget, "--out", str(out), "--no-progress", *extra]
+            "--policy", policy, "--cache-budget", budget, "--out", str(out), "--no-progress", *extra]
 
 
 def _replay(workload: Path, out: Path, policy: str, budget: str, *extra: str) -> dict:

@@ -268,7 +268,7 @@ def test_simulate_cli_writes_json_table_and_plots(tmp_path, capsys):
                         {"kind": "question", "id": f"q{i}", "tokens": 12}]} for i in range(30)]
     log = _write(tmp_path, rows)
     out = tmp_path / "sim"
-    assert _cli(["--workload", str(log), "--model-config", "smollm2-135m", "--capacity", "10MB,1GB",
+    assert _cli(["--workload", str(log), "--model-config", "smollm2-135m", "--cache-budget", "10MB,1GB",
                  "--out", str(out), "--windows", "3"]) == 0
     sim = json.loads((out / "simulation.json").read_text())
     assert [(r["policy"], r["capacity"]) for r in sim["results"]] == [
@@ -286,10 +286,10 @@ def test_simulate_cli_bad_options(tmp_path, capsys):
     log = _write(tmp_path, [GOOD])
     with pytest.raises(KvauditError, match="--policies"):
         _cli(["--workload", str(log), "--out", str(tmp_path / "o"), "--policies", "segment,lmcache"])
-    with pytest.raises(SystemExit) as e:  # argparse's error, naming --capacity (kvaudit exits 2)
-        _cli(["--workload", str(log), "--out", str(tmp_path / "o"), "--capacity", "30 GBs"])
+    with pytest.raises(SystemExit) as e:  # argparse's error, naming --cache-budget (kvaudit exits 2)
+        _cli(["--workload", str(log), "--out", str(tmp_path / "o"), "--cache-budget", "30 GBs"])
     assert e.value.code == 2
-    assert "argument --capacity: '30 GBs' is not a size" in capsys.readouterr().err
+    assert "argument --cache-budget/--capacity: '30 GBs' is not a size" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("queries", [5, 0])

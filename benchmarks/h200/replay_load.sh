@@ -8,6 +8,6 @@ set -u
 source /tmp/gpu-env.sh
 policy=$1
 python3 benchmarks/replay_gpu.py --policies "$policy" --rates "${RATES:-0.5,1,1.5,2.5}" --requests "${REQUESTS:-80}" \
-  --budget "${BUDGET:-40GB}" --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
+  --cache-budget "${BUDGET:-40GB}" --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
   --json "$OUT/replay_load_$policy.json" 2>&1 | grep -v " INFO \| WARNING \|it/s\]"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader

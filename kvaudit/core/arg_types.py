@@ -3,7 +3,7 @@
 Counts: a negative ``--limit`` or ``--max-cases`` would slice a list from its end (``cases[:-1]``
 silently drops a case), so counts are refused below their floor.
 
-Sizes (``run --cache-budget``, ``replay --budget``, ``simulate --capacity``): one parser,
+Sizes (``--cache-budget`` of ``run``, ``replay`` and ``simulate``): one parser,
 :func:`parse_size`, for every byte-size option: a positive, finite number of bytes with an
 optional unit (docs/reports.md, "Sizes").
 """

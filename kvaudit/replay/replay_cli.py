@@ -1,6 +1,6 @@
 """``kvaudit replay``: serve a workload through a backend under one cache policy and a KV budget.
 
-    kvaudit replay --workload W.jsonl --policy segment --budget 200MB --out runs/replay-segment
+    kvaudit replay --workload W.jsonl --cache-policy segment --cache-budget 200MB --out runs/replay-segment
 
 Writes ``replay_config.json``, ``requests.jsonl`` (one record per request, resumable: rerun the
 same command after a kill) and ``replay.json`` (:mod:`kvaudit.replay.summary`), and prints the
@@ -35,11 +35,13 @@ ARRIVALS_CONCURRENCY = {"vllm": 8, "openai": 256}
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", required=True, type=Path, help="workload JSONL (kvaudit generate workload)")
-    p.add_argument("--policy", required=True, choices=POLICIES,
+    p.add_argument("--cache-policy", "--policy", dest="cache_policy", required=True, choices=POLICIES,
                    help="recompute (nothing cached), prefix (the engine's own prefix cache; --backend vllm) "
-                        "or segment (kvaudit's segment store with neutral warm-ups)")
-    p.add_argument("--budget", required=True, type=byte_size,
-                   help="KV bytes the policy may keep cached between requests, e.g. 200MB or 2GiB")
+                        "or segment (kvaudit's segment store with neutral warm-ups). --policy is its old name, "
+                        "still accepted (elsewhere --policy is the gate's policy file)")
+    p.add_argument("--cache-budget", "--budget", dest="cache_budget", required=True, type=byte_size,
+                   help="KV bytes the policy may keep cached between requests, e.g. 200MB or 2GiB (the name "
+                        "`kvaudit run` and `kvaudit simulate` use; --budget is its old name, still accepted)")
     p.add_argument("--out", required=True, type=Path, help="replay directory (rerun the same command to resume)")
     p.add_argument("--concurrency", type=positive_int, default=None,
                    help="waves: the most requests served together in one wave (default 1); arrivals: the most "
@@ -185,20 +187,20 @@ def run(args: argparse.Namespace) -> int:
     schedule = _schedule(args)
     if args.concurrency is None:
         args.concurrency = ARRIVALS_CONCURRENCY[args.backend] if schedule == "arrivals" else 1
-    check_arms_run_on([POLICY_ARM[args.policy]], args.backend)
-    if args.policy == "prefix" and args.backend != "vllm":
-        raise KvauditError("--policy prefix holds the engine's own prefix cache to --budget; that needs "
+    check_arms_run_on([POLICY_ARM[args.cache_policy]], args.backend)
+    if args.cache_policy == "prefix" and args.backend != "vllm":
+        raise KvauditError("--cache-policy prefix holds the engine's own prefix cache to --cache-budget; that needs "
                            "--backend vllm (in process)")
-    if args.policy == "segment" and args.backend not in ("transformers", "vllm"):
+    if args.cache_policy == "segment" and args.backend not in ("transformers", "vllm"):
         # Over HTTP, a stock server's "reuse" is its own prefix cache primed by warm-ups (measured here:
         # 12% hit where the segment store would hold 42%), and a connector server's store budget is
-        # set when the server starts, out of the replay's reach: neither is the segment policy at --budget.
-        raise KvauditError(f"--policy segment needs kvaudit's own segment store under --budget: --backend vllm "
+        # set when the server starts, out of the replay's reach: neither is the segment policy at --cache-budget.
+        raise KvauditError(f"--cache-policy segment needs kvaudit's own segment store under --cache-budget: --backend vllm "
                            f"or transformers (in process), not {args.backend}")
     rates = args.rate or [None]
-    if len(rates) > 1 and not (args.backend == "vllm" or (args.backend == "openai" and args.policy == "recompute")):
+    if len(rates) > 1 and not (args.backend == "vllm" or (args.backend == "openai" and args.cache_policy == "recompute")):
         raise KvauditError("a sweep of --rate values serves every load on one engine with empty caches: it needs "
-                           "--backend vllm, or --backend openai with --policy recompute (nothing cached)")
+                           "--backend vllm, or --backend openai with --cache-policy recompute (nothing cached)")
     if "concurrent_cases" in opts:
         opts["concurrent_cases"] = args.concurrency
     if schedule == "arrivals" and args.backend == "vllm":
@@ -247,16 +249,16 @@ class _Engine:
                 self.backend.reset_caches()
             return self.backend
         common: dict[str, Any] = {"dtype": args.dtype, "max_new_tokens": args.max_new_tokens,
-                                  "cache_bytes": args.budget}
+                                  "cache_bytes": args.cache_budget}
         opts = dict(self.opts)
-        if args.policy == "prefix":
+        if args.cache_policy == "prefix":
             from kvaudit.models import resolve_model_dir
             from kvaudit.simulator.kv_bytes import resolve_model
 
             bpt = resolve_model(str(resolve_model_dir(args.model)), args.dtype).bytes_per_token
             longest = max(sum(p.tokens for p in r.pieces) for r in self.requests) + 64  # + the chat template
             block = int(opts.get("block_size", 32))
-            opts["kv_cache_bytes"] = engine_kv_bytes(args.budget, args.concurrency, longest, bpt, block)
+            opts["kv_cache_bytes"] = engine_kv_bytes(args.cache_budget, args.concurrency, longest, bpt, block)
             # vLLM refuses a KV space smaller than one request of max_model_len: the replay's longest
             # request (and its answer) is what it must fit, so the engine is opened for that.
             fit = -(-(longest + args.max_new_tokens) // block) * block
@@ -293,8 +295,8 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
     from kvaudit.replay.workload_text import request_cases
 
     arrivals_spec, arrivals = _arrivals(args, requests, rate)
-    config = ReplayConfig(workload=str(args.workload), workload_hash=file_sha256(args.workload), policy=args.policy,
-                          budget_bytes=args.budget, model=args.model, backend=args.backend,
+    config = ReplayConfig(workload=str(args.workload), workload_hash=file_sha256(args.workload), policy=args.cache_policy,
+                          budget_bytes=args.cache_budget, model=args.model, backend=args.backend,
                           concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
                           n_requests=len(requests), arrivals=arrivals_spec, schedule=schedule)
     out = ReplayDir(out_dir)
@@ -310,13 +312,13 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
         facts = dict(engine.facts)
         todo = [(r.index, r.id, prompt_maker(case, segs, backend))
                 for r, (case, segs) in zip(todo_requests, request_cases(todo_requests, engine.synth), strict=True)]
-        if args.policy == "segment" and schedule == "waves":  # every wave must fit: refused now, not mid-replay
+        if args.cache_policy == "segment" and schedule == "waves":  # every wave must fit: refused now, not mid-replay
             check_waves_fit([request_kv(make(), facts["stores_heads"]) for _, _, make in todo],
                             [rid for _, rid, _ in todo], concurrency=args.concurrency,
                             open_loop=arrivals is not None, bytes_per_token=facts["bytes_per_token"],
-                            store_bytes=backend.store_budget_bytes(args.budget), budget=args.budget)
+                            store_bytes=backend.store_budget_bytes(args.cache_budget), budget=args.cache_budget)
         out.write_config(config)
-        bar = progress_bar(total=len(todo), desc=f"replay {args.policy}" + (f" at {rate:g}/s" if rate else ""),
+        bar = progress_bar(total=len(todo), desc=f"replay {args.cache_policy}" + (f" at {rate:g}/s" if rate else ""),
                            unit="request", enabled=not args.no_progress)
         t0 = time.perf_counter()
         if arrivals is not None:  # a resumed session starts its clock at its first request's arrival
@@ -324,13 +326,13 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
             arrivals = [t - times[0] for t in times] if times else []
         engine.served = True
         # the prefix policy's heads as the engine's blocks, so the simulator shares what the engine shares
-        head_block = facts["block_size"] if args.policy == "prefix" else 0
+        head_block = facts["block_size"] if args.cache_policy == "prefix" else 0
         if schedule == "arrivals":
             assert arrivals is not None
-            replay_arrivals(backend, args.policy, todo, out, arrivals=arrivals, template_len=engine.template_len,
+            replay_arrivals(backend, args.cache_policy, todo, out, arrivals=arrivals, template_len=engine.template_len,
                             head_block=head_block, on_request=bar.update)
         else:
-            replay(backend, args.policy, todo, out, concurrency=args.concurrency, template_len=engine.template_len,
+            replay(backend, args.cache_policy, todo, out, concurrency=args.concurrency, template_len=engine.template_len,
                    on_wave=bar.update, arrivals=arrivals, head_block=head_block)
         bar.close()
         facts["wall_s_last_session"] = time.perf_counter() - t0
@@ -389,6 +391,6 @@ def write_audit_sample(requests: list[Any], k: int, out: Path, synth: Any, args:
         segments.update(segs)
         cases.append(case)
     finish(out, generator="replay-sample", seed=None,
-           params={"workload": str(args.workload), "policy": args.policy, "audit_sample": k},
+           params={"workload": str(args.workload), "policy": args.cache_policy, "audit_sample": k},
            segments=segments, cases=cases, quiet=True)
     print(f"  audit sample: {len(cases)} requests as a dataset in {out} (kvaudit run --dataset {out} ...)")

@@ -88,7 +88,7 @@ def check_waves_fit(kvs: list[RequestKV], request_ids: list[str], *, concurrency
                     bytes_per_token: int, store_bytes: int, budget: int) -> None:
     """Refuse, before any request is served, a segment replay whose waves cannot have their
     segment KV in the store together (the engine would stop at the first such wave): the error
-    names the wave, its need, the budget, and the ``--budget`` or ``--concurrency`` that fits.
+    names the wave, its need, the budget, and the ``--cache-budget`` or ``--concurrency`` that fits.
     ``store_bytes`` is the store's budget in the unit of ``bytes_per_token``: each worker's share
     of ``budget`` on vLLM, ``budget`` itself in process."""
     def worst(c: int) -> tuple[int, range]:  # the wave needing the most bytes at concurrency c
@@ -105,9 +105,9 @@ def check_waves_fit(kvs: list[RequestKV], request_ids: list[str], *, concurrency
             else f"the wave of requests {first!r} to {last!r}")
     fits_at = next((c for c in range(concurrency - 1, 0, -1) if worst(c)[0] <= store_bytes), None)
     lower = f" or --concurrency {fits_at}" if fits_at else ""
-    raise KvauditError(f"--budget {budget:,} B cannot hold the segment KV of {what} at --concurrency {concurrency}: "
+    raise KvauditError(f"--cache-budget {budget:,} B cannot hold the segment KV of {what} at --concurrency {concurrency}: "
                        f"{need // bytes_per_token:,} tokens ({need * workers:,} B) in the store at once; nothing "
-                       f"was replayed. Use --budget {need * workers} or more{lower}")
+                       f"was replayed. Use --cache-budget {need * workers} or more{lower}")
 
 
 @dataclass
@@ -218,7 +218,7 @@ def replay(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[]
     the session's start, one per request, non-decreasing) makes it open loop: a request's TTFT
     then includes its wait from arrival until its wave started (``queue_s``)."""
     if policy not in POLICY_ARM:
-        raise KvauditError(f"--policy must be one of {', '.join(POLICY_ARM)}, got {policy!r}")
+        raise KvauditError(f"--cache-policy must be one of {', '.join(POLICY_ARM)}, got {policy!r}")
     done = out.finished()
     session = max((r.session for r in done), default=-1) + 1
     wave = max((r.wave for r in done), default=-1) + 1

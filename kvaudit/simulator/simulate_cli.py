@@ -27,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--model-config", default="gpt-oss-120b", metavar="CONFIG_OR_NAME",
       help=f"preset ({', '.join(PRESETS)}), a config.json or its folder (default gpt-oss-120b)")
     a("--kv-dtype", choices=sorted(DTYPE_BYTES), help="KV element type (default: the model's dtype)")
-    a("--capacity", type=byte_sizes, default=DEFAULT_CAPACITIES,
-      help=f"comma-separated budgets, e.g. 30GB or 512GiB (default {DEFAULT_CAPACITIES})")
+    a("--cache-budget", "--capacity", dest="cache_budget", type=byte_sizes, default=DEFAULT_CAPACITIES,
+      help=f"comma-separated cache budgets, e.g. 30GB or 512GiB (default {DEFAULT_CAPACITIES}; the name "
+           "`kvaudit run` and `kvaudit replay` use; --capacity is its old name, still accepted)")
     a("--out", required=True, help="output directory")
     a("--policies", default="segment,prefix", help="comma-separated: segment, prefix")
     a("--block-size", type=positive_int, default=16, help="prefix-cache block size in tokens (default 16)")
@@ -63,7 +64,7 @@ def _config(args: argparse.Namespace):
         raise KvauditError("--cold-fraction must be within [0, 1)")
     if args.windows <= 0:
         raise KvauditError("--windows must be positive")
-    return SimConfig(capacities=[b for _, b in args.capacity], labels=[label for label, _ in args.capacity],
+    return SimConfig(capacities=[b for _, b in args.cache_budget], labels=[label for label, _ in args.cache_budget],
                      model=resolve_model(args.model_config, args.kv_dtype), policies=policies,
                      block_size=args.block_size, capture=args.capture, segment_kinds=kinds,
                      cold_fraction=args.cold_fraction, windows=args.windows)
