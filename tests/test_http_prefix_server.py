@@ -18,9 +18,11 @@ vllm = pytest.importorskip("vllm")
 
 from kvaudit.cli import main  # noqa: E402
 from kvaudit.core.run_format import read_pairs  # noqa: E402
+from kvaudit.reports.gate import judge  # noqa: E402
 
 from .http_runs import checks, run  # noqa: E402
 from .lying_proxy import lying_proxy  # noqa: E402
+from .sglang_standin import sglang_standin  # noqa: E402
 
 ARMS = "recompute,prefix_cache_cold,prefix_cache_flushed,prefix_cache,prefix_cache_other_tenant,recompute_again"
 
@@ -54,6 +56,37 @@ def test_stock_prefix_caching_audits_with_its_security_probes(server, dataset, t
     summary = json.loads((out / "summary.json").read_text())
     cfw = summary["security"]["cold_flushed_warm"]
     assert cfw["n"] == 5 and sum(cfw["counts"].values()) == 5
+
+
+def test_sglangs_native_api_audits_its_prefix_cache_and_namespaces(server, dataset, tmp_path):
+    """SGLang's dialect (its native /generate: ids in, ids and id-keyed log-probabilities out, extra_key
+    namespaces, /flush_cache) over a real engine (tests/sglang_standin.py): probed at open and recorded,
+    the cold, flushed, warm and other-tenant arms audited as on vLLM's own API."""
+    out = tmp_path / "run"
+    with sglang_standin(server) as url:
+        assert run(url, dataset, out, ARMS, "--limit", "3") == 0
+        code, c = checks(out)
+    # SGLang echoes the prompt ids only where no prefix may match (logprob_start_len 0), and its /generate
+    # names no model: what the cache arms consumed, and from which model, cannot be shown (as on
+    # llama.cpp for the ids): cannot judge, which a policy may accept ([audit] accept_cannot_judge)
+    unjudged = {"server_consumed_ids", "server_model"}
+    assert code == 2 and all(c[k].get("cannot_judge") for k in unjudged)
+    assert "prompt-token counts equal kvaudit's on 18 of them" in c["server_consumed_ids"]["detail"]
+    assert all(v["passed"] for k, v in c.items() if k not in unjudged and v["required"]), c
+    policy = tmp_path / "sglang.toml"
+    policy.write_text('arm = "prefix_cache"\n[[delta]]\ngroup = "overall"\nmin_lower_bound = -2.0\n'
+                      '[audit]\naccept_cannot_judge = ["server_consumed_ids", "server_model"]\n')
+    judged = judge(out, policy)
+    rows = {r.kind: r for r in judged.results}
+    assert rows["audit"].status == "pass" and rows["audit"].observed == "passed except accepted unjudged"
+    assert judged.verdict == "error" and rows["delta"].status == "error"  # 3 cases on 3 documents: no bound
+    probe = json.loads((out / "manifest.json").read_text())["backend"]["cache_probe"]
+    assert probe["dialect"] == "sglang" and probe["namespace"] == "extra_key" and probe["logprobs_keyed_by"] == "token ids"
+    assert probe["salt_isolates"] and probe["bypass"] == "fresh extra_key" and probe["reset_empties"]
+    assert c["tenant_isolation"]["passed"]
+    for p in read_pairs(out):
+        assert p.arms["prefix_cache_flushed"].tokens_reused == 0 and p.arms["prefix_cache_other_tenant"].tokens_reused == 0
+        assert p.arms["prefix_cache"].tokens_reused >= (p.n_prompt_tokens - 1) // BLOCK * BLOCK > 0
 
 
 def test_the_servers_own_reuse_of_warmed_documents_is_shown_vacuous(server, dataset, tmp_path):

@@ -59,7 +59,8 @@ def check_server_consumed_ids(run: LoadedRun):
         shown = (f"; its prompt-token counts equal kvaudit's on {counted} of them, which rules out a token added "
                  "or dropped but not one replaced") if counted else ""
         return result(False, f"the server did not echo the prompt ids of {unechoed} of {n} requests "
-                             f"(vLLM: `return_token_ids`; llama.cpp echoes none): what it consumed cannot be shown"
+                             f"(vLLM: `return_token_ids`; llama.cpp echoes none; SGLang only where no prefix may match): what "
+                             f"it consumed cannot be shown"
                              f"{shown}", cannot_judge=True)
     return result(True, f"the server echoed exactly kvaudit's prompt ids on all {n} arm requests")
 
@@ -82,7 +83,7 @@ def check_server_model(run: LoadedRun):
     if problems:
         return from_problems(problems, "")
     if unnamed:
-        return result(False, f"{unnamed} responses name no model", cannot_judge=True)
+        return result(False, f"{unnamed} responses name no model (SGLang's /generate names none)", cannot_judge=True)
     root = ((run.manifest.backend or {}).get("server_model") or {}).get("root")
     return result(True, f"every response names {listed!r}" + (f" (served from {root})" if root else ""))
 

@@ -169,6 +169,7 @@ class OpenAIBackend(Backend):
         dialect = self.client.dialect
         probe: dict[str, Any] = {
             "dialect": dialect.name,
+            "namespace": dialect.namespace,
             "reports_cached_tokens": reports,
             "echoes_prompt_ids": first.prompt_ids is not None,
             "generated_ids": bool(first.token_ids),
@@ -192,7 +193,7 @@ class OpenAIBackend(Backend):
         elif not caching:
             probe["bypass"] = "nothing cached"
         elif probe["salt_isolates"]:
-            probe["bypass"] = "fresh cache_salt"
+            probe["bypass"] = f"fresh {dialect.namespace}"
         elif dialect.bypass_how:
             bypassed = self._send(self.client, ids, max_tokens=1, salt=a, bypass=True)
             if bypassed.cached_tokens == 0:
@@ -201,7 +202,7 @@ class OpenAIBackend(Backend):
             probe["bypass"] = "the reference server (--reference-url)"
         if probe["bypass"] is None:
             raise KvauditError(
-                f"{where} caches but does not isolate cache_salt (a second salt found {other.cached_tokens} cached "
+                f"{where} caches but does not isolate {dialect.namespace} (a second namespace found {other.cached_tokens} cached "
                 "tokens) and has no per-request cache bypass kvaudit knows: the reference arm cannot bypass its "
                 "cache; start a second server with caching off and give it as --reference-url")
         if self.reference is not None:
@@ -277,14 +278,14 @@ class OpenAIBackend(Backend):
                     and not isolates):
                 raise KvauditError(
                     f"--arms: arm {name!r} measures the server's own reuse of warmed segments, but {where} does not "
-                    "isolate cache_salt: what it reports cached could be an exact prefix left by any earlier "
+                    f"isolate {self.client.dialect.namespace}: what it reports cached could be an exact prefix left by any earlier "
                     "request (this run's other arms, an earlier run, another client), not segment reuse")
             if spec.role in ("engine_prefix", "engine_prefix_warm", "engine_prefix_flushed", "tenant_probe") \
                     and not self.probe["caching"]:
                 raise KvauditError(f"--arms: arm {name!r} measures the server's prefix cache, but {where} "
                                    f"{self._cache_hint()}")
             if self._resets_before(spec) and not self._reset_empties():
-                why = ("its cold arm must start from an empty cache, since cache_salt does not isolate an earlier "
+                why = (f"its cold arm must start from an empty cache, since {self.client.dialect.namespace} does not isolate an earlier "
                        "run's prompts" if spec.role == "engine_prefix" else "it re-runs the prompt on an emptied cache")
                 raise KvauditError(
                     f"--arms: arm {name!r} needs the server's cache reset ({why}); {where} "
@@ -292,7 +293,7 @@ class OpenAIBackend(Backend):
                     f" (a prompt sent after the reset found {self.probe.get('cached_after_reset')} cached tokens)")
             if spec.source == "engine_prefix" and not isolates and self.concurrent_cases > 1:
                 raise KvauditError(
-                    f"--arms: arm {name!r} on {where}, which does not isolate cache_salt, resets the cache before "
+                    f"--arms: arm {name!r} on {where}, which does not isolate {self.client.dialect.namespace}, resets the cache before "
                     "its cold request: run it one case at a time (--concurrent-cases 1), or another case's "
                     "request would refill the cache between the reset and the request")
 

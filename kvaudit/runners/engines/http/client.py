@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 
 from kvaudit.core.errors import KvauditError
-from kvaudit.runners.engines.http.dialects import Dialect, detect
+from kvaudit.runners.engines.http.dialects import LOGPROBS, Dialect, detect
 
-LOGPROBS = 20  # vLLM's default --max-logprobs
+__all__ = ["LOGPROBS", "Completion", "ServerClient"]
 
 
 @dataclass
@@ -69,35 +69,14 @@ class _Response:
         self.error: Any = None
 
     def add(self, chunk: dict[str, Any]) -> None:
-        if "error" in chunk:
-            self.error = chunk["error"]
-            return
-        self.model = chunk.get("model", self.model)
-        if chunk.get("system_fingerprint"):
-            self.extra["system_fingerprint"] = chunk["system_fingerprint"]
-        usage = chunk.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        if details.get("cached_tokens") is not None:
-            self.cached = int(details["cached_tokens"])
-        if usage.get("completion_tokens") is not None:
-            self.completion_tokens = int(usage["completion_tokens"])
-        if usage.get("prompt_tokens") is not None:
-            self.prompt_tokens = int(usage["prompt_tokens"])
-        self.kvp = chunk.get("kv_transfer_params", self.kvp)
-        for ch in chunk.get("choices") or []:
-            if ch.get("prompt_token_ids") is not None and self.prompt_ids is None:
-                self.prompt_ids = [int(t) for t in ch["prompt_token_ids"]]
-            new, top, keys = self.dialect.read_choice(ch)
-            self.text += ch.get("text") or ""
-            if new is not None:
-                self.ids_shown = True
-            if new and self.ttft is None:
-                self.ttft = time.perf_counter() - self.t0
-            self.tokens.extend(new or ())
-            if keys is not None and self.logprob_keys is None:
-                self.logprob_keys = keys
-                self.first_lp = top
-            self.finish = ch.get("finish_reason") or self.finish
+        """Read one chunk, in the server's dialect (:meth:`Dialect.absorb`)."""
+        self.dialect.absorb(self, chunk)
+
+    def add_tokens(self, new: list[int]) -> None:
+        """Generated ids this chunk added; the first of them is the time to first token."""
+        if new and self.ttft is None:
+            self.ttft = time.perf_counter() - self.t0
+        self.tokens.extend(new)
 
     def completion(self, total_s: float) -> Completion:
         return Completion(token_ids=self.tokens, first_lp=self.first_lp or {},
@@ -185,36 +164,23 @@ class ServerClient:
         the first token's chunk) unless ``stream`` is false; servers return ``kv_transfer_params``
         only in a whole response, so warm-ups that need them are sent unstreamed. ``bypass_cache``:
         the dialect's per-request cache bypass, where it has one (llama.cpp's ``cache_prompt``)."""
-        body: dict[str, Any] = {
-            "model": self.model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": 0.0,
-            "logprobs": LOGPROBS, "return_token_ids": True, "return_tokens_as_token_ids": True,
-            "skip_special_tokens": True, "stream": stream,
-        }
-        if stream:
-            body["stream_options"] = {"include_usage": True}
-        if logprob_token_ids:  # vLLM: the log-probabilities of exactly these ids at the first position
-            body["logprob_token_ids"] = sorted(set(logprob_token_ids))
-        if salt is not None:
-            body["cache_salt"] = salt
-        if kv_transfer_params is not None:
-            body["kv_transfer_params"] = kv_transfer_params
-        if stop_token_ids:
-            body["stop_token_ids"] = sorted(stop_token_ids)
-        body = self.dialect.body(body, bypass_cache=bypass_cache)
+        body = self.dialect.request(self.model, ids, max_tokens=max_tokens, salt=salt,
+                                    kv_transfer_params=kv_transfer_params, stop_token_ids=stop_token_ids,
+                                    stream=stream, logprob_token_ids=logprob_token_ids, bypass_cache=bypass_cache)
+        path = self.dialect.path
         t0 = time.perf_counter()
         acc = _Response(t0, self.dialect)
         try:
             if not stream:
-                r = self.http.post("/v1/completions", json=body)
+                r = self.http.post(path, json=body)
                 if r.status_code != 200:
-                    raise KvauditError(f"server {self.base_url}: /v1/completions answered {r.status_code}: "
-                                       f"{r.text[:500]}")
+                    raise KvauditError(f"server {self.base_url}: {path} answered {r.status_code}: {r.text[:500]}")
                 acc.add(r.json())  # a whole response is one chunk of the same shape
             else:
-                with self.http.stream("POST", "/v1/completions", json=body) as resp:
+                with self.http.stream("POST", path, json=body) as resp:
                     if resp.status_code != 200:
                         resp.read()
-                        raise KvauditError(f"server {self.base_url}: /v1/completions answered {resp.status_code}: "
+                        raise KvauditError(f"server {self.base_url}: {path} answered {resp.status_code}: "
                                            f"{resp.text[:500]}")
                     for line in resp.iter_lines():
                         if not line.startswith("data:"):
@@ -224,14 +190,14 @@ class ServerClient:
                             break
                         acc.add(json.loads(data))
         except httpx.HTTPError as e:
-            raise KvauditError(f"server {self.base_url}: /v1/completions failed ({e})") from None
+            raise KvauditError(f"server {self.base_url}: {path} failed ({e})") from None
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
             raise KvauditError(f"server {self.base_url}: unreadable completion ({e!r})") from None
         if acc.error is not None:
             raise KvauditError(f"server {self.base_url}: error in the response: {acc.error}")
         if acc.missing_ids():
             raise KvauditError(f"server {self.base_url} ({self.dialect.name}) generated an answer but showed none of "
-                               "its token ids (vLLM: return_token_ids; llama.cpp: logprobs.content[].id): every "
+                               "its token ids (vLLM: return_token_ids; llama.cpp: logprobs.content[].id; SGLang: output_ids): every "
                                "arm's answer would read as empty and agree with every other; refused")
         out = acc.completion(time.perf_counter() - t0)
         if out.finish_reason == "error":

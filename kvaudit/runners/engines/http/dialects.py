@@ -10,17 +10,33 @@ and what the cache is called in a report. A dialect declares these; what the ser
 (salts isolate, cached tokens reported, the reset empties the cache) is probed at open by the
 backend and recorded in the manifest, never assumed from the dialect.
 
+SGLang is asked on its native ``/generate`` instead (its OpenAI endpoints key first-token
+log-probabilities by text): ``input_ids`` in; ``output_ids`` and ``meta_info`` out, with
+``cached_tokens`` and the top log-probabilities as ``(logprob, token id, text)`` tuples; a cache
+namespace per request (``extra_key``: radix keys of different namespaces never share nodes);
+``logprob_start_len: 0`` to compute every prompt token (SGLang caps its prefix match at the
+log-probability start); ``POST /flush_cache`` to empty the radix tree. Its stream is cumulative
+by default (each chunk carries every id so far) or incremental (``--incremental-streaming-output``):
+both are read, told apart by ``meta_info.completion_tokens``.
+
 The dialect is chosen by what ``/v1/models`` says owns the model (vLLM ``"vllm"``, llama.cpp
-``"llamacpp"``); any other server is read as vLLM's OpenAI shape (``openai``), and the probe
-refuses it where that reading finds no token ids. SGLang has no dialect here: no real SGLang
-server has answered kvaudit (docs/engines.md).
+``"llamacpp"``, SGLang ``"sglang"``); any other server is read as vLLM's OpenAI shape
+(``openai``), and the probe refuses it where that reading finds no token ids.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import httpx
+
+from kvaudit.core.errors import KvauditError
+
+if TYPE_CHECKING:
+    from kvaudit.runners.engines.http.client import _Response
+
+LOGPROBS = 20  # top log-probabilities asked for (vLLM's default --max-logprobs)
 
 # What a response's first-token log-probabilities are keyed by.
 LOGPROB_IDS = "token ids"
@@ -40,14 +56,68 @@ class Dialect:
     """An OpenAI-compatible server read as vLLM's response shape, with no cache controls known."""
 
     name = "openai"
+    path = "/v1/completions"  # where a completion is asked for
+    namespace = "cache_salt"  # the request field that names its cache namespace (a tenant)
     prefix_cache = "the server's own prefix cache"
     cache_flags = "prefix caching on, cached tokens reported in usage.prompt_tokens_details"
     reset_how: str | None = None  # how the whole cache is emptied; None: no way known
     bypass_how: str | None = None  # how one request bypasses the cache; None: a fresh cache_salt only
 
+    def request(self, model: str, ids: list[int], *, max_tokens: int, salt: str | None,
+                kv_transfer_params: dict[str, Any] | None, stop_token_ids: list[int] | None, stream: bool,
+                logprob_token_ids: list[int] | None, bypass_cache: bool) -> dict[str, Any]:
+        """The body of one greedy completion of ``ids``: the first token's top log-probabilities by
+        id, the generated and prompt ids shown, cached tokens reported."""
+        body: dict[str, Any] = {
+            "model": model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": 0.0,
+            "logprobs": LOGPROBS, "return_token_ids": True, "return_tokens_as_token_ids": True,
+            "skip_special_tokens": True, "stream": stream,
+        }
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        if logprob_token_ids:  # vLLM: the log-probabilities of exactly these ids at the first position
+            body["logprob_token_ids"] = sorted(set(logprob_token_ids))
+        if salt is not None:
+            body["cache_salt"] = salt
+        if kv_transfer_params is not None:
+            body["kv_transfer_params"] = kv_transfer_params
+        if stop_token_ids:
+            body["stop_token_ids"] = sorted(stop_token_ids)
+        return self.body(body, bypass_cache=bypass_cache)
+
     def body(self, body: dict[str, Any], *, bypass_cache: bool) -> dict[str, Any]:
         """The request body with this engine's own fields (``bypass_cache``: compute every token)."""
         return body
+
+    def absorb(self, r: _Response, chunk: dict[str, Any]) -> None:
+        """Read one chunk of the response (a whole response is one chunk of the same shape)."""
+        if "error" in chunk:
+            r.error = chunk["error"]
+            return
+        r.model = chunk.get("model", r.model)
+        if chunk.get("system_fingerprint"):
+            r.extra["system_fingerprint"] = chunk["system_fingerprint"]
+        usage = chunk.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            r.cached = int(details["cached_tokens"])
+        if usage.get("completion_tokens") is not None:
+            r.completion_tokens = int(usage["completion_tokens"])
+        if usage.get("prompt_tokens") is not None:
+            r.prompt_tokens = int(usage["prompt_tokens"])
+        r.kvp = chunk.get("kv_transfer_params", r.kvp)
+        for ch in chunk.get("choices") or []:
+            if ch.get("prompt_token_ids") is not None and r.prompt_ids is None:
+                r.prompt_ids = [int(t) for t in ch["prompt_token_ids"]]
+            new, top, keys = self.read_choice(ch)
+            r.text += ch.get("text") or ""
+            if new is not None:
+                r.ids_shown = True
+            r.add_tokens(new or [])
+            if keys is not None and r.logprob_keys is None:
+                r.logprob_keys = keys
+                r.first_lp = top
+            r.finish = ch.get("finish_reason") or r.finish
 
     def read_choice(self, ch: dict[str, Any]) -> tuple[list[int] | None, dict[int, float] | None, str | None]:
         """One choice of one chunk: (generated ids, or None where the chunk carries none;
@@ -112,8 +182,79 @@ class LlamaCppDialect(Dialect):
         return all(http.post(f"/slots/{i}", params={"action": "erase"}).status_code == 200 for i in slots)
 
 
+def _by_id(entries: Any) -> dict[int, float]:
+    """SGLang's ``[(logprob, token id, text), ...]`` as token id -> log-probability."""
+    return {int(e[1]): float(e[0]) for e in entries or () if isinstance(e, (list, tuple)) and len(e) >= 2
+            and e[0] is not None and e[1] is not None}
+
+
+class SglangDialect(Dialect):
+    name = "sglang"
+    path = "/generate"
+    namespace = "extra_key"
+    prefix_cache = "SGLang's RadixAttention prefix cache"
+    cache_flags = "the radix cache on (SGLang's default); cached tokens reported in meta_info.cached_tokens"
+    reset_how = "POST /flush_cache (SGLang empties its radix tree when no request is running)"
+    bypass_how = "logprob_start_len 0 on the request (SGLang caps its prefix match at the log-probability start)"
+
+    def request(self, model: str, ids: list[int], *, max_tokens: int, salt: str | None,
+                kv_transfer_params: dict[str, Any] | None, stop_token_ids: list[int] | None, stream: bool,
+                logprob_token_ids: list[int] | None, bypass_cache: bool) -> dict[str, Any]:
+        if kv_transfer_params is not None:
+            raise KvauditError("SGLang has no kv_transfer_params: kvaudit's connector protocol needs vLLM")
+        sampling: dict[str, Any] = {"max_new_tokens": max_tokens, "temperature": 0.0, "skip_special_tokens": True}
+        if stop_token_ids:
+            sampling["stop_token_ids"] = sorted(stop_token_ids)
+        body: dict[str, Any] = {"input_ids": list(ids), "sampling_params": sampling, "stream": stream,
+                                "return_logprob": True, "top_logprobs_num": LOGPROBS}
+        if logprob_token_ids:
+            body["token_ids_logprob"] = sorted(set(logprob_token_ids))
+        if salt is not None:
+            body["extra_key"] = salt
+        if bypass_cache:  # its prompt's log-probabilities from position 0: no prefix can be matched
+            body["logprob_start_len"] = 0
+        return body
+
+    def absorb(self, r: _Response, chunk: dict[str, Any]) -> None:
+        if "error" in chunk:
+            r.error = chunk["error"]
+            return
+        meta = chunk.get("meta_info") or {}
+        for key, attr in (("cached_tokens", "cached"), ("prompt_tokens", "prompt_tokens"),
+                          ("completion_tokens", "completion_tokens")):
+            if meta.get(key) is not None:
+                setattr(r, attr, int(meta[key]))
+        if chunk.get("text"):
+            r.text = chunk["text"]
+        ids = chunk.get("output_ids")
+        if ids is not None:
+            r.ids_shown = True
+            ids = [int(t) for t in ids]
+            # cumulative (SGLang's default stream, and a whole response): as many ids as generated so far
+            cumulative = r.completion_tokens is not None and len(ids) == r.completion_tokens >= len(r.tokens)
+            r.add_tokens(ids[len(r.tokens):] if cumulative else ids)
+        top = meta.get("output_top_logprobs") or []
+        if r.logprob_keys is None and top and top[0]:
+            r.logprob_keys = LOGPROB_IDS
+            r.first_lp = {**_by_id(top[0]), **_by_id((meta.get("output_token_ids_logprobs") or [None])[0])}
+        echoed = meta.get("input_token_logprobs")  # every prompt position, where the log-probabilities start at 0
+        if echoed and r.prompt_ids is None and len(echoed) == r.prompt_tokens:
+            r.prompt_ids = [int(e[1]) for e in echoed]
+        finish = meta.get("finish_reason")
+        if isinstance(finish, dict):
+            r.finish = "error" if finish.get("type") == "abort" else str(finish.get("type"))
+
+    def reset(self, http: httpx.Client) -> bool:
+        for _ in range(20):  # SGLang refuses (400) while a request runs: a few tries, then False
+            r = http.post("/flush_cache")
+            if r.status_code == 200:
+                return True
+            time.sleep(0.05)
+        return False
+
+
 # Keyed by what /v1/models names as the model's owner.
-BY_OWNER: dict[str, Dialect] = {"vllm": VllmDialect(), "llamacpp": LlamaCppDialect()}
+BY_OWNER: dict[str, Dialect] = {"vllm": VllmDialect(), "llamacpp": LlamaCppDialect(), "sglang": SglangDialect()}
 GENERIC = Dialect()
 
 
