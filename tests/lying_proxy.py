@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import httpx
 
 from kvaudit.runners.engines.http.backend import PROBE_TOKENS
+from kvaudit.testing.served import in_thread
 
 
 def _lie_usage(obj: dict) -> None:
@@ -106,11 +106,5 @@ def make_handler(upstream: str, mode: str) -> type[BaseHTTPRequestHandler]:
 @contextlib.contextmanager
 def lying_proxy(upstream: str, mode: str) -> Iterator[str]:
     """Serve the lie on 127.0.0.1 (a free port); yields its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(upstream, mode))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with in_thread(make_handler(upstream, mode)) as url:
+        yield url

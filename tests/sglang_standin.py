@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
+
+from kvaudit.testing.served import in_thread
 
 
 def _lps(top: dict[str, float]) -> list[list[Any]]:
@@ -156,11 +157,5 @@ def make_handler(upstream: str, incremental: bool) -> type[BaseHTTPRequestHandle
 @contextlib.contextmanager
 def sglang_standin(upstream: str, *, incremental: bool = False) -> Iterator[str]:
     """SGLang's native API on 127.0.0.1 (a free port) over the vLLM server at ``upstream``."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(upstream, incremental))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with in_thread(make_handler(upstream, incremental)) as url:
+        yield url

@@ -66,6 +66,59 @@ def _range(values: list[int]) -> dict[str, float]:
     return {"min": min(values), "median": float(statistics.median(values)), "max": max(values)}
 
 
+class _Tally:
+    """What coverage counts, case by case: per segment its references, slots, offsets, orders and
+    contexts (head and what precedes it); the heads, document sets, tasks, strata and token sizes."""
+
+    def __init__(self, segments: dict[str, Segment], count: Callable[[str], int]) -> None:
+        self.segments, self.count = segments, count
+        self.str_tokens: dict[str, int] = {}
+        # per segment: [references, slots, offsets, orders, contexts, token count]
+        self.per_seg: dict[str, list] = {}
+        self.heads: dict[tuple[str, str], int] = {}
+        self.doc_sets: dict[frozenset, set[tuple[str, ...]]] = defaultdict(set)
+        self.tasks: Counter[str] = Counter()
+        self.strata: dict[str, Counter[str]] = defaultdict(Counter)
+        self.region_tokens: list[int] = []
+        self.prompt_tokens: list[int] = []
+        self.n_occ = self.never_cached = self.foreign = 0
+
+    def ntok_str(self, s: str) -> int:
+        n = self.str_tokens.get(s)
+        if n is None:
+            n = self.str_tokens[s] = self.count(s) if s else 0
+            if len(self.str_tokens) > 50_000:  # questions and prefixes rarely repeat at scale
+                self.str_tokens.clear()
+        return n
+
+    def add(self, case: Case) -> None:
+        order = tuple(case.segment_ids)
+        self.tasks[case.task] += 1
+        for k, v in case.strata.items():
+            self.strata[k][str(v)] += 1
+        head = self.heads.setdefault((case.system, case.prefix), len(self.heads))
+        self.doc_sets[frozenset(order)].add(order)
+        off = 0
+        for i, sid in enumerate(order):
+            rec = self.per_seg.get(sid)
+            if rec is None:
+                rec = self.per_seg[sid] = [0, set(), set(), set(), set(), self.count(self.segments[sid].text)]
+            rec[0] += 1
+            rec[1].add(i)
+            rec[2].add(off)
+            rec[3].add(order)
+            rec[4].add((head, order[:i]))
+            if off:
+                self.never_cached += 1
+            if i or case.prefix:
+                self.foreign += 1
+            off += rec[5]
+        self.n_occ += len(order)
+        self.region_tokens.append(off)
+        self.prompt_tokens.append(off + self.ntok_str(case.system) + self.ntok_str(case.prefix)
+                                  + self.ntok_str(case.question))
+
+
 def compute_coverage(segments: dict[str, Segment], cases: list[Case],
                      count_tokens: Callable[[str], int] | None = None) -> dict:
     """Reuse-dynamics coverage of ``cases`` over ``segments`` (definitions in the module doc).
@@ -74,62 +127,17 @@ def compute_coverage(segments: dict[str, Segment], cases: list[Case],
     Segments never referenced are counted in ``unused_segments`` and left out of the
     per-segment figures. The result is JSON-ready and deterministic.
     """
-    count = count_tokens or (lambda t: len(t.split()))
-    str_tokens: dict[str, int] = {}
-
-    def ntok_str(s: str) -> int:
-        n = str_tokens.get(s)
-        if n is None:
-            n = str_tokens[s] = count(s) if s else 0
-            if len(str_tokens) > 50_000:  # questions and prefixes rarely repeat at scale
-                str_tokens.clear()
-        return n
-
-    # per segment: [references, slots, offsets, orders, contexts, token count]
-    per_seg: dict[str, list] = {}
-    heads: dict[tuple[str, str], int] = {}
-    doc_sets: dict[frozenset, set[tuple[str, ...]]] = defaultdict(set)
-    tasks: Counter[str] = Counter()
-    strata: dict[str, Counter[str]] = defaultdict(Counter)
-    region_tokens: list[int] = []
-    prompt_tokens: list[int] = []
-    n_occ = never_cached = foreign = 0
-
+    t = _Tally(segments, count_tokens or (lambda text: len(text.split())))
     for case in cases:
-        order = tuple(case.segment_ids)
-        tasks[case.task] += 1
-        for k, v in case.strata.items():
-            strata[k][str(v)] += 1
-        head = heads.setdefault((case.system, case.prefix), len(heads))
-        doc_sets[frozenset(order)].add(order)
-        off = 0
-        for i, sid in enumerate(order):
-            rec = per_seg.get(sid)
-            if rec is None:
-                rec = per_seg[sid] = [0, set(), set(), set(), set(), count(segments[sid].text)]
-            rec[0] += 1
-            rec[1].add(i)
-            rec[2].add(off)
-            rec[3].add(order)
-            rec[4].add((head, order[:i]))
-            if off:
-                never_cached += 1
-            if i or case.prefix:
-                foreign += 1
-            off += rec[5]
-        n_occ += len(order)
-        region_tokens.append(off)
-        prompt_tokens.append(off + ntok_str(case.system) + ntok_str(case.prefix)
-                             + ntok_str(case.question))
-
+        t.add(case)
+    per_seg, n_occ = t.per_seg, t.n_occ
     refs = {s: r[0] for s, r in per_seg.items()}
-    systems = {sys_ for sys_, _ in heads}
     used = sorted(refs)
     hist = Counter(refs_bucket(refs[s]) for s in used)
     warnings = []
     if used and all(refs[s] == 1 for s in used):
         warnings.append(REUSE_WARNING)
-    elif n_occ and never_cached == 0:
+    elif n_occ and t.never_cached == 0:
         warnings.append(POSITION_WARNING)
     return {
         "n_cases": len(cases),
@@ -143,21 +151,20 @@ def compute_coverage(segments: dict[str, Segment], cases: list[Case],
         "distinct_offsets_per_segment": _summary(len(per_seg[s][2]) for s in used),
         "distinct_orders_per_segment": _summary(len(per_seg[s][3]) for s in used),
         "distinct_contexts_per_segment": _summary(len(per_seg[s][4]) for s in used),
-        "never_cached_position_share": round(never_cached / n_occ, 4) if n_occ else 0.0,
-        "foreign_context_share": round(foreign / n_occ, 4) if n_occ else 0.0,
-        "distinct_orders": sum(len(v) for v in doc_sets.values()),
-        "distinct_doc_sets": len(doc_sets),
-        "doc_sets_with_several_orders": sum(1 for v in doc_sets.values() if len(v) > 1),
-        "distinct_system_prompts": len(systems),
-        "distinct_prefixes": len({p for _, p in heads}),
+        "never_cached_position_share": round(t.never_cached / n_occ, 4) if n_occ else 0.0,
+        "foreign_context_share": round(t.foreign / n_occ, 4) if n_occ else 0.0,
+        "distinct_orders": sum(len(v) for v in t.doc_sets.values()),
+        "distinct_doc_sets": len(t.doc_sets),
+        "doc_sets_with_several_orders": sum(1 for v in t.doc_sets.values() if len(v) > 1),
+        "distinct_system_prompts": len({sys_ for sys_, _ in t.heads}),
+        "distinct_prefixes": len({p for _, p in t.heads}),
         "leak_probes": sum(1 for c in cases if c.canary),
-        "doc_region_tokens": _range(region_tokens),
-        "prompt_tokens_estimate": _range(prompt_tokens),
-        "tasks": dict(sorted(tasks.items())),
-        "strata": {k: dict(sorted(v.items())) for k, v in sorted(strata.items())},
+        "doc_region_tokens": _range(t.region_tokens),
+        "prompt_tokens_estimate": _range(t.prompt_tokens),
+        "tasks": dict(sorted(t.tasks.items())),
+        "strata": {k: dict(sorted(v.items())) for k, v in sorted(t.strata.items())},
         "warnings": warnings,
     }
-
 
 def format_summary(cov: dict[str, Any]) -> str:
     """A few lines for the terminal."""

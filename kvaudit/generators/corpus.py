@@ -187,6 +187,53 @@ class _Drafter:
         return item.question, [item.answer], item.metric, list(item.chunks), item.chunks[-1]
 
 
+def _draft_all(drafter: _Drafter, knobs: ReuseKnobs, per_family: dict[str, int], bases: dict[str, int],
+               n_var: dict[str, int], rng: random.Random, where: str, progress: bool) -> list[Draft]:
+    """Every case's draft, in the dataset's (shuffled) order: per family its base cases, each placed
+    until it is unambiguous, then its reorderings of them."""
+    drafts: list[Draft] = []
+    bar = progress_bar(total=knobs.cases, desc="drafting cases", enabled=progress)
+    for fi, family in enumerate(f for f in FAMILIES if per_family.get(f)):
+        family_bases = []
+        for j in bar_iter(bar, range(bases[family])):
+            target = knobs.positions[(j + fi) % len(knobs.positions)]
+            for _ in range(50):
+                d = drafter.draft(family, rng, target)
+                if drafter.answerable(d):
+                    family_bases.append(d)
+                    break
+            else:
+                raise KvauditError(f"{where}: could not place an unambiguous {family} case "
+                                   "(the corpus may repeat the generated names); try another --seed")
+        drafts.extend(family_bases)
+        for _ in bar_iter(bar, range(n_var[family])):
+            fam, item, order = rng.choice(family_bases)
+            drafts.append((fam, item, new_order(rng, order)))
+    bar.close()
+    rng.shuffle(drafts)
+    return drafts
+
+
+def _case(k: int, d: Draft, drafter: _Drafter, knobs: ReuseKnobs, rng: random.Random, texts: list[str],
+          sids: list[str], opts: CorpusOptions) -> Case:
+    """Draft ``k`` realized as a case, with its head (system prompt and prefix) and its strata."""
+    family, _, order = d
+    question, answers, metric, evidence, holder = drafter.realize(d)
+    system, sys_label, prefix, prefix_label = knobs.context(rng)
+    ev_words = sum(count_words(texts[c]) for c in evidence) / len(evidence)
+    strata: dict[str, Any] = {
+        "n_docs": len(order),
+        "doc_len_bucket": len_bucket(ev_words, opts.min_chunk_words, opts.chunk_words),
+        "prefix_variant": prefix_label, "system_variant": sys_label,
+    }
+    if holder is not None:
+        strata["evidence_position"] = position_label(order.index(holder), len(order))
+        strata["hops"] = len(evidence)
+    return Case(id=f"corpus-{k:06d}", task=family, segment_ids=[sids[c] for c in order],
+                question=question, answers=answers, system=system, prefix=prefix, metric=metric,
+                evidence=[sids[c] for c in evidence], strata=strata)
+
+
 def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None,
              opts: CorpusOptions | None = None, count_tokens: TokenCounter | None = None,
              progress: bool = False,
@@ -231,46 +278,8 @@ def generate(path: str | Path, *, seed: int = 0, knobs: ReuseKnobs | None = None
 
     drafter = _Drafter(texts, needles, knobs, seed)
     rng = random.Random(f"{seed}:corpus")
-    drafts: list[Draft] = []
-    bar = progress_bar(total=knobs.cases, desc="drafting cases", enabled=progress)
-    for fi, family in enumerate(f for f in FAMILIES if per_family.get(f)):
-        family_bases = []
-        for j in bar_iter(bar, range(bases[family])):
-            target = knobs.positions[(j + fi) % len(knobs.positions)]
-            for _ in range(50):
-                d = drafter.draft(family, rng, target)
-                if drafter.answerable(d):
-                    family_bases.append(d)
-                    break
-            else:
-                raise KvauditError(f"{path}: could not place an unambiguous {family} case "
-                                   "(the corpus may repeat the generated names); try another --seed")
-        drafts.extend(family_bases)
-        for _ in bar_iter(bar, range(n_var[family])):
-            fam, item, order = rng.choice(family_bases)
-            drafts.append((fam, item, new_order(rng, order)))
-    bar.close()
-    rng.shuffle(drafts)
-
-    cases = []
-    for k, d in enumerate(drafts):
-        family, _, order = d
-        question, answers, metric, evidence, holder = drafter.realize(d)
-        system, sys_label, prefix, prefix_label = knobs.context(rng)
-        ev_words = sum(count_words(texts[c]) for c in evidence) / len(evidence)
-        strata: dict[str, Any] = {
-            "n_docs": len(order),
-            "doc_len_bucket": len_bucket(ev_words, opts.min_chunk_words, opts.chunk_words),
-            "prefix_variant": prefix_label, "system_variant": sys_label,
-        }
-        if holder is not None:
-            strata["evidence_position"] = position_label(order.index(holder), len(order))
-            strata["hops"] = len(evidence)
-        cases.append(Case(
-            id=f"corpus-{k:06d}", task=family, segment_ids=[sids[c] for c in order],
-            question=question, answers=answers, system=system, prefix=prefix, metric=metric,
-            evidence=[sids[c] for c in evidence], strata=strata,
-        ))
+    drafts = _draft_all(drafter, knobs, per_family, bases, n_var, rng, str(path), progress)
+    cases = [_case(k, d, drafter, knobs, rng, texts, sids, opts) for k, d in enumerate(drafts)]
     used = {c for _, _, order in drafts for c in order}
     counts = {
         "documents_read": len(docs), "documents_used": n_used,

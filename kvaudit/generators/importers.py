@@ -125,12 +125,8 @@ def split_context(context: str, chunk_words: int) -> tuple[list[str], str]:
     return chunk_text(context, "paragraph", chunk_words), "paragraphs"
 
 
-def generate(path: str | Path, fmt: str, *, seed: int = 0, reorders: int = 2, task: str = "imported",
-             metric: str = "f1", chunk_words: int = 200, limit: int = 0,
-             prefixes: tuple[str, ...] = ("none",), systems: int = 1, progress: bool = False,
-             ) -> tuple[dict[str, Segment], list[Case], dict[str, Any], dict[str, Any]]:
-    """Import ``path`` in format ``fmt``: ``(segments, cases, params, counts)`` (``progress``:
-    a bar on stderr over the records, when they take over 2 s)."""
+def _check_options(fmt: str, task: str, metric: str, reorders: int, chunk_words: int, limit: int,
+                   prefixes: tuple[str, ...], systems: int) -> None:
     if fmt not in FORMATS:
         raise KvauditError(f"--format must be one of {', '.join(FORMATS)}")
     if task not in TASK_FAMILIES:
@@ -143,6 +139,49 @@ def generate(path: str | Path, fmt: str, *, seed: int = 0, reorders: int = 2, ta
         raise KvauditError(f"--prefixes takes a comma list of {', '.join(PREFIX_VARIANTS)}")
     if not 1 <= systems <= len(SYSTEM_PROMPTS):
         raise KvauditError(f"--systems must be between 1 and {len(SYSTEM_PROMPTS)}")
+
+
+def _segments_of(passages: list[tuple[str, bool | None]], segments: dict[str, Segment], source: str, idx: int,
+                 counts: Counter) -> tuple[list[str], list[bool | None]]:
+    """A record's passages as segment ids (new segments added to ``segments``; empty passages and
+    repeats within the record counted and left out), with each passage's evidence flag."""
+    ids: list[str] = []
+    flags: list[bool | None] = []
+    for text, flag in passages:
+        if not text:
+            counts["empty_passages"] += 1
+            continue
+        sid = segment_id(text)
+        if sid in ids:
+            counts["duplicate_passages_in_record"] += 1
+            continue
+        if sid not in segments:
+            segments[sid] = Segment(sid, text, source=source, tags={"record": idx, "words": count_words(text)})
+        ids.append(sid)
+        flags.append(flag)
+    return ids, flags
+
+
+def _orders(ids: list[str], reorders: int, rng: random.Random) -> list[list[str]]:
+    """The record's own order, then up to ``reorders`` distinct shuffles of it."""
+    orders = [list(ids)]
+    for _ in range(50 * reorders):
+        if len(orders) > reorders:
+            break
+        o = list(ids)
+        rng.shuffle(o)
+        if o not in orders:
+            orders.append(o)
+    return orders
+
+
+def generate(path: str | Path, fmt: str, *, seed: int = 0, reorders: int = 2, task: str = "imported",
+             metric: str = "f1", chunk_words: int = 200, limit: int = 0,
+             prefixes: tuple[str, ...] = ("none",), systems: int = 1, progress: bool = False,
+             ) -> tuple[dict[str, Segment], list[Case], dict[str, Any], dict[str, Any]]:
+    """Import ``path`` in format ``fmt``: ``(segments, cases, params, counts)`` (``progress``:
+    a bar on stderr over the records, when they take over 2 s)."""
+    _check_options(fmt, task, metric, reorders, chunk_words, limit, prefixes, systems)
     p = Path(path)
     records = _records(p)
     if limit:
@@ -161,21 +200,7 @@ def generate(path: str | Path, fmt: str, *, seed: int = 0, reorders: int = 2, ta
             texts, rule = split_context(_str(r, "context", where), chunk_words)
             counts[f"split_{rule}"] += 1
             passages = [(t, None) for t in texts]
-        ids: list[str] = []
-        flags: list[bool | None] = []
-        for text, flag in passages:
-            if not text:
-                counts["empty_passages"] += 1
-                continue
-            sid = segment_id(text)
-            if sid in ids:
-                counts["duplicate_passages_in_record"] += 1
-                continue
-            if sid not in segments:
-                segments[sid] = Segment(sid, text, source=f"{p.name}#{idx}",
-                                        tags={"record": idx, "words": count_words(text)})
-            ids.append(sid)
-            flags.append(flag)
+        ids, flags = _segments_of(passages, segments, f"{p.name}#{idx}", idx, counts)
         if not ids:
             raise KvauditError(f"{where}: no non-empty passages")
         flagged = [s for s, f in zip(ids, flags, strict=True) if f]
@@ -183,14 +208,7 @@ def generate(path: str | Path, fmt: str, *, seed: int = 0, reorders: int = 2, ta
         counts["evidence_from_flags"] += evidence is flagged
         ev_text = " ".join(segments[s].text.lower() for s in evidence)
         counts["answer_in_evidence"] += any(a.strip().lower() in ev_text for a in answers)
-        orders = [list(ids)]
-        for _ in range(50 * reorders):
-            if len(orders) > reorders:
-                break
-            o = list(ids)
-            rng.shuffle(o)
-            if o not in orders:
-                orders.append(o)
+        orders = _orders(ids, reorders, rng)
         counts["reorders_short_of_request"] += reorders + 1 - len(orders)
         mean_words = sum(segments[s].tags["words"] for s in ids) / len(ids)
         for v, order in enumerate(orders):

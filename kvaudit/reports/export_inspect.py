@@ -65,6 +65,37 @@ def need_inspect() -> Any:
     return log, model, scorer
 
 
+def _sample(an: Any, row: dict[str, Any], p: Any, model: str, log: Any, model_mod: Any, scorer: Any) -> Any:
+    """One case as an inspect sample: the reference's answer as its output, every arm's answer,
+    metrics and timing in its metadata, each arm's score a score."""
+    arms: dict[str, dict[str, Any]] = {}
+    scores = {}
+    for arm_name in [a for a in an.arms if a in p.arms]:
+        a = p.arms[arm_name]
+        extra = {"flip": row["flips"].get(arm_name), "logit_diff": row["logit_diff"].get(arm_name),
+                 "ttft_s": a.ttft_s, "tokens_reused": a.tokens_reused,
+                 "tokens_computed": a.tokens_computed, "margin": a.margin}
+        arms[arm_name] = {"answer": a.answer, **extra,
+                          "metrics": row["metrics"].get(arm_name, {})}
+        value = number(row["metrics"].get(arm_name, {}).get("score"))
+        if value is not None:
+            scores[arm_name] = scorer.Score(
+                value=value, answer=a.answer, metadata=extra,
+                explanation=f"{p.metric} against {'the recompute answer' if p.metric == 'agreement' else 'the gold answer'}")
+    question = an.run.questions.get(p.case_id) or f"(case {p.case_id}: question not in the run's records)"
+    ref = p.arms[REFERENCE_ARM].answer
+    target = row["target"]
+    return log.EvalSample(
+        id=p.case_id, epoch=1, input=question, target=target if len(target) != 1 else target[0],
+        messages=[model_mod.ChatMessageUser(content=question),
+                  model_mod.ChatMessageAssistant(content=ref, model=model)],
+        output=model_mod.ModelOutput.from_content(model, ref), scores=scores or None,
+        metadata={"task": p.task, "metric": p.metric, "strata": p.strata,
+                  "segment_ids": p.segment_ids, "prompt_hash": p.ids_hash,
+                  "n_prompt_tokens": p.n_prompt_tokens, "arms": arms},
+    )
+
+
 def build_inspect_log(an: Any) -> Any:
     """The run as an :class:`inspect_ai.log.EvalLog` (see the module docstring)."""
     log, model_mod, scorer = need_inspect()
@@ -106,34 +137,7 @@ def build_inspect_log(an: Any) -> Any:
                                                           "verdict": run.audit.verdict,
                                                           "reason": run.audit.reason}},
     )
-    samples = []
-    for row, p in zip(sample_rows(an), run.pairs, strict=True):
-        arms: dict[str, dict[str, Any]] = {}
-        scores = {}
-        for arm_name in [a for a in an.arms if a in p.arms]:
-            a = p.arms[arm_name]
-            extra = {"flip": row["flips"].get(arm_name), "logit_diff": row["logit_diff"].get(arm_name),
-                     "ttft_s": a.ttft_s, "tokens_reused": a.tokens_reused,
-                     "tokens_computed": a.tokens_computed, "margin": a.margin}
-            arms[arm_name] = {"answer": a.answer, **extra,
-                              "metrics": row["metrics"].get(arm_name, {})}
-            value = number(row["metrics"].get(arm_name, {}).get("score"))
-            if value is not None:
-                scores[arm_name] = scorer.Score(
-                    value=value, answer=a.answer, metadata=extra,
-                    explanation=f"{p.metric} against {'the recompute answer' if p.metric == 'agreement' else 'the gold answer'}")
-        question = run.questions.get(p.case_id) or f"(case {p.case_id}: question not in the run's records)"
-        ref = p.arms[REFERENCE_ARM].answer
-        target = row["target"]
-        samples.append(log.EvalSample(
-            id=p.case_id, epoch=1, input=question, target=target if len(target) != 1 else target[0],
-            messages=[model_mod.ChatMessageUser(content=question),
-                      model_mod.ChatMessageAssistant(content=ref, model=model)],
-            output=model_mod.ModelOutput.from_content(model, ref), scores=scores or None,
-            metadata={"task": p.task, "metric": p.metric, "strata": p.strata,
-                      "segment_ids": p.segment_ids, "prompt_hash": p.ids_hash,
-                      "n_prompt_tokens": p.n_prompt_tokens, "arms": arms},
-        ))
+    samples = [_sample(an, row, p, model, log, model_mod, scorer) for row, p in zip(sample_rows(an), run.pairs, strict=True)]
     per_arm = arm_metrics(an)
     means = {t: arm_means(an, f"task:{t}") for t in an.tasks}
     results = log.EvalResults(

@@ -79,6 +79,89 @@ def task_names(tasks: list[str]) -> dict[str, str]:
     return names
 
 
+HIGHER_IS_BETTER = {"score": True, "delta_pts": True, "delta_lower_bound_pts": True}
+
+
+def _samples(an: Any, rows: list[dict[str, Any]], lm_name: dict[str, str],
+             decoding: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """One lm-eval sample line per answer-quality case and arm (the arm as lm-eval's filter), per task."""
+    quality = set(an.select("overall")) | set(an.select("agreement"))
+    questions = an.run.questions
+    samples: dict[str, list[dict[str, Any]]] = {}
+    doc_ids: dict[str, int] = {}
+    for row in rows:
+        if row["doc_id"] not in quality:
+            continue  # leak probes: not answer-quality cases
+        t = lm_name[row["task"]]
+        doc_id = doc_ids[t] = doc_ids.get(t, -1) + 1
+        target = row["target"][0] if len(row["target"]) == 1 else str(row["target"])
+        question = questions.get(row["doc_id"], "")
+        for arm in [a for a in an.arms if a in row["resps"]]:
+            m = row["metrics"].get(arm, {})
+            line: dict[str, Any] = {
+                "doc_id": doc_id,
+                "doc": {"case_id": row["doc_id"], "question": question, "task": row["task"],
+                        "metric": row["metric"], "answers": row["target"], "strata": row["strata"]},
+                "target": target,
+                "arguments": {"gen_args_0": {"arg_0": question, "arg_1": decoding}},
+                "resps": [[row["resps"][arm]]], "filtered_resps": [row["filtered_resps"][arm]],
+                "filter": arm, "metrics": [k for k in SCORE_KEYS if number(m.get(k)) is not None],
+                "doc_hash": row["doc_hash"], "prompt_hash": row["prompt_hash"],
+                "target_hash": row["target_hash"],
+            }
+            line.update({k: number(m.get(k)) for k in line["metrics"]})
+            if row["flips"].get(arm) is not None:
+                line["flip"] = float(row["flips"][arm])
+            samples.setdefault(t, []).append(line)
+    return samples
+
+
+def _metrics_of(an: Any, group: str, label: str, n: int) -> dict[str, Any]:
+    """A results entry: per arm its mean score and standard error, and (past the reference) its
+    delta and the delta's lower bound, in points."""
+    means = arm_means(an, group)
+    r: dict[str, Any] = {"alias": label, "name": label, "sample_len": n}
+    for arm in an.arms:
+        if not means[arm]["n"]:
+            continue
+        r[f"score,{arm}"] = means[arm]["mean"]
+        r[f"score_stderr,{arm}"] = means[arm]["stderr"] if means[arm]["stderr"] is not None else "N/A"
+        if arm != an.arms[0]:
+            d = an.delta(arm, group)
+            if d.delta is not None:
+                r[f"delta_pts,{arm}"] = d.delta
+            if d.lower_bound is not None:
+                r[f"delta_lower_bound_pts,{arm}"] = d.lower_bound
+    return r
+
+
+def _task_config(an: Any, task: str, t: str, dataset: DatasetRef, decoding: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval's task config for one task family, each arm a filter."""
+    return {
+        "task": t, "tag": ["kvaudit"], "dataset_path": str(dataset.path or ""),
+        "output_type": "generate_until", "num_fewshot": 0, "repeats": 1,
+        "generation_kwargs": decoding,
+        "metric_list": [{"metric": k, "aggregation": "mean", "higher_is_better": v}
+                        for k, v in HIGHER_IS_BETTER.items()],
+        "filter_list": [{"name": arm, "filter": [{"function": "kvaudit_arm", "arm": arm}]}
+                        for arm in an.arms],
+        "description": f"kvaudit task family {task!r}: each filter is an arm of the run",
+        "metadata": {"version": 1.0, "kvaudit_dataset_hash": dataset.hash},
+    }
+
+
+def _run_config(an: Any, manifest: Any, name: str, backend: str, decoding: dict[str, Any]) -> dict[str, Any]:
+    """lm-eval's ``config`` block: the model and how it was run."""
+    return {
+        "model": f"kvaudit-{backend}", "model_args": f"pretrained={name},dtype={run_dtype(manifest)}",
+        "model_dtype": run_dtype(manifest), "model_sha": manifest.model.fingerprint if manifest.model else None,
+        "batch_size": 1, "batch_sizes": [], "device": (manifest.backend or {}).get("device"),
+        "use_cache": None, "limit": None, "bootstrap_iters": 0, "gen_kwargs": decoding,
+        "random_seed": None, "numpy_seed": None, "torch_seed": None, "fewshot_seed": None,
+        "kvaudit_arms": an.arms,
+    }
+
+
 def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]], str]:
     """``(results, samples per lm-eval task, date id)`` in lm-eval's layout (see module docstring)."""
     from kvaudit import __version__
@@ -90,82 +173,25 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
     date_id = when.isoformat().replace(":", "-")  # as EvaluationTracker names its files
     decoding = manifest.decoding or {}
     dataset = manifest.dataset or DatasetRef()
-    quality = set(an.select("overall")) | set(an.select("agreement"))
-    questions = an.run.questions
-    samples: dict[str, list[dict[str, Any]]] = {}
-    doc_ids: dict[str, int] = {}
     rows = sample_rows(an)
     lm_name = task_names(list(dict.fromkeys([*an.tasks, *(r["task"] for r in rows)])))
-    for row in rows:
-        if row["doc_id"] not in quality:
-            continue  # leak probes: not answer-quality cases
-        t = lm_name[row["task"]]
-        doc_id = doc_ids[t] = doc_ids.get(t, -1) + 1
-        target = row["target"][0] if len(row["target"]) == 1 else str(row["target"])
-        question = questions.get(row["doc_id"], "")
-        for arm in [a for a in an.arms if a in row["resps"]]:
-            answer = row["resps"][arm]
-            m = row["metrics"].get(arm, {})
-            line: dict[str, Any] = {
-                "doc_id": doc_id,
-                "doc": {"case_id": row["doc_id"], "question": question, "task": row["task"],
-                        "metric": row["metric"], "answers": row["target"], "strata": row["strata"]},
-                "target": target,
-                "arguments": {"gen_args_0": {"arg_0": question, "arg_1": decoding}},
-                "resps": [[answer]], "filtered_resps": [row["filtered_resps"][arm]],
-                "filter": arm, "metrics": [k for k in SCORE_KEYS if number(m.get(k)) is not None],
-                "doc_hash": row["doc_hash"], "prompt_hash": row["prompt_hash"],
-                "target_hash": row["target_hash"],
-            }
-            line.update({k: number(m.get(k)) for k in line["metrics"]})
-            if row["flips"].get(arm) is not None:
-                line["flip"] = float(row["flips"][arm])
-            samples.setdefault(t, []).append(line)
-
+    samples = _samples(an, rows, lm_name, decoding)
     results: dict[str, dict[str, Any]] = {}
     higher: dict[str, dict[str, bool]] = {}
     n_samples: dict[str, dict[str, int]] = {}
     configs: dict[str, dict[str, Any]] = {}
-
-    def metrics_of(group: str, label: str, n: int) -> dict[str, Any]:
-        means = arm_means(an, group)
-        r: dict[str, Any] = {"alias": label, "name": label, "sample_len": n}
-        for arm in an.arms:
-            if not means[arm]["n"]:
-                continue
-            r[f"score,{arm}"] = means[arm]["mean"]
-            r[f"score_stderr,{arm}"] = means[arm]["stderr"] if means[arm]["stderr"] is not None else "N/A"
-            if arm != an.arms[0]:
-                d = an.delta(arm, group)
-                if d.delta is not None:
-                    r[f"delta_pts,{arm}"] = d.delta
-                if d.lower_bound is not None:
-                    r[f"delta_lower_bound_pts,{arm}"] = d.lower_bound
-        return r
-
-    hib = {"score": True, "delta_pts": True, "delta_lower_bound_pts": True}
     for task in an.tasks:
         t = lm_name[task]
         n = len(set(an.select(f"task:{task}")))
-        results[t] = metrics_of(f"task:{task}", t, n)
-        higher[t] = dict(hib)
+        results[t] = _metrics_of(an, f"task:{task}", t, n)
+        higher[t] = dict(HIGHER_IS_BETTER)
         n_samples[t] = {"original": n, "effective": n}
-        configs[t] = {
-            "task": t, "tag": ["kvaudit"], "dataset_path": str(dataset.path or ""),
-            "output_type": "generate_until", "num_fewshot": 0, "repeats": 1,
-            "generation_kwargs": decoding,
-            "metric_list": [{"metric": k, "aggregation": "mean", "higher_is_better": v}
-                            for k, v in hib.items()],
-            "filter_list": [{"name": arm, "filter": [{"function": "kvaudit_arm", "arm": arm}]}
-                            for arm in an.arms],
-            "description": f"kvaudit task family {task!r}: each filter is an arm of the run",
-            "metadata": {"version": 1.0, "kvaudit_dataset_hash": dataset.hash},
-        }
+        configs[t] = _task_config(an, task, t, dataset, decoding)
     gold_tasks = [lm_name[t] for t in an.tasks if len(set(an.select(f"task:{t}")) - set(an.select("agreement")))]
     groups = {}
     if gold_tasks:
-        groups["kvaudit"] = metrics_of("overall", "kvaudit", len(set(an.select("overall"))))
-        higher["kvaudit"] = dict(hib)
+        groups["kvaudit"] = _metrics_of(an, "overall", "kvaudit", len(set(an.select("overall"))))
+        higher["kvaudit"] = dict(HIGHER_IS_BETTER)
     ident = identity_values(manifest)
     timing = number((manifest.timing_s or {}).get("total"))
     out: dict[str, Any] = {
@@ -178,14 +204,7 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
         "n-shot": {**({"kvaudit": 0} if gold_tasks else {}), **{t: 0 for t in sorted(results)}},
         "higher_is_better": dict(sorted(higher.items())),
         "n-samples": n_samples,
-        "config": {
-            "model": f"kvaudit-{backend}", "model_args": f"pretrained={name},dtype={run_dtype(manifest)}",
-            "model_dtype": run_dtype(manifest), "model_sha": manifest.model.fingerprint if manifest.model else None,
-            "batch_size": 1, "batch_sizes": [], "device": (manifest.backend or {}).get("device"),
-            "use_cache": None, "limit": None, "bootstrap_iters": 0, "gen_kwargs": decoding,
-            "random_seed": None, "numpy_seed": None, "torch_seed": None, "fewshot_seed": None,
-            "kvaudit_arms": an.arms,
-        },
+        "config": _run_config(an, manifest, name, backend, decoding),
         "git_hash": (manifest.git_revision or "")[:7] or None,
         "date": when.replace(tzinfo=timezone.utc).timestamp(),
         "transformers_version": ident.get("transformers"),
@@ -195,7 +214,7 @@ def lm_eval_export(an: Any) -> tuple[dict[str, Any], dict[str, list[dict[str, An
         "system_instruction": None, "system_instruction_sha": None, "fewshot_as_multiturn": False,
         "chat_template": None, "chat_template_sha": None,
         "task_hashes": {t: _lm_hash("".join(s["doc_hash"] + s["prompt_hash"] + s["target_hash"]
-                                            for s in rows)) for t, rows in samples.items()},
+                                            for s in lines)) for t, lines in samples.items()},
         "total_evaluation_time_seconds": str(timing) if timing is not None else None,
     }
     return out, samples, date_id

@@ -310,8 +310,42 @@ def execute(cfg: RunConfig, backend: Backend, *, progress: bool = True) -> Manif
         return _execute_locked(cfg, backend, progress=progress)
 
 
-def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Manifest:
+def _session_manifest(cfg: RunConfig, backend: Backend, identity: RunIdentity, old: Manifest | None, n_cases: int,
+                      unfit: dict[str, Any]) -> Manifest:
+    """The manifest this session writes first: the run's identity and configuration, the backend's
+    own ``info()``, the dataset (unfit cases counted: the run is partial without them), earlier sessions."""
     import torch
+
+    info = backend.info()
+    manifest = Manifest(
+        kvaudit_version=__import__("kvaudit").__version__,
+        identity=identity,
+        backend=info,
+        model=ModelInfo(name=cfg.model_name, fingerprint=backend.fingerprint, dtype=info["dtype"]),
+        threads=torch.get_num_threads(),
+        decoding=backend.decoding.as_dict(),
+        arms=list(cfg.arms),
+        arm_reasons={a: backend.arm_reason(get_arm(a)) for a in cfg.arms},
+        dataset=DatasetRef(
+            path=str(cfg.dataset.path),
+            hash=cfg.dataset.card.content_hash,
+            generator=cfg.dataset.card.generator,
+            n_cases=n_cases,
+            coverage=cfg.dataset.card.coverage,
+            extra={"unfit_cases": unfit} if unfit else {},
+        ),
+        warmup_prefix=WarmupPrefix(system="neutral", ids_hash=backend.neutral_hash),
+        cache_budget_bytes=backend.cache.capacity_bytes,
+        git_revision=git_revision(),
+        sessions=list(old.sessions) if old else [],
+        extra=dict(cfg.extra_manifest),
+    )
+    change = backend.serving_change()
+    manifest.serving_change = ServingChange(**change) if change else None
+    return manifest
+
+
+def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Manifest:
     from tqdm import tqdm
 
     out = cfg.out
@@ -332,32 +366,7 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
     # This session rewrites the manifest: an earlier attestation no longer holds (a new one is
     # written when the session ends, if the key is set).
     run.forget_attestation()
-    info = backend.info()
-    manifest = Manifest(
-        kvaudit_version=__import__("kvaudit").__version__,
-        identity=identity,
-        backend=info,
-        model=ModelInfo(name=cfg.model_name, fingerprint=backend.fingerprint, dtype=info["dtype"]),
-        threads=torch.get_num_threads(),
-        decoding=backend.decoding.as_dict(),
-        arms=list(cfg.arms),
-        arm_reasons={a: backend.arm_reason(get_arm(a)) for a in cfg.arms},
-        dataset=DatasetRef(
-            path=str(cfg.dataset.path),
-            hash=cfg.dataset.card.content_hash,
-            generator=cfg.dataset.card.generator,
-            n_cases=len(cases),  # the unfit cases stay counted: the run is partial without them
-            coverage=cfg.dataset.card.coverage,
-            extra={"unfit_cases": unfit} if unfit else {},
-        ),
-        warmup_prefix=WarmupPrefix(system="neutral", ids_hash=backend.neutral_hash),
-        cache_budget_bytes=backend.cache.capacity_bytes,
-        git_revision=git_revision(),
-        sessions=list(old.sessions) if old else [],
-        extra=dict(cfg.extra_manifest),
-    )
-    change = backend.serving_change()
-    manifest.serving_change = ServingChange(**change) if change else None
+    manifest = _session_manifest(cfg, backend, identity, old, len(cases), unfit)
     session = Session(started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), cases_before=len(done))
     manifest.sessions.append(session)
     manifest.status = "running"

@@ -133,6 +133,71 @@ def simulate_segment_store(trace: Trace, capacity_tokens: int, *, kinds: tuple[s
     return hits
 
 
+class _StoreInFlight:
+    """The segment store with requests in flight (the rules of :func:`simulate_segment_store_at_arrivals`):
+    LRU entries of content ids and their tokens, pins held by requests, pieces being warmed."""
+
+    def __init__(self, capacity_tokens: int, n_requests: int) -> None:
+        self.capacity = capacity_tokens
+        self.lru: OrderedDict[int, int] = OrderedDict()
+        self.pins: dict[int, int] = {}
+        self.used = 0
+        self.warming: dict[int, int] = {}  # piece -> request warming it
+        self.waiters: dict[int, list[int]] = {}
+        self.held: list[set[int]] = [set() for _ in range(n_requests)]
+        self.warmed_by: list[set[int]] = [set() for _ in range(n_requests)]
+
+    def pin(self, r: int, c: int) -> None:
+        self.lru.move_to_end(c)
+        self.pins[c] = self.pins.get(c, 0) + 1
+        self.held[r].add(c)
+
+    def put(self, c: int, t: int) -> bool:
+        if sum(self.lru[p] for p in self.pins if self.pins[p] > 0) + t > self.capacity:
+            return False
+        for old in [k for k in self.lru if not self.pins.get(k)]:
+            if self.used + t <= self.capacity:
+                break
+            self.used -= self.lru.pop(old)
+        self.lru[c] = t
+        self.used += t
+        return True
+
+    def admit(self, r: int, pieces: list[int]) -> None:
+        """Request ``r`` arrives: held pieces pinned, pieces being warmed waited for, the rest warmed by it."""
+        for c in dict.fromkeys(pieces):
+            if c in self.warming:
+                self.waiters.setdefault(c, []).append(r)
+            elif c in self.lru:
+                self.pin(r, c)
+            else:
+                self.warming[c] = r
+                self.warmed_by[r].add(c)
+
+    def store(self, r: int, c: int, tokens: int) -> None:
+        """Request ``r``'s warm-up of ``c`` offered to the store; if kept, it and its waiters pin it."""
+        if c not in self.warmed_by[r] or self.warming.get(c) != r:
+            return  # not its warm-up, or a repeat of a piece already stored
+        if self.put(c, tokens):
+            for w in [r, *self.waiters.get(c, [])]:
+                self.pin(w, c)
+        self.warming.pop(c, None)
+        self.waiters.pop(c, None)
+
+    def release(self, r: int, pieces: list[int], tokens: list[int]) -> int:
+        """Request ``r``'s first token: its hit tokens (loaded up to the first piece not held, not
+        warmed by itself), and its pins go."""
+        hit = 0
+        for c, t in zip(pieces, tokens, strict=True):
+            if c not in self.held[r]:
+                break
+            if c not in self.warmed_by[r]:
+                hit += t
+        for c in self.held[r]:
+            self.pins[c] -= 1
+        return hit
+
+
 def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admitted: np.ndarray, ready: np.ndarray,
                                        released: np.ndarray, kinds: tuple[str, ...] = ("prefix", "document"),
                                        stored: list[list[float | None]] | None = None) -> np.ndarray:
@@ -149,33 +214,10 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
     wanted = {KINDS.index(k) for k in kinds}
     offs = trace.offsets.tolist()
     kind, content, tokens = trace.kind.tolist(), trace.content.tolist(), trace.tokens.tolist()
-    lru: OrderedDict[int, int] = OrderedDict()
-    pins: dict[int, int] = {}
-    used = 0
-    warming: dict[int, int] = {}  # piece -> request warming it
     mine: list[list[int]] = [[i for i in range(offs[r], offs[r + 1]) if kind[i] in wanted]
                              for r in range(trace.n_requests)]
-    held: list[set[int]] = [set() for _ in range(trace.n_requests)]
-    warmed_by: list[set[int]] = [set() for _ in range(trace.n_requests)]
+    store = _StoreInFlight(capacity_tokens, trace.n_requests)
     hits = np.zeros(trace.n_requests, np.int64)
-
-    def pin(r: int, c: int) -> None:
-        lru.move_to_end(c)
-        pins[c] = pins.get(c, 0) + 1
-        held[r].add(c)
-
-    def put(c: int, t: int) -> bool:
-        nonlocal used
-        if sum(lru[p] for p in pins if pins[p] > 0) + t > capacity_tokens:
-            return False
-        for old in [k for k in lru if not pins.get(k)]:
-            if used + t <= capacity_tokens:
-                break
-            used -= lru.pop(old)
-        lru[c] = t
-        used += t
-        return True
-
     # events in time order; at one time (an engine step): stores first (prompt order: the step's
     # saves), then releases (the pins of the requests the step gave a first token), then admissions
     events = [(float(released[r]), 1, r, 0) for r in range(trace.n_requests)]
@@ -186,34 +228,11 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
                 t = stored[r][j] if stored is not None and stored[r][j] is not None else ready[r]
                 events.append((float(t), 0, r, i))
     events.sort()
-    waiters: dict[int, list[int]] = {}
     for _, what, r, i in events:
         if what == 2:
-            for c in dict.fromkeys(content[i] for i in mine[r]):
-                if c in warming:
-                    waiters.setdefault(c, []).append(r)
-                elif c in lru:
-                    pin(r, c)
-                else:
-                    warming[c] = r
-                    warmed_by[r].add(c)
+            store.admit(r, [content[i] for i in mine[r]])
         elif what == 0:
-            c = content[i]
-            if c not in warmed_by[r] or warming.get(c) != r:
-                continue  # not its warm-up, or a repeat of a piece already stored
-            if put(c, tokens[i]):
-                for w in [r, *waiters.get(c, [])]:
-                    pin(w, c)
-            warming.pop(c, None)
-            waiters.pop(c, None)
+            store.store(r, content[i], tokens[i])
         else:
-            hit = 0
-            for i in mine[r]:
-                if content[i] not in held[r]:
-                    break
-                if content[i] not in warmed_by[r]:
-                    hit += tokens[i]
-            hits[r] = hit
-            for c in held[r]:
-                pins[c] -= 1
+            hits[r] = store.release(r, [content[i] for i in mine[r]], [tokens[i] for i in mine[r]])
     return hits

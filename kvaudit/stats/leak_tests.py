@@ -54,9 +54,9 @@ from functools import lru_cache
 import numpy as np
 
 from kvaudit.core.vocabulary import Decision
+from kvaudit.stats.noninferiority import DEFAULT_CONFIDENCE
 
 DEFAULT_ALPHA = 0.05
-DEFAULT_CONFIDENCE = 0.95
 DEFAULT_POWER = 0.8
 TIE_TOL = 1e-6  # nats: a decoy gaining within this of the true name counts as beating it
 

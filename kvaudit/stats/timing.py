@@ -95,7 +95,11 @@ from functools import lru_cache
 
 import numpy as np
 
-DEFAULT_CONFIDENCE = 0.95  # two-sided; each end is a one-sided (1 + confidence) / 2 bound
+from kvaudit.stats.noninferiority import (  # one level, one validator
+    DEFAULT_CONFIDENCE,
+    check_confidence,
+)
+
 DEFAULT_ERROR = 0.05  # the observer's error probability in requests_to_distinguish
 MIN_CASES = 10  # fewer cases: the timing gate cannot judge
 MAX_REQUESTS = 10**12  # requests_to_distinguish gives None above this
@@ -258,18 +262,13 @@ def t_quantile(n: int, confidence: float) -> float:
 def auc_interval(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.ndarray,
                  confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float, float, float]:
     """``(auc, lower, upper, clustered se, deff)``: the module's interval."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     auc, v10, v01 = structural_components(hit, miss)
     var, naive = clustered_variance(auc, v10, v01)
     deff = var / naive if naive > 0 else 1.0
     n = len(v10)
     lo, hi = score_bounds(auc, variance_scale(auc, var, n), n, t_quantile(n, confidence))
     return auc, float(lo), float(hi), float(np.sqrt(var)), float(deff)
-
-
-def _check_confidence(confidence: float) -> None:
-    if isinstance(confidence, bool) or not 0.5 <= float(confidence) < 1:
-        raise ValueError(f"confidence must be a two-sided level in [0.5, 1), got {confidence!r}")
 
 
 # --------------------------------------------------------------------------- requests

@@ -2,6 +2,7 @@
 
 Shared by the real engines the tests start (``vllm_server``, ``llama_server``): the process runs in
 a session of its own so that stopping it stops its children too (SIGTERM, then SIGKILL after 30 s).
+:func:`in_thread` serves a stand-in's request handler (a proxy in front of a real server) the same way.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -22,6 +25,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def in_thread(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve ``handler`` on 127.0.0.1 (a free port) from a thread of this process; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @contextlib.contextmanager

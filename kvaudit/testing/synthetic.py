@@ -101,6 +101,18 @@ def make_pairs(n_per_task: int = 30, *, loss: dict[str, float] | None = None, se
                 metric={"aggregate": "f1", "agreement": "agreement"}.get(task, "em"),
                 evidence=evidence,
             ))
+    pairs += _leak_probe_pairs(rng, docs, leak_probes, neutral_exposure)
+    for p in pairs:
+        _consistent(p)
+    return pairs
+
+
+def _leak_probe_pairs(rng: np.random.Generator, docs: list[str], leak_probes: int,
+                      neutral_exposure: float) -> list[PairRecord]:
+    """Leak probes: the true name's log-probability and its decoys' under each arm (the neutral policy
+    shifted by ``neutral_exposure`` nats, the first user's capture by 1.2), answers that name no one."""
+    n_docs = len(docs)
+    out: list[PairRecord] = []
     for i in range(leak_probes):
         value = NAMES[i % len(NAMES)]
         decoys = [n for n in NAMES if n != value][:5]
@@ -122,16 +134,14 @@ def make_pairs(n_per_task: int = 30, *, loss: dict[str, float] | None = None, se
             IDENTITY_ARM: _arm(IDENTITY_ARM, "I don't know your name.", rng, n_tok, reused=0.9, margin=2.0,
                                ttft=0.1, logit_diff=5e-5, first_id=7),
         }
-        pairs.append(PairRecord(
+        out.append(PairRecord(
             case_id=f"leak_probe-{i:03d}", task="leak_probe", strata={}, n_prompt_tokens=n_tok,
             ids_hash=ids_hash([999, i]), segment_ids=[seg], segment_hashes=["b0"],
             segment_spans=_spans(int(n_tok * 0.9), 1), truncation={}, decoding={"greedy": True},
             arm_order=list(arms), arms=arms, answers=[value], metric="contains", evidence=[seg],
             canary={"value": value, "decoys": decoys, "capture_prefix": f"My name is {value}.\n"},
         ))
-    for p in pairs:
-        _consistent(p)
-    return pairs
+    return out
 
 
 def _consistent(p: PairRecord) -> None:

@@ -102,6 +102,23 @@ def _saved_fingerprints(c: Completion) -> dict[str, str]:
     return {str(k): str(v[0]) for k, v in saved.items() if isinstance(v, list) and v}
 
 
+@dataclass
+class _ArmRun:
+    """What one arm's requests gave: the arm's own completion, its time to first token (the load's
+    head request included), prompt tokens reused and found cached, warm-up and head times, the
+    segments' KV fingerprints, the salt candidate scoring shares, and the server that answered."""
+
+    run: Completion
+    ttft: float
+    reused: int
+    hit: int = 0
+    build_s: float = 0.0
+    head_s: float = 0.0
+    fps: dict[str, str] = field(default_factory=dict)
+    score_salt: str | None = None
+    served: ServerClient | None = None
+
+
 class OpenAIBackend(Backend):
     name = "openai"
 
@@ -485,6 +502,96 @@ class OpenAIBackend(Backend):
                 o.build_s *= (ready[0] - t0) / built
         return outs
 
+    def _computed(self, prompt: Prompt, spec: ArmSpec, engine: dict[str, Any], save: list | None,
+                  gate: Callable[[], Any]) -> _ArmRun:
+        """An arm with no segment source: every token computed (a fresh salt, the dialect's bypass or
+        the reference server), beside a filler where it perturbs the batch; a tenant probe of the
+        connector sends the reuse arm's own load plan."""
+        fresh = spec.role in FRESH_ROLES
+        client = self.reference if (self.reference and fresh) else self.client
+        bypass = fresh and self._bypass(client)
+        if client is self.reference:
+            engine["salt"] = "reference server"
+        elif bypass:
+            engine["salt"] = "fresh"
+            engine["bypass"] = self.client.dialect.bypass_how
+        if spec.role == "segment_tenant_probe" and self.reuse_protocol == "kvaudit":
+            # Another tenant sends the reuse arm's own load plan: the connector's keys are
+            # content hashes anyone can compute; only a tenant-scoped store would refuse them.
+            keys, _, _, _ = self._warm_up(prompt, None)
+            gate()
+            head, run = self._load(prompt, keys, True, [], salt=_salt())
+            return _ArmRun(run, head.total_s + run.ttft_s, run.cached_tokens or 0, served=client)
+        gate()
+        if spec.perturbs_batch:
+            run = self._with_filler(client, prompt)
+        else:
+            run = self._send(client, prompt.ids, transfer={"kvaudit": "run", "save": save} if save else None,
+                             bypass=bypass)
+        return _ArmRun(run, run.ttft_s, run.cached_tokens or 0, served=client)
+
+    def _prefix_cached(self, prompt: Prompt, spec: ArmSpec, engine: dict[str, Any], gate: Callable[[], Any]) -> _ArmRun:
+        """An engine-prefix arm: the prompt under the run's one tenant salt, after a cache reset where
+        the arm needs one."""
+        engine["salt"] = "tenant"
+        gate()
+        # Where salts do not isolate, a first arrival is only first after a reset: the cache may
+        # hold this prompt from an earlier run or from this run's other arms.
+        if self._resets_before(spec):
+            with self._flush_lock:  # a reset while another case's request runs would not be a flush
+                engine["cache_reset"] = self.client.reset_cache()
+                if not engine["cache_reset"]:
+                    raise KvauditError(f"server {self.client.base_url} refused its cache reset "
+                                       f"({self.client.dialect.reset_how})")
+                run = self._send(self.client, prompt.ids, salt=self.prefix_salt)
+        else:
+            run = self._send(self.client, prompt.ids, salt=self.prefix_salt)
+        hit = run.cached_tokens or 0
+        return _ArmRun(run, run.ttft_s, hit, hit)
+
+    def _server_reuse(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None, engine: dict[str, Any],
+                      gate: Callable[[], Any]) -> _ArmRun:
+        """The server's own reuse path, primed under the run's tenant salt: neutral warm-ups, or
+        (the unsafe capture policy) the first user's own request."""
+        engine["salt"] = "tenant"
+        src = capture_source(spec, prompt, capture_prompt)
+        if src is None:
+            _, engine["warmup_cached_tokens"], _, build_s = self._warm_up(prompt, self.reuse_salt)
+        else:
+            build_s = self._send(self.client, src.ids, salt=self.reuse_salt).total_s
+        gate()
+        run = self._send(self.client, prompt.ids, salt=self.reuse_salt)
+        hit = run.cached_tokens or 0
+        return _ArmRun(run, run.ttft_s, hit, hit, build_s=build_s, score_salt=self.reuse_salt)
+
+    def _connector_reuse(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None, save: list | None,
+                         gate: Callable[[], Any]) -> _ArmRun:
+        """Cached segments through kvaudit's connector: neutral warm-ups (or a capture from the first
+        user's request) save each document's KV; the prompt loads [head][documents], re-rotated."""
+        src = capture_source(spec, prompt, capture_prompt)
+        hit = 0
+        if src is None:  # neutral warm-ups
+            seg_keys, _, hit, build_s = self._warm_up(prompt, None)
+            fp_of: dict[str, str | None] = dict(self.cache.saved)
+            drop: list[str] = []
+        else:
+            tag = uuid.uuid4().hex[:12]
+            seg_keys = [f"tmp:cap:{tag}:{i}" for i in range(len(src.spans))]
+            cap = self._send(self.client, src.ids, max_tokens=2, stream=False, transfer={
+                "kvaudit": "run", "save": [[k, s, e] for k, (s, e) in zip(seg_keys, src.spans)]})
+            build_s = cap.total_s
+            fp_of = dict(_saved_fingerprints(cap))
+            drop = list(seg_keys)
+        gate()
+        head, run = self._load(prompt, seg_keys, bool(spec.rerotate), drop, save=save)
+        if run.cached_tokens is not None and run.cached_tokens < prompt.tail_start:
+            raise KvauditError(f"arm {spec.name}: the server loaded {run.cached_tokens} tokens through "
+                               f"kvaudit's connector, expected {prompt.tail_start}; is it running with "
+                               "kvaudit's --kv-transfer-config?")
+        fps = {sid: fp for sid, k in zip(prompt.segment_ids, seg_keys) if (fp := fp_of.get(k))}
+        return _ArmRun(run, head.total_s + run.ttft_s, prompt.tail_start - prompt.head_len, hit, build_s=build_s,
+                       head_s=head.total_s, fps=fps)
+
     def _run_arm(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None,
                  candidates: list[str] | None, gate: Callable[[], Any]) -> ArmOutput:
         """One arm on one case; ``gate()`` is called once the case is prepared, right before its
@@ -495,93 +602,16 @@ class OpenAIBackend(Backend):
         arm_key = f"tmp:arm:{uuid.uuid4().hex[:12]}" if candidates and kvaudit else None
         save = [[arm_key, 0, n - 1]] if arm_key else None
         engine: dict[str, Any] = {"salt": "fresh"}
-        fps: dict[str, str] = {}
-        build_s = head_s = 0.0
-        hit = 0
-        score_salt: str | None = None  # the salt scoring requests share with the arm's request
-        served = self.client  # the server that answered the arm's own request
         if spec.source is None:
-            fresh = spec.role in FRESH_ROLES
-            client = self.reference if (self.reference and fresh) else self.client
-            served = client
-            bypass = fresh and self._bypass(client)
-            if client is self.reference:
-                engine["salt"] = "reference server"
-            elif bypass:
-                engine["salt"] = "fresh"
-                engine["bypass"] = self.client.dialect.bypass_how
-            if spec.role == "segment_tenant_probe" and kvaudit:
-                # Another tenant sends the reuse arm's own load plan: the connector's keys are
-                # content hashes anyone can compute; only a tenant-scoped store would refuse them.
-                keys, _, _, _ = self._warm_up(prompt, None)
-                gate()
-                head, run = self._load(prompt, keys, True, [], salt=_salt())
-                ttft = head.total_s + run.ttft_s
-            elif spec.perturbs_batch:
-                gate()
-                run = self._with_filler(client, prompt)
-                ttft = run.ttft_s
-            else:
-                gate()
-                run = self._send(client, prompt.ids, transfer={"kvaudit": "run", "save": save} if save else None,
-                                 bypass=bypass)
-                ttft = run.ttft_s
-            reused = run.cached_tokens or 0
+            a = self._computed(prompt, spec, engine, save, gate)
         elif spec.source == "engine_prefix":
-            engine["salt"] = "tenant"
-            gate()
-            # Where salts do not isolate, a first arrival is only first after a reset: the cache may
-            # hold this prompt from an earlier run or from this run's other arms.
-            if self._resets_before(spec):
-                with self._flush_lock:  # a reset while another case's request runs would not be a flush
-                    engine["cache_reset"] = self.client.reset_cache()
-                    if not engine["cache_reset"]:
-                        raise KvauditError(f"server {self.client.base_url} refused its cache reset "
-                                           f"({self.client.dialect.reset_how})")
-                    run = self._send(self.client, prompt.ids, salt=self.prefix_salt)
-            else:
-                run = self._send(self.client, prompt.ids, salt=self.prefix_salt)
-            ttft = run.ttft_s
-            reused = hit = run.cached_tokens or 0
+            a = self._prefix_cached(prompt, spec, engine, gate)
         elif not kvaudit and spec.source in ("neutral", "first_user"):
-            # The server's own reuse path, primed under the run's tenant salt: neutral warm-ups, or
-            # (the unsafe capture policy) the first user's own request.
-            engine["salt"] = "tenant"
-            src = capture_source(spec, prompt, capture_prompt)
-            if src is None:
-                _, engine["warmup_cached_tokens"], _, build_s = self._warm_up(prompt, self.reuse_salt)
-            else:
-                build_s = self._send(self.client, src.ids, salt=self.reuse_salt).total_s
-            gate()
-            run = self._send(self.client, prompt.ids, salt=self.reuse_salt)
-            ttft = run.ttft_s
-            reused = hit = run.cached_tokens or 0
-            score_salt = self.reuse_salt
-        else:  # kvaudit protocol: cached segments through the connector
-            src = capture_source(spec, prompt, capture_prompt)
-            if src is None:  # neutral warm-ups
-                seg_keys, _, hit, build_s = self._warm_up(prompt, None)
-                fp_of: dict[str, str | None] = dict(self.cache.saved)
-                drop: list[str] = []
-            else:
-                tag = uuid.uuid4().hex[:12]
-                seg_keys = [f"tmp:cap:{tag}:{i}" for i in range(len(src.spans))]
-                cap = self._send(self.client, src.ids, max_tokens=2, stream=False, transfer={
-                    "kvaudit": "run", "save": [[k, s, e] for k, (s, e) in zip(seg_keys, src.spans)]})
-                build_s = cap.total_s
-                fp_of = dict(_saved_fingerprints(cap))
-                drop = list(seg_keys)
-            gate()
-            head, run = self._load(prompt, seg_keys, bool(spec.rerotate), drop, save=save)
-            head_s = head.total_s
-            ttft = head.total_s + run.ttft_s
-            if run.cached_tokens is not None and run.cached_tokens < prompt.tail_start:
-                raise KvauditError(f"arm {spec.name}: the server loaded {run.cached_tokens} tokens through "
-                                   f"kvaudit's connector, expected {prompt.tail_start}; is it running with "
-                                   "kvaudit's --kv-transfer-config?")
-            reused = prompt.tail_start - prompt.head_len
-            fps = {sid: fp for sid, k in zip(prompt.segment_ids, seg_keys) if (fp := fp_of.get(k))}
-        canary = self._score(prompt, candidates, salt=score_salt, arm_key=arm_key) if candidates else None
+            a = self._server_reuse(prompt, spec, capture_prompt, engine, gate)
+        else:
+            a = self._connector_reuse(prompt, spec, capture_prompt, save, gate)
+        run, served = a.run, a.served or self.client
+        canary = self._score(prompt, candidates, salt=a.score_salt, arm_key=arm_key) if candidates else None
         engine.update({
             "prompt_ids_hash": ids_hash(run.prompt_ids) if run.prompt_ids is not None else None,
             "prompt_tokens": run.prompt_tokens,
@@ -594,11 +624,11 @@ class OpenAIBackend(Backend):
             raise KvauditError(f"server {served.base_url} returned {len(top)} first-token log-probabilities "
                                "(kvaudit needs the top-k: logprobs and return_tokens_as_token_ids)")
         res = build_arm_result(spec, prompt, self.tok, self.decoding, answer_ids=cut_at_eos(run.token_ids, self.eos),
-                               top=top, ttft_s=ttft, decode_s=max(0.0, run.total_s - run.ttft_s),
-                               tokens_reused=reused, cache_hit_tokens=hit, fingerprints=fps, canary=canary,
+                               top=top, ttft_s=a.ttft, decode_s=max(0.0, run.total_s - run.ttft_s),
+                               tokens_reused=a.reused, cache_hit_tokens=a.hit, fingerprints=a.fps, canary=canary,
                                engine=engine)
-        return ArmOutput(result=res, first_logits=logits_from_top(run.first_lp, self.vocab), build_s=build_s,
-                         head_s=head_s, head_prefilled=head_s > 0)
+        return ArmOutput(result=res, first_logits=logits_from_top(run.first_lp, self.vocab), build_s=a.build_s,
+                         head_s=a.head_s, head_prefilled=a.head_s > 0)
 
     def reset_caches(self) -> None:
         """New salts for the run's tenant and reuse requests (nothing cached under the old ones is

@@ -613,24 +613,9 @@ def _device_type() -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new_tokens: int = 24,
-                      cache_bytes: int = 2 << 30, max_model_len: int = 4096, enforce_eager: bool = True,
-                      tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                      batch_invariant: bool = False, kv_cache_bytes: int = 1 << 30, block_size: int = 32,
-                      seed: int = 0, warmup: bool = True, concurrent_cases: int = 1,
-                      measure_decode: bool = False, segment_connector: bool = True,
-                      **engine_opts: Any) -> VllmBackend:
-    """Start one vLLM engine with kvaudit's connector; every arm runs on it.
-
-    ``engine_opts`` pass through to ``vllm.LLM`` over kvaudit's own settings (synchronous scheduling
-    when one case runs at a time among them) and are recorded in ``info()["engine"]``.
-    ``measure_decode``: every request decodes its whole ``max_new_tokens`` past EOS (answers are
-    still cut at the first EOS), so decode speed rests on that many tokens (serving changes made
-    for decode speed, docs/serving-changes.md). ``segment_connector=False`` starts the engine
-    without kvaudit's KV connector (an engine feature that cannot run beside a KV connector, such
-    as speculative decoding on some vLLM versions): the arms that need segment KV are refused.
-    """
-    from kvaudit.models import model_fingerprint, resolve_model_dir
+def _prepare_vllm(dtype: str, batch_invariant: bool) -> None:
+    """vLLM importable at a version kvaudit's connector knows, its log routed, the process set up
+    for an in-process engine; a dtype vLLM cannot serve refused."""
     from kvaudit.runners.engines.vllm.engine_log import route_vllm_log
 
     route_vllm_log()  # before vLLM sets up its loggers
@@ -654,6 +639,28 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
         torch.set_num_threads(1)
     if batch_invariant:
         os.environ["VLLM_BATCH_INVARIANT"] = "1"
+
+
+def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new_tokens: int = 24,
+                      cache_bytes: int = 2 << 30, max_model_len: int = 4096, enforce_eager: bool = True,
+                      tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
+                      batch_invariant: bool = False, kv_cache_bytes: int = 1 << 30, block_size: int = 32,
+                      seed: int = 0, warmup: bool = True, concurrent_cases: int = 1,
+                      measure_decode: bool = False, segment_connector: bool = True,
+                      **engine_opts: Any) -> VllmBackend:
+    """Start one vLLM engine with kvaudit's connector; every arm runs on it.
+
+    ``engine_opts`` pass through to ``vllm.LLM`` over kvaudit's own settings (synchronous scheduling
+    when one case runs at a time among them) and are recorded in ``info()["engine"]``.
+    ``measure_decode``: every request decodes its whole ``max_new_tokens`` past EOS (answers are
+    still cut at the first EOS), so decode speed rests on that many tokens (serving changes made
+    for decode speed, docs/serving-changes.md). ``segment_connector=False`` starts the engine
+    without kvaudit's KV connector (an engine feature that cannot run beside a KV connector, such
+    as speculative decoding on some vLLM versions): the arms that need segment KV are refused.
+    """
+    from kvaudit.models import model_fingerprint, resolve_model_dir
+
+    _prepare_vllm(dtype, batch_invariant)
     from transformers import AutoTokenizer
     from vllm import LLM
     from vllm.config import KVTransferConfig
