@@ -65,7 +65,7 @@ def speed_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
                + f" on {iv.n} cases")
     dec = speed_decision(iv, mx)
     if dec == "undecided":
-        return ThresholdResult(check.name, "speed", "error", obs, thr,
+        return ThresholdResult(check.name, check.kind, "error", obs, thr,
                                f"cannot judge: {iv.n} cases are too few for a {iv.confidence:.0%} interval of the median")
     noise = an.speed(NOISE_ARM, metric) if NOISE_ARM != arm else None
     detail = (f"median of per-case {SPEED_METRICS[metric]} ratios {arm}/{ref}, {iv.confidence:.0%} order-statistic "
@@ -74,4 +74,4 @@ def speed_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
         detail += f"; timing noise: {NOISE_ARM}/{ref} {noise.median:.3g}x on {noise.n} cases"
         if metric == "ttft" and get_arm(NOISE_ARM).perturbs_batch:
             detail += " (it runs beside a filler request: its first token waits on a busier batch)"
-    return ThresholdResult(check.name, "speed", dec, obs, thr, detail)
+    return ThresholdResult(check.name, check.kind, dec, obs, thr, detail)
