@@ -63,15 +63,15 @@ def test_sglangs_native_api_audits_its_prefix_cache_and_namespaces(server, datas
     namespaces, /flush_cache) over a real engine (tests/sglang_standin.py): probed at open and recorded,
     the cold, flushed, warm and other-tenant arms audited as on vLLM's own API."""
     out = tmp_path / "run"
-    with sglang_standin(server) as url:
-        assert run(url, dataset, out, ARMS, "--limit", "3") == 0
+    with sglang_standin(server) as url:  # the prefix arms on two cases (the noise floor is vLLM's own: not rerun)
+        assert run(url, dataset, out, ARMS.removesuffix(",recompute_again"), "--limit", "2") == 0
         code, c = checks(out)
     # SGLang echoes the prompt ids only where no prefix may match (logprob_start_len 0), and its /generate
     # names no model: what the cache arms consumed, and from which model, cannot be shown (as on
     # llama.cpp for the ids): cannot judge, which a policy may accept ([audit] accept_cannot_judge)
     unjudged = {"server_consumed_ids", "server_model"}
     assert code == 2 and all(c[k].get("cannot_judge") for k in unjudged)
-    assert "prompt-token counts equal kvaudit's on 18 of them" in c["server_consumed_ids"]["detail"]
+    assert "prompt-token counts equal kvaudit's on 10 of them" in c["server_consumed_ids"]["detail"]
     assert all(v["passed"] for k, v in c.items() if k not in unjudged and v["required"]), c
     policy = tmp_path / "sglang.toml"
     policy.write_text('arm = "prefix_cache"\n[[delta]]\ngroup = "overall"\nmin_lower_bound = -2.0\n'
@@ -79,7 +79,7 @@ def test_sglangs_native_api_audits_its_prefix_cache_and_namespaces(server, datas
     judged = judge(out, policy)
     rows = {r.kind: r for r in judged.results}
     assert rows["audit"].status == "pass" and rows["audit"].observed == "passed except accepted unjudged"
-    assert judged.verdict == "error" and rows["delta"].status == "error"  # 3 cases on 3 documents: no bound
+    assert judged.verdict == "error" and rows["delta"].status == "error"  # 2 cases: no bound
     probe = json.loads((out / "manifest.json").read_text())["backend"]["cache_probe"]
     assert probe["dialect"] == "sglang" and probe["namespace"] == "extra_key" and probe["logprobs_keyed_by"] == "token ids"
     assert probe["salt_isolates"] and probe["bypass"] == "fresh extra_key" and probe["reset_empties"]
