@@ -1,8 +1,9 @@
 """The confounder audit's checks: a registry of functions, each taking a loaded run and returning
 one :class:`CheckResult`.
 
-A run passes the audit when every *required* check passes. Checks that are not required
-(noise floor, prefix cache, coverage) never fail the audit; they carry a ``warning`` instead.
+A run passes the audit when every *required* check passes. Checks that are not required (the
+noise floors, the prefix cache control, coverage, tenant isolation) never fail the audit; they carry
+a ``warning`` instead (``result(True, detail, cases, warning)``).
 Every check that finds a problem names the cases it found it in (``failing_cases``).
 
 Checks live in small modules by concern, listed in report order in :data:`CONCERNS`; each
