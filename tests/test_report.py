@@ -8,6 +8,7 @@ import hashlib
 import html
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -304,3 +305,16 @@ def test_audit_rows_show_four_states_and_never_pass_for_what_was_not_checked(run
             else "warn" if c.get("warning") else "pass"
         assert badges[name] == want, (name, c)
     assert "not run" in badges.values() and "does not apply" in badges.values()
+
+
+def test_every_summary_key_is_documented():
+    """summary.json's record (RunSummary) and its two descriptions agree: the module docstring's table
+    and docs/reports.md's key list name every key."""
+    from typing import get_type_hints
+
+    from kvaudit.reports import summary
+
+    keys = set(get_type_hints(summary.RunSummary))
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "reports.md").read_text()
+    assert not {k for k in keys if f"`{k}`" not in docs}, "docs/reports.md lacks these summary.json keys"
+    assert not {k for k in keys if f"``{k}``" not in (summary.__doc__ or "")}, "summary.py's docstring lacks these"
