@@ -7,7 +7,7 @@ One line per case::
 
     {"doc_id", "task", "prompt_hash", "doc_hash", "target", "target_hash",
      "resps": {arm: answer}, "filtered_resps": {arm: normalised answer},
-     "metrics": {arm: {"em", "f1", "rouge_l", "contains", "score"}},
+     "metrics": {arm: {each of scoring.SCORE_METRICS, "score"}},
      "flips": {arm: bool}, "logit_diff": {arm: float}, "strata": {...}, "metric": str}
 
 ``prompt_hash`` is ``PairRecord.ids_hash`` (the canonical token ids every arm consumed);

@@ -103,7 +103,7 @@ def contains(prediction: str, golds: Sequence[str]) -> float:
 
 
 def score_answer(prediction: str, golds: Sequence[str]) -> dict[str, float]:
-    """All four metrics of one answer against its references."""
+    """Every metric of :data:`SCORE_METRICS` for one answer against its references."""
     return {
         "em": exact_match(prediction, golds),
         "f1": token_f1(prediction, golds),
