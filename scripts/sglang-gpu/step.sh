@@ -14,7 +14,7 @@ while read -r wheel sum parts; do
   rm -f "$S/$wheel".part*
 done < "$here/joins.txt"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/sgl-site $S/*.whl \
-  2>&1 | grep -v "already exists" || true
+  > /tmp/sgl-pip.log 2>&1 || { grep -v "already exists" /tmp/sgl-pip.log | tail -20; echo "install failed"; exit 5; }
 rm -rf $S; cp "$here/sgl-env.sh" /tmp/sgl-env.sh
 PYTHONPATH=/tmp/sgl-site python3 -c "import sglang, sgl_kernel, torch; import sglang.srt.entrypoints.http_server; \
 print('sglang', sglang.__version__, 'torch', torch.__version__, 'cuda', torch.cuda.is_available())"
