@@ -80,7 +80,7 @@ def test_inspect_log_opens_with_read_eval_log(run_dir, tmp_path, capsys):
     assert list(scores) == an.arms
     reuse = scores["reuse"].metrics
     assert reuse["delta_pts"].value == pytest.approx(an.delta("reuse").delta)
-    assert reuse["flip_rate"].value == pytest.approx(an.flips("reuse")["rate"])
+    assert reuse["flip_rate"].value == pytest.approx(an.flips("reuse").rate)
     assert reuse["hit_rate"].value == pytest.approx(an.hit_rate("reuse"))
     overall = list(an.select("overall"))
     assert scores["recompute"].metrics["mean"].value == pytest.approx(

@@ -22,7 +22,7 @@ over prompt tokens, token-weighted), so measured and simulated rates mean the sa
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,32 @@ def _natural(v: str) -> tuple:
 def _decoded(r: Any) -> int:
     """Tokens an arm decoded after its first: as the engine counted them, else its answer's length less one."""
     return r.decode_tokens if r.decode_tokens is not None else max(0, len(r.answer_ids) - 1)
+
+
+@dataclass(frozen=True)
+class FlipRate:
+    """How often an arm's answer differs from recompute's (:meth:`Analysis.flips`): ``flips`` of ``n``
+    cases, the ``rate`` with its Wilson interval ``ci``, how many were near ties (the reference's
+    first-token margin below the run's threshold), the share whose top first token changed, the
+    first-token logit differences (mean, 90th percentile, max) and the cases that flipped."""
+
+    arm: str
+    n: int
+    flips: int
+    rate: float
+    ci: list[float] | None
+    near_tie_cases: int
+    near_tie_flips: int
+    flips_not_near_tie: int
+    top1_changed_rate: float | None
+    logit_diff_mean: float | None
+    logit_diff_p90: float | None
+    logit_diff_max: float | None
+    flipped_cases: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The record as summary.json writes it."""
+        return asdict(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -294,7 +320,7 @@ class Analysis:
 
     # ------------------------------------------------------------------ flips, hits, timing
 
-    def flips(self, arm: str) -> dict[str, Any] | None:
+    def flips(self, arm: str) -> FlipRate | None:
         """How often ``arm``'s answer differs from recompute's, over every case with both."""
         rows = self.scores[(self.scores["arm"] == arm) & self.scores["flip"].notna()]
         if rows.empty:
@@ -304,17 +330,16 @@ class Analysis:
         k, n = int(flip.sum()), len(rows)
         diffs = rows["logit_diff"].dropna().astype(float)
         top1 = rows["top1_changed"].dropna().astype(bool)
-        return {
-            "arm": arm, "n": n, "flips": k, "rate": k / n,
-            "ci": _list(stats.wilson(k, n, self.confidence)),
-            "near_tie_cases": int(near.sum()), "near_tie_flips": int((flip & near).sum()),
-            "flips_not_near_tie": int((flip & ~near).sum()),
-            "top1_changed_rate": float(top1.mean()) if len(top1) else None,
-            "logit_diff_mean": float(diffs.mean()) if len(diffs) else None,
-            "logit_diff_p90": float(np.quantile(diffs, 0.9)) if len(diffs) else None,
-            "logit_diff_max": float(diffs.max()) if len(diffs) else None,
-            "flipped_cases": rows.loc[flip.to_numpy(), "case_id"].tolist(),
-        }
+        return FlipRate(
+            arm=arm, n=n, flips=k, rate=k / n, ci=_list(stats.wilson(k, n, self.confidence)),
+            near_tie_cases=int(near.sum()), near_tie_flips=int((flip & near).sum()),
+            flips_not_near_tie=int((flip & ~near).sum()),
+            top1_changed_rate=float(top1.mean()) if len(top1) else None,
+            logit_diff_mean=float(diffs.mean()) if len(diffs) else None,
+            logit_diff_p90=float(np.quantile(diffs, 0.9)) if len(diffs) else None,
+            logit_diff_max=float(diffs.max()) if len(diffs) else None,
+            flipped_cases=rows.loc[flip.to_numpy(), "case_id"].tolist(),
+        )
 
     def flip_bound(self, arm: str) -> PairedBound | None:
         """``arm``'s flip rate (answers that differ from recompute's) with the paired bound's

@@ -24,12 +24,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvaudit.core.arms import NOISE_ARM, REFERENCE_ARM
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.manifest import Manifest
 from kvaudit.stats.paired import PairedDelta
+
+if TYPE_CHECKING:
+    from kvaudit.reports.analysis import FlipRate
 
 JSON_FILE = "compare.json"
 HTML_FILE = "compare.html"
@@ -59,7 +62,7 @@ def run_identity(manifest: Manifest) -> dict[str, Any]:
     }
 
 
-def _pick(d: PairedDelta | dict[str, Any] | None, *keys: str) -> dict[str, Any] | None:
+def _pick(d: PairedDelta | FlipRate | dict[str, Any] | None, *keys: str) -> dict[str, Any] | None:
     """Some fields of a record (a statistic's, or a dict's keys), for the comparison's JSON."""
     if d is None:
         return None

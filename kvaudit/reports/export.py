@@ -141,7 +141,7 @@ def arm_metrics(an: Analysis) -> dict[str, dict[str, float]]:
             m.update(delta_pts=d.delta, delta_lower_bound_pts=d.lower_bound,
                      delta_upper_bound_pts=d.upper_bound)
             flips = an.flips(arm)
-            m["flip_rate"] = flips["rate"] if flips else None
+            m["flip_rate"] = flips.rate if flips else None
             sp = an.speedup(arm)
             m["ttft_speedup"] = sp["ratio_of_medians"] if sp else None
         m["hit_rate"] = an.hit_rate(arm)

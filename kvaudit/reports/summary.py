@@ -215,8 +215,8 @@ def build_summary(an: Analysis, policy: Policy) -> RunSummary:
         "gate": {"policy": policy.source, "arm": policy.arm, "verdict": verdict(gate),
                  "checks": [asdict(r) for r in gate]},
         "comparisons": {arm: [r.as_dict() for r in an.comparisons(arm)] for arm in an.compared_arms},
-        "flips": {arm: an.flips(arm) for arm in an.compared_arms},
-        "noise_floor": an.flips(NOISE_ARM) if NOISE_ARM in an.arms else None,
+        "flips": {arm: (f.as_dict() if (f := an.flips(arm)) else None) for arm in an.compared_arms},
+        "noise_floor": (f.as_dict() if NOISE_ARM in an.arms and (f := an.flips(NOISE_ARM)) else None),
         "flip_excess": {arm: (fe.as_dict() if (fe := an.flip_excess(arm)) else None) for arm in an.compared_arms
                         if arm != NOISE_ARM}
         if NOISE_ARM in an.arms else {},
