@@ -102,9 +102,11 @@ def _fits(value: Any, tp: Any) -> bool:
 
 
 @cache
-def _spec(cls: type) -> tuple[tuple[str, Any, bool], ...]:
+def _spec(cls: type) -> tuple[tuple[str, str, Any, bool], ...]:
+    """Per field of dataclass ``cls``: ``(name, JSON key, annotation, required)``; the key is the
+    name unless the field's ``metadata["json"]`` says otherwise."""
     hints = typing.get_type_hints(cls)
-    return tuple((f.name, hints[f.name],
+    return tuple((f.name, f.metadata.get("json", f.name), hints[f.name],
                   f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
                  for f in dataclasses.fields(cls))
 
@@ -120,17 +122,17 @@ def check_fields(obj: dict, cls: type, where: str, *, skip: tuple[str, ...] = ()
     dataclass fields are checked as objects only; fields in ``skip`` are the caller's to check;
     ``closed``: a key the dataclass does not define is refused)."""
     if closed:
-        unknown = sorted(set(obj) - {name for name, _, _ in _spec(cls)})
+        unknown = sorted(set(obj) - {key for _, key, _, _ in _spec(cls)})
         if unknown:
             raise DatasetError(f"{where}: unknown field '{excerpt(unknown[0], 40)}'")
-    for name, tp, required in _spec(cls):
+    for name, key, tp, required in _spec(cls):
         if name in skip:
             continue
-        if name not in obj:
+        if key not in obj:
             if required:
-                raise DatasetError(f"{where}: missing field '{name}'")
+                raise DatasetError(f"{where}: missing field '{key}'")
             continue
-        _check_value(obj[name], tp, name, where, DatasetError)
+        _check_value(obj[key], tp, key, where, DatasetError)
 
 
 def _check_value(value: Any, tp: Any, path: str, where: str, error: type[Exception]) -> None:
@@ -159,21 +161,19 @@ def record_from_json(obj: Any, cls: type[T], where: str, *, prefix: str = "", cl
     if not isinstance(obj, dict):
         what = f"field '{prefix[:-1]}' must be" if prefix else "must be"
         raise error(f"{where}: {what} an object, got {json_type(obj)}")
-    hints = _hints(cls)  # type: ignore[arg-type]  # a class is hashable
     values: dict[str, Any] = {}
     keys: set[str] = set()
     open_record = False
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name == "extra":
+    for name, key, tp, required in _spec(cls):  # type: ignore[arg-type]  # a class is hashable
+        if name == "extra":
             open_record = True
             continue
-        key = f.metadata.get("json", f.name)
         keys.add(key)
         if key not in obj:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if required:
                 raise error(f"{where}: missing field '{prefix}{key}'")
             continue
-        value, tp = obj[key], hints[f.name]
+        value = obj[key]
         inner, many = _record_class(tp)
         if inner is None or value is None:
             _check_value(value, tp, prefix + key, where, error)
@@ -183,18 +183,13 @@ def record_from_json(obj: Any, cls: type[T], where: str, *, prefix: str = "", cl
                      for i, v in enumerate(value)]
         else:
             value = record_from_json(value, inner, where, prefix=f"{prefix}{key}.", closed=closed, error=error)
-        values[f.name] = value
+        values[name] = value
     unknown = [k for k in obj if k not in keys]
     if open_record:
         values["extra"] = {k: obj[k] for k in unknown}
     elif closed and unknown:
         raise error(f"{where}: unknown field '{prefix}{excerpt(sorted(unknown)[0], 40)}'")
     return cls(**values)
-
-
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
 
 
 def _first_misfit(path: str, value: Any, tp: Any) -> tuple[str, Any, Any]:
