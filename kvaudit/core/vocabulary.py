@@ -21,6 +21,8 @@ ArmRole = Literal[
 ArmSource = Literal["neutral", "in_context", "first_user", "engine_prefix"]
 # A gate row's outcome: error is "cannot judge".
 GateStatus = Literal["pass", "fail", "error", "skip"]
+# What a policy row becomes when the run lacks its data (its ``missing``): one of the statuses.
+MissingMode = Literal["error", "fail", "skip"]
 CheckKind = Literal[
     "delta", "speed", "flips", "audit", "hit_rate", "leak_text", "leak_exposure", "tenant_isolation", "timing",
     "provenance", "noise_control", "coverage", "completeness",

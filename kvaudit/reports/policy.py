@@ -97,7 +97,7 @@ from kvaudit.core.arms import NOISE_ARM, ROLES, UNDER_TEST_ARM, gated_arms, get_
 from kvaudit.core.errors import KvauditError, cut
 from kvaudit.core.run_dir import RunDir
 from kvaudit.core.toml_file import read_toml
-from kvaudit.core.vocabulary import Verdict
+from kvaudit.core.vocabulary import MissingMode, Verdict
 from kvaudit.reports.analysis import Analysis
 from kvaudit.reports.gate_checks import (
     MISSING,
@@ -149,7 +149,7 @@ class Policy:
         return None if best is None else best[1]
 
 
-def _missing(source: str, label: str, section: dict[str, Any], default: str) -> str:
+def _missing(source: str, label: str, section: dict[str, Any], default: MissingMode) -> MissingMode:
     m = section.get("missing", default)
     if m not in MISSING:
         field_ = f"{label}.missing" if label else "missing"

@@ -3,9 +3,9 @@
 (:func:`~kvaudit.reports.gate_checks.base.evaluates`), in the manner of the audit's checks
 (:mod:`kvaudit.audit.checks`).
 
-Adding a gate check kind is one module here (or a function in the module of its concern), named in
-:data:`MODULES` in the order its section is parsed and listed, its word in
-:data:`kvaudit.core.vocabulary.CheckKind`, and its test (docs/architecture.md, "Recipes").
+Adding a gate check kind is one module here (named in :data:`MODULES`) or a function in the module
+of its concern, its word in :data:`kvaudit.core.vocabulary.CheckKind`, and its tests
+(docs/architecture.md, "Recipes").
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ A policy section (``[[delta]]``, ``[flips]``, ...) is registered with :func:`sec
 its fields, whether it is an array of tables, and a parser from the section's table to the
 :class:`Check` rows it asks for. Each row's kind is judged by the function registered for it with
 :func:`evaluates`: ``(check, analysis, arm) -> ThresholdResult``. ``kvaudit.reports.policy`` reads
-the top-level fields, runs the registered parsers in order, and applies the evaluators; it knows no
-kind by name except the quality kinds (:data:`QUALITY_KINDS`), which every verdict needs.
+the top-level fields, runs the registered parsers (arrays of tables first, then tables, each in
+registration order), applies the evaluators, and names only the kinds its rules across sections
+need (the quality kinds, :data:`QUALITY_KINDS`, which every verdict needs; a simulated hit rate
+signed under ``[provenance]``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from kvaudit.core.errors import KvauditError, cut
 from kvaudit.core.registry import Registry
-from kvaudit.core.vocabulary import CheckKind, GateStatus
+from kvaudit.core.vocabulary import CheckKind, GateStatus, MissingMode, words
 
 if TYPE_CHECKING:
     from kvaudit.reports.analysis import Analysis
 
-MISSING = ("error", "fail", "skip")
+MISSING = words(MissingMode)
 # The kinds of row that judge answer quality: a gate passes only when one of them was decided
 # (a score delta, or how often answers change). Every other row (audit, hit rate, leaks, security,
 # provenance, completeness, the noise floor) is a precondition or a further check beside quality,
@@ -37,7 +39,7 @@ class Check:
     name: str
     kind: CheckKind
     params: dict[str, Any]
-    missing: str = "error"
+    missing: MissingMode = "error"
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Table:
     source: str
     label: str  # "flips", or "delta[0]" for an array of tables
     arm: str
-    missing: str
+    missing: MissingMode
 
     def field(self, name: str) -> str:
         """The message prefix naming one field: ``file: field 'label.name'``."""
@@ -144,5 +146,4 @@ def pct(x: float | None) -> str:
 
 def missing_result(check: Check, observed: str, threshold: str, detail: str) -> ThresholdResult:
     """The row of a check whose data the run lacks, as the check's ``missing`` mode says."""
-    status: GateStatus = {"error": "error", "fail": "fail", "skip": "skip"}[check.missing]  # type: ignore[assignment]
-    return ThresholdResult(check.name, check.kind, status, observed, threshold, detail)
+    return ThresholdResult(check.name, check.kind, check.missing, observed, threshold, detail)
