@@ -24,11 +24,11 @@ from kvaudit.core.jsonio import (
 from kvaudit.core.run_format import REPLAY_CONFIG_FILE, REPLAY_FILE, REPLAY_REQUESTS_FILE
 from kvaudit.core.trace import KINDS, MAX_PIECE_TOKENS
 from kvaudit.core.typed_json import check_fields
-from kvaudit.core.vocabulary import ReplayPolicy, Schedule
+from kvaudit.core.vocabulary import ReplayPolicy, Schedule, words
 from kvaudit.core.work_dir import WorkDir
 
 REPLAY_FORMAT = 1
-POLICIES = ("recompute", "prefix", "segment")
+POLICIES = words(ReplayPolicy)  # what a replay's --cache-policy may be
 SCHEDULES = ("waves", "arrivals")
 
 

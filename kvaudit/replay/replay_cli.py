@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from kvaudit.core.arg_types import byte_size, positive_int, positive_number
 from kvaudit.core.errors import KvauditError
-from kvaudit.core.vocabulary import ReplayPolicy, words
+from kvaudit.core.replay_format import POLICIES
 from kvaudit.runners.registry import add_backend_arguments
 
 if TYPE_CHECKING:
     from kvaudit.runners.backend import Backend
 
-POLICIES = words(ReplayPolicy)
 # Open-loop replays on these send each request at its arrival (the default there): the in-process vLLM
 # engine stepped by kvaudit, or a server, sent each request on its own connection.
 ARRIVALS_BACKENDS = ("vllm", "openai")

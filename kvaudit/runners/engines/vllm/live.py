@@ -32,12 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.jsonio import ids_hash
+from kvaudit.core.replay_format import POLICIES
 
 if TYPE_CHECKING:
     from kvaudit.runners.engines.vllm.backend import VllmBackend
     from kvaudit.runners.prompt import Prompt
-
-POLICIES = ("recompute", "prefix", "segment")
 
 
 @dataclass
@@ -266,7 +265,7 @@ def serve_arrivals(backend: VllmBackend, policy: str, jobs: list[LiveJob], done:
     """Serve ``jobs`` (in arrival order) at their arrival times; ``done`` gets each request's
     outcome as it finishes. Returns when every request has finished."""
     if policy not in POLICIES:
-        raise KvauditError(f"--policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        raise KvauditError(f"--cache-policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     if backend.engine.has_unfinished_requests():
         raise KvauditError("the vLLM engine has requests in flight; serving arrivals needs it idle")
     srv = _Server(backend, policy, clock)
