@@ -7,14 +7,14 @@ CUDA graphs unless ``--eager``. Prints per policy: TTFT p50/p95 with intervals, 
 measured token hit rate, simulate's and the engine-order prediction, and the request length at
 which segment reuse's median TTFT beats prefix caching's.
 
-    source /tmp/gpu-env.sh; python3 benchmarks/replay_gpu.py --requests 120 --budget 10GB --json $OUT/replay.json
+    source /tmp/gpu-env.sh; python3 benchmarks/replay_gpu.py --requests 120 --cache-budget 10GB --json $OUT/replay.json
 
 ``--rates R1,R2,...`` serves each policy at those offered loads instead (Poisson arrivals, seeded),
 on one engine per policy with empty caches at each load, each request joining the running batch
 at its arrival (``kvaudit replay --schedule arrivals``): TTFT p50/p95/p99 against offered load,
 and with ``--slo-ttft S`` the highest load whose p95 stays within S seconds, per policy.
 
-    source /tmp/gpu-env.sh; python3 benchmarks/replay_gpu.py --policies segment --rates 0.5,1,2 --budget 40GB
+    source /tmp/gpu-env.sh; python3 benchmarks/replay_gpu.py --policies segment --rates 0.5,1,2 --cache-budget 40GB
 """
 
 from __future__ import annotations
@@ -101,15 +101,21 @@ def at_rate(backend, policy: str, rate: float, todo: list, requests: list, cfg: 
     backend.reset_caches()
     out = ReplayDir(work / policy / f"rate-{rate:g}")
     out.path.mkdir(parents=True, exist_ok=True)
-    c = replace(cfg, arrivals=f"poisson:{rate}:{args.seed}", schedule="arrivals")
+    c = replace(cfg, arrivals=f"poisson:{rate}:{args.seed}", schedule=args.schedule)
     out.write_config(c)
     t0 = time.perf_counter()
-    replay_arrivals(backend, policy, todo, out, arrivals=poisson_arrivals(len(requests), rate, args.seed),
-                    template_len=template_len, head_block=engine["block_size"] if policy == "prefix" else 0)
+    arrivals = poisson_arrivals(len(requests), rate, args.seed)
+    head_block = engine["block_size"] if policy == "prefix" else 0
+    if args.schedule == "waves":  # the old mode, for comparison: an arrival waits for the running wave
+        replay(backend, policy, todo, out, concurrency=args.concurrency, template_len=template_len,
+               arrivals=arrivals, head_block=head_block)
+    else:
+        replay_arrivals(backend, policy, todo, out, arrivals=arrivals, template_len=template_len,
+                        head_block=head_block)
     s = summarise(out.read_requests(), c, {**engine, "wall_s": time.perf_counter() - t0})
-    s["rate"] = rate
+    s["rate"], s["schedule"] = rate, args.schedule
     t, h, co = s["ttft_s"], s["hit_rate"], s.get("client_overhead_s") or {}
-    print(f"{policy:<10} offered {rate:5g}/s served {s['throughput']['requests_per_s']:.2f}/s  TTFT p50 "
+    print(f"{policy:<10} {args.schedule:<8} offered {rate:5g}/s served {s['throughput']['requests_per_s']:.2f}/s  TTFT p50 "
           f"{1e3 * t['p50']['value']:8.1f} ms [{1e3 * (t['p50']['low'] or 0):.1f}, {1e3 * (t['p50']['high'] or 0):.1f}]"
           f"  p95 {1e3 * t['p95']['value']:8.1f} ms [{1e3 * (t['p95']['low'] or 0):.1f}, "
           f"{1e3 * (t['p95']['high'] or 0):.1f}]  p99 {1e3 * t['p99']['value']:8.1f} ms  hit "
@@ -123,7 +129,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="llama-3.1-8b")
     ap.add_argument("--requests", type=int, default=120)
-    ap.add_argument("--budget", type=parse_capacity, default=parse_capacity("10GB"))
+    ap.add_argument("--cache-budget", "--budget", dest="budget", type=parse_capacity, default=parse_capacity("10GB"))
     ap.add_argument("--policies", default="recompute,prefix,segment")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--doc-tokens", default="lognormal:2000:0.5")
@@ -133,6 +139,9 @@ def main() -> None:
     ap.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")], default=None,
                     help="offered loads (requests/s), each request served at its arrival")
     ap.add_argument("--max-new-tokens", type=int, default=1, help="tokens each request decodes (default 1)")
+    ap.add_argument("--schedule", choices=("arrivals", "waves"), default="arrivals",
+                    help="with --rates: each request joins the running batch at its arrival (default), or "
+                         "served in waves of --concurrency (an arrival waits for the running wave)")
     ap.add_argument("--slo-ttft", type=float, default=None, help="seconds: the highest load whose p95 TTFT is within")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -170,6 +179,12 @@ def main() -> None:
         for a, b in zip(results["prefix"]["ttft_by_length"], results["segment"]["ttft_by_length"], strict=False):
             print(f"  {a['tokens_low']:>6}-{a['tokens_high']:<6} prefix {1e3 * a['ttft_p50_s']:8.1f}  "
                   f"segment {1e3 * b['ttft_p50_s']:8.1f}")
+    if "prefix" in results and "segment" in results and args.rates:
+        for a_rate, b_rate in zip(results["prefix"], results["segment"], strict=True):
+            print(f"\nmedian TTFT by request length at {a_rate['rate']:g}/s (ms): prefix vs segment")
+            for a, b in zip(a_rate["ttft_by_length"], b_rate["ttft_by_length"], strict=False):
+                print(f"  {a['tokens_low']:>6}-{a['tokens_high']:<6} prefix {1e3 * a['ttft_p50_s']:8.1f}  "
+                      f"segment {1e3 * b['ttft_p50_s']:8.1f}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -89,6 +89,24 @@ def test_sglangs_native_api_audits_its_prefix_cache_and_namespaces(server, datas
         assert p.arms["prefix_cache"].tokens_reused >= (p.n_prompt_tokens - 1) // BLOCK * BLOCK > 0
 
 
+def test_without_namespaces_another_tenant_is_served_the_cached_prompt(server, dataset, tmp_path):
+    """--no-cache-namespace: SGLang audited as a deployment that sends no extra_key. The probe finds
+    one shared cache, the reference bypasses it per request (logprob_start_len 0), the cold arm
+    runs right after a flush, and another tenant's identical prompt is served from the cache:
+    tenant_isolation fails, a real finding, not a refusal."""
+    out = tmp_path / "run"
+    with sglang_standin(server) as url:
+        assert run(url, dataset, out, "recompute,prefix_cache_cold,prefix_cache,prefix_cache_other_tenant",
+                   "--limit", "1", "--no-cache-namespace") == 0
+        code, c = checks(out)
+    probe = json.loads((out / "manifest.json").read_text())["backend"]["cache_probe"]
+    assert probe["namespace"] is None and probe["caching"] and not probe["salt_isolates"]
+    assert probe["bypass"].startswith("logprob_start_len 0") and probe["reset_empties"]
+    p = read_pairs(out)[0]
+    assert p.arms["prefix_cache_cold"].tokens_reused == 0 and p.arms["prefix_cache_other_tenant"].tokens_reused > 0
+    assert code == 2 and not c["tenant_isolation"]["passed"]
+
+
 def test_the_servers_own_reuse_of_warmed_documents_is_shown_vacuous(server, dataset, tmp_path):
     out = tmp_path / "run"
     assert run(server, dataset, out, "recompute,reuse,prefix_cache_cold", "--limit", "2") == 0

@@ -92,6 +92,10 @@ BACKENDS: Registry[BackendEntry] = Registry("backend", (
                      Option("--reuse-protocol", "reuse_protocol", "server",
                             "server (the server's own reuse, primed by neutral warm-ups; default) or kvaudit "
                             "(a server running kvaudit's connector, driven by kv_transfer_params)", type=str),
+                     Option("--no-cache-namespace", "cache_namespace", True,
+                            "send no cache namespace (cache_salt, SGLang's extra_key) with any request: audit a "
+                            "deployment whose clients share one cache (tenant isolation then shows what one "
+                            "tenant's prompt gives the next)", value=False),
                      Option("--request-timeout", "timeout_s", 300.0, "seconds per request (default 300)",
                             type=float),
                      CONCURRENT_CASES,

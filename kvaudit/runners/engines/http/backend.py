@@ -186,7 +186,7 @@ class OpenAIBackend(Backend):
         dialect = self.client.dialect
         probe: dict[str, Any] = {
             "dialect": dialect.name,
-            "namespace": dialect.namespace,
+            "namespace": dialect.namespace if self.client.namespaces else None,
             "reports_cached_tokens": reports,
             "echoes_prompt_ids": first.prompt_ids is not None,
             "generated_ids": bool(first.token_ids),
@@ -219,7 +219,7 @@ class OpenAIBackend(Backend):
             probe["bypass"] = "the reference server (--reference-url)"
         if probe["bypass"] is None:
             raise KvauditError(
-                f"{where} caches but does not isolate {dialect.namespace} (a second namespace found {other.cached_tokens} cached "
+                f"{where} caches but does not isolate {self._namespace_words()} (a second namespace found {other.cached_tokens} cached "
                 "tokens) and has no per-request cache bypass kvaudit knows: the reference arm cannot bypass its "
                 "cache; start a second server with caching off and give it as --reference-url")
         if self.reference is not None:
@@ -230,6 +230,12 @@ class OpenAIBackend(Backend):
                                    "its first-token top log-probabilities are not keyed by token id")
             probe["reference_cached_tokens"] = [ref.cached_tokens, ref_again.cached_tokens]
         return probe
+
+    def _namespace_words(self) -> str:
+        """What this run separates tenants by, for messages."""
+        if self.client.namespaces:
+            return self.client.dialect.namespace
+        return f"tenants (--no-cache-namespace: no {self.client.dialect.namespace} sent)"
 
     def _probe_ids(self) -> list[int]:
         """The cache probe's prompt: the neutral head repeated to ``PROBE_TOKENS`` (or the context)."""
@@ -295,14 +301,14 @@ class OpenAIBackend(Backend):
                     and not isolates):
                 raise KvauditError(
                     f"--arms: arm {name!r} measures the server's own reuse of warmed segments, but {where} does not "
-                    f"isolate {self.client.dialect.namespace}: what it reports cached could be an exact prefix left by any earlier "
+                    f"isolate {self._namespace_words()}: what it reports cached could be an exact prefix left by any earlier "
                     "request (this run's other arms, an earlier run, another client), not segment reuse")
             if spec.role in ("engine_prefix", "engine_prefix_warm", "engine_prefix_flushed", "tenant_probe") \
                     and not self.probe["caching"]:
                 raise KvauditError(f"--arms: arm {name!r} measures the server's prefix cache, but {where} "
                                    f"{self._cache_hint()}")
             if self._resets_before(spec) and not self._reset_empties():
-                why = (f"its cold arm must start from an empty cache, since {self.client.dialect.namespace} does not isolate an earlier "
+                why = (f"its cold arm must start from an empty cache, since {self._namespace_words()} does not isolate an earlier "
                        "run's prompts" if spec.role == "engine_prefix" else "it re-runs the prompt on an emptied cache")
                 raise KvauditError(
                     f"--arms: arm {name!r} needs the server's cache reset ({why}); {where} "
@@ -310,7 +316,7 @@ class OpenAIBackend(Backend):
                     f" (a prompt sent after the reset found {self.probe.get('cached_after_reset')} cached tokens)")
             if spec.source == "engine_prefix" and not isolates and self.concurrent_cases > 1:
                 raise KvauditError(
-                    f"--arms: arm {name!r} on {where}, which does not isolate {self.client.dialect.namespace}, resets the cache before "
+                    f"--arms: arm {name!r} on {where}, which does not isolate {self._namespace_words()}, resets the cache before "
                     "its cold request: run it one case at a time (--concurrent-cases 1), or another case's "
                     "request would refill the cache between the reset and the request")
 
@@ -645,7 +651,8 @@ class OpenAIBackend(Backend):
 def open_openai_backend(model: str = "smollm2", *, dtype: str = "float32", max_new_tokens: int = 24,
                         cache_bytes: int = 0, base_url: str | None = None, reference_url: str | None = None,
                         served_model: str | None = None, reuse_protocol: str = "server",
-                        timeout_s: float = 300.0, concurrent_cases: int = 1) -> OpenAIBackend:
+                        timeout_s: float = 300.0, concurrent_cases: int = 1,
+                        cache_namespace: bool = True) -> OpenAIBackend:
     """Connect to the server at ``base_url``; ``model`` is the local checkpoint or tokenizer
     folder of the model it serves (ids are assembled here)."""
     import os
@@ -658,7 +665,8 @@ def open_openai_backend(model: str = "smollm2", *, dtype: str = "float32", max_n
         raise KvauditError("--backend openai needs --base-url (the server, e.g. http://127.0.0.1:8000)")
     path = resolve_model_dir(model)
     api_key = os.environ.get("KVAUDIT_API_KEY") or os.environ.get("OPENAI_API_KEY")
-    client = ServerClient(base_url, model=served_model, timeout_s=timeout_s, api_key=api_key)
+    client = ServerClient(base_url, model=served_model, timeout_s=timeout_s, api_key=api_key,
+                          namespaces=cache_namespace)
     reference = ServerClient(reference_url, model=served_model, timeout_s=timeout_s, api_key=api_key) \
         if reference_url else None
     return OpenAIBackend(client, AutoTokenizer.from_pretrained(path), path, model_fingerprint(path),

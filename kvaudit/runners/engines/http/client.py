@@ -93,10 +93,13 @@ class _Response:
 
 
 class ServerClient:
-    """An OpenAI-compatible ``/v1/completions`` server at ``base_url`` (``http://host:port``)."""
+    """An OpenAI-compatible ``/v1/completions`` server at ``base_url`` (``http://host:port``).
+    ``namespaces`` False sends no cache namespace (``cache_salt``, ``extra_key``) with any request:
+    the server is audited as a deployment whose clients share one cache."""
 
     def __init__(self, base_url: str, *, model: str | None = None, timeout_s: float = 300.0,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, namespaces: bool = True) -> None:
+        self.namespaces = namespaces
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         # No cap on connections: a replay's arrivals each hold one while in flight, and httpx's default
@@ -164,7 +167,7 @@ class ServerClient:
         the first token's chunk) unless ``stream`` is false; servers return ``kv_transfer_params``
         only in a whole response, so warm-ups that need them are sent unstreamed. ``bypass_cache``:
         the dialect's per-request cache bypass, where it has one (llama.cpp's ``cache_prompt``)."""
-        body = self.dialect.request(self.model, ids, max_tokens=max_tokens, salt=salt,
+        body = self.dialect.request(self.model, ids, max_tokens=max_tokens, salt=salt if self.namespaces else None,
                                     kv_transfer_params=kv_transfer_params, stop_token_ids=stop_token_ids,
                                     stream=stream, logprob_token_ids=logprob_token_ids, bypass_cache=bypass_cache)
         path = self.dialect.path
