@@ -130,6 +130,18 @@ def test_summary_numbers():
         T.timing_auc([1.0, float("nan")], [2.0, 3.0])
 
 
+def test_hits_slower_than_misses_are_told_apart_as_well():
+    """An AUC below 0.5 (SGLang on the H200: cached one-token extends slower than full prefills)
+    is a side channel too: an observer flips the threshold. The same sample mirrored needs the
+    same requests (it read "cannot tell" before)."""
+    rng = np.random.default_rng(0)
+    hit, miss = rng.normal(80, 10, 60), rng.normal(72, 10, 60)
+    slow_hits, fast_hits = T.timing_auc(hit, miss), T.timing_auc(miss, hit)
+    assert slow_hits.auc < 0.5 < fast_hits.auc
+    assert slow_hits.requests_needed is not None and slow_hits.requests_needed == fast_hits.requests_needed
+    assert slow_hits.requests_needed_best_case == fast_hits.requests_needed_best_case
+
+
 # --------------------------------------------------------------------------- requests
 
 

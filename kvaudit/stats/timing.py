@@ -66,7 +66,8 @@ the case effect is large, so the two together say how much of the channel needs 
 **Requests to distinguish.** :func:`requests_to_distinguish` models each comparison of a hit
 with a miss as correct with probability ``auc`` and a majority vote over m comparisons: the
 smallest odd m whose binomial error is at most ``error``. :class:`TimingAUC` gives it at the
-estimate and at the interval's upper end (the attacker's best case: the defender's number).
+estimate and at the interval's end farthest from 0.5 (the attacker's best case: the defender's
+number), each taken as a separation ``max(AUC, 1 - AUC)``: slower hits are told apart as well.
 
 **Decision.** :func:`timing_decision` passes when the interval shows the channel weak in both
 directions (upper end <= ``max_auc`` and lower end >= ``1 - max_auc``: an engine whose hits are
@@ -116,8 +117,10 @@ class TimingAUC:
     ``confidence`` interval). ``se`` is the clustered standard error at the estimate and
     ``deff`` the pairing's design effect (clustered over naive two-sample DeLong variance; 1
     where both vanish). ``median_ratio`` is median miss over median hit TTFT (None when the
-    median hit is 0). ``requests_needed`` is :func:`requests_to_distinguish` at the estimate,
-    ``requests_needed_best_case`` at ``upper`` (None when the AUC is at most 0.5).
+    median hit is 0). ``requests_needed`` is :func:`requests_to_distinguish` at the estimate's
+    separation ``max(AUC, 1 - AUC)``, ``requests_needed_best_case`` at the interval end farthest
+    from 0.5: an AUC below 0.5 (hits slower than misses, as SGLang's one-token extends were on the
+    H200) tells hit from miss as well, to an observer who flips the threshold. None at exactly 0.5.
     """
 
     n: int
@@ -330,8 +333,8 @@ def timing_auc(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.nda
     return TimingAUC(n=n, auc=auc, lower=lo, upper=hi, confidence=float(confidence), se=se,
                      deff=deff, paired_accuracy=k / n, paired_lower=p_lo, paired_upper=p_hi,
                      median_hit=mh, median_miss=mm, median_ratio=mm / mh if mh > 0 else None,
-                     error=error, requests_needed=requests_to_distinguish(auc, error),
-                     requests_needed_best_case=requests_to_distinguish(hi, error))
+                     error=error, requests_needed=requests_to_distinguish(max(auc, 1 - auc), error),
+                     requests_needed_best_case=requests_to_distinguish(max(hi, 1 - lo), error))
 
 
 def timing_decision(t: TimingAUC, max_auc: float) -> str:
