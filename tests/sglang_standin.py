@@ -4,7 +4,8 @@ engine's answers and cache.
 No SGLang runs on this machine (it needs a CUDA torch); this is how kvaudit's SGLang dialect meets a
 real engine in the vLLM tier. It serves what the dialect uses, in SGLang's shapes
 (``python/sglang/srt/entrypoints/http_server.py``, ``srt/managers/io_struct.py`` as of 0.5.17):
-``GET /v1/models`` (``owned_by: "sglang"``), ``GET /version``, ``POST /flush_cache`` (vLLM's
+``GET /v1/models`` (``owned_by: "sglang"``), ``GET /server_info`` (its ``version``; SGLang has no
+``/version``), ``POST /flush_cache`` (vLLM's
 ``/reset_prefix_cache``), and ``POST /generate``: ``input_ids``, ``sampling_params``,
 ``return_logprob``, ``top_logprobs_num``, ``token_ids_logprob``, ``extra_key`` (vLLM's
 ``cache_salt``: a namespace that isolates), ``logprob_start_len: 0`` (no prefix match: a fresh
@@ -27,6 +28,8 @@ from typing import Any
 import httpx
 
 from kvaudit.testing.served import in_thread
+
+STANDIN_VERSION = "0.5.17 (kvaudit's stand-in)"
 
 
 def _lps(top: dict[str, float]) -> list[list[Any]]:
@@ -106,6 +109,11 @@ def make_handler(upstream: str, incremental: bool) -> type[BaseHTTPRequestHandle
             self.wfile.write(body)
 
         def do_GET(self) -> None:
+            if self.path in ("/version", "/server_info"):  # SGLang 0.5.17: no /version; server_info has it
+                found = self.path == "/server_info"
+                self._reply(200 if found else 404, json.dumps(
+                    {"version": STANDIN_VERSION} if found else {"detail": "Not Found"}).encode())
+                return
             r = client.get(self.path)
             if self.path == "/v1/models" and r.status_code == 200:
                 data = r.json()

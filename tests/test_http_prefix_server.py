@@ -22,7 +22,7 @@ from kvaudit.reports.gate import judge  # noqa: E402
 
 from .http_runs import checks, run  # noqa: E402
 from .lying_proxy import lying_proxy  # noqa: E402
-from .sglang_standin import sglang_standin  # noqa: E402
+from .sglang_standin import STANDIN_VERSION, sglang_standin  # noqa: E402
 
 ARMS = "recompute,prefix_cache_cold,prefix_cache_flushed,prefix_cache,prefix_cache_other_tenant,recompute_again"
 
@@ -80,7 +80,9 @@ def test_sglangs_native_api_audits_its_prefix_cache_and_namespaces(server, datas
     rows = {r.kind: r for r in judged.results}
     assert rows["audit"].status == "pass" and rows["audit"].observed == "passed except accepted unjudged"
     assert judged.verdict == "error" and rows["delta"].status == "error"  # 2 cases: no bound
-    probe = json.loads((out / "manifest.json").read_text())["backend"]["cache_probe"]
+    backend = json.loads((out / "manifest.json").read_text())["backend"]
+    probe = backend["cache_probe"]
+    assert backend["server_model"]["version"] == STANDIN_VERSION  # from /server_info: SGLang has no /version
     assert probe["dialect"] == "sglang" and probe["namespace"] == "extra_key" and probe["logprobs_keyed_by"] == "token ids"
     assert probe["salt_isolates"] and probe["bypass"] == "fresh extra_key" and probe["reset_empties"]
     assert c["tenant_isolation"]["passed"]

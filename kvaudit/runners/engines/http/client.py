@@ -140,10 +140,11 @@ class ServerClient:
         raise KvauditError(f"server {self.base_url} does not serve model {self.model!r}")
 
     def version(self) -> str | None:
-        """The server's version as it reports it (vLLM and SGLang: ``GET /version``); None where it
-        reports none (llama.cpp, most managed endpoints)."""
+        """The server's version as it reports it (vLLM: ``GET /version``, SGLang: ``GET /server_info``,
+        the dialect's :attr:`Dialect.version_path`); None where it reports none (llama.cpp, most
+        managed endpoints)."""
         try:
-            r = self.http.get("/version")
+            r = self.http.get(self.dialect.version_path)
             v = r.json().get("version") if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
             return None

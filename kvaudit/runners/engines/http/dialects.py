@@ -57,6 +57,7 @@ class Dialect:
 
     name = "openai"
     path = "/v1/completions"  # where a completion is asked for
+    version_path = "/version"  # a GET answering {"version": ...} (vLLM); llama.cpp has none
     namespace = "cache_salt"  # the request field that names its cache namespace (a tenant)
     prefix_cache = "the server's own prefix cache"
     cache_flags = "prefix caching on, cached tokens reported in usage.prompt_tokens_details"
@@ -191,6 +192,7 @@ def _by_id(entries: Any) -> dict[int, float]:
 class SglangDialect(Dialect):
     name = "sglang"
     path = "/generate"
+    version_path = "/server_info"  # SGLang 0.5.17 has no /version (404 on the H200)
     namespace = "extra_key"
     prefix_cache = "SGLang's RadixAttention prefix cache"
     cache_flags = "the radix cache on (SGLang's default); cached tokens reported in meta_info.cached_tokens"
