@@ -59,6 +59,13 @@ EOF
   save
 }
 
+runs() {  # label, seconds, port, out, extra run options...: one kvaudit run against a server, timed
+  local label=$1 secs=$2 port=$3 out=$4; shift 4; local t0=$(date +%s)
+  timeout "$secs" bash -c "$(declare -f K); K run --backend openai --base-url http://127.0.0.1:$port --model smollm2 \
+    --dtype bfloat16 --dataset /tmp/box$N --out $out --no-progress $*" > "$R/$label-run.log" 2>&1
+  echo "$label run rc=$? wall=$(( $(date +%s) - t0 ))s"; tail -5 "$R/$label-run.log" | cut -c1-300
+}
+
 # ---- SGLang 0.5.17 (triton attention, pytorch sampling: FA3 not carried)
 (source /tmp/sgl-env.sh; exec python3 -m sglang.launch_server --model-path "$M" --served-model-name smollm2 \
   --host 127.0.0.1 --port 30000 --dtype bfloat16 --context-length 4096 --mem-fraction-static 0.3 \
@@ -66,18 +73,11 @@ EOF
   > "$R/sglang-serve.log" 2>&1 &
 P=$!
 if up $P 30000 240; then
-  curl -s 127.0.0.1:30000/v1/models; echo; curl -s 127.0.0.1:30000/version; echo
-  t0=$(date +%s)
-  timeout ${T_SGL:-180} bash -c "$(declare -f K); K run --backend openai --base-url http://127.0.0.1:30000 --model smollm2 \
-    --dtype bfloat16 --dataset /tmp/box$N --out /tmp/sgl --concurrent-cases 32 --arms $ARMS --no-progress" \
-    > "$R/sglang-run.log" 2>&1
-  echo "sglang run rc=$? wall=$(( $(date +%s) - t0 ))s"; tail -5 "$R/sglang-run.log" | cut -c1-300
+  curl -s 127.0.0.1:30000/v1/models; echo; curl -s 127.0.0.1:30000/server_info | head -c 300; echo
+  runs sglang ${T_SGL:-180} 30000 /tmp/sgl --concurrent-cases 32 --arms $ARMS
   audit /tmp/sgl /tmp/sglang.toml sglang
-  t0=$(date +%s)
-  timeout ${T_NONS:-60} bash -c "$(declare -f K); K run --backend openai --base-url http://127.0.0.1:30000 --model smollm2 \
-    --dtype bfloat16 --dataset /tmp/box$N --limit $NONS --out /tmp/sgl-nons --no-cache-namespace \
-    --arms recompute,prefix_cache_cold,prefix_cache,prefix_cache_other_tenant --no-progress" > "$R/sglang-nons-run.log" 2>&1
-  echo "sglang without namespaces run rc=$? wall=$(( $(date +%s) - t0 ))s"; tail -5 "$R/sglang-nons-run.log" | cut -c1-300
+  runs sglang-nons ${T_NONS:-60} 30000 /tmp/sgl-nons --limit $NONS --no-cache-namespace \
+    --arms recompute,prefix_cache_cold,prefix_cache,prefix_cache_other_tenant
   audit /tmp/sgl-nons /tmp/sglang.toml sglang-nons
 fi
 tail -30 "$R/sglang-serve.log" | cut -c1-300
@@ -90,11 +90,7 @@ kill $P; wait $P 2> /dev/null; save; sleep 3
   --enable-prompt-tokens-details --gpu-memory-utilization 0.3) > "$R/vllm-serve.log" 2>&1 &
 P=$!
 if up $P 8011 180; then
-  t0=$(date +%s)
-  timeout ${T_VLLM:-120} bash -c "$(declare -f K); K run --backend openai --base-url http://127.0.0.1:8011 --model smollm2 \
-    --dtype bfloat16 --dataset /tmp/box$N --out /tmp/vllm --concurrent-cases 32 --arms $ARMS --no-progress" \
-    > "$R/vllm-run.log" 2>&1
-  echo "vllm run rc=$? wall=$(( $(date +%s) - t0 ))s"; tail -5 "$R/vllm-run.log" | cut -c1-300
+  runs vllm ${T_VLLM:-120} 8011 /tmp/vllm --concurrent-cases 32 --arms $ARMS
   audit /tmp/vllm /tmp/vllm.toml vllm
 fi
 kill $P; wait $P 2> /dev/null; save
