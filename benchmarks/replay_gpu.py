@@ -121,7 +121,8 @@ def at_rate(backend, policy: str, rate: float, todo: list, requests: list, cfg: 
           f"{1e3 * (t['p95']['high'] or 0):.1f}]  p99 {1e3 * t['p99']['value']:8.1f} ms  hit "
           f"{100 * h['measured']['token_hit_rate']:.1f}% (engine order {h.get('gap_points_engine_order') or 0:+.1f})"
           f"  overflow {h.get('overflow_tokens', 0):,} tok  client over vLLM: median "
-          f"{1e3 * co.get('p50', float('nan')):.2f} ms p95 {1e3 * co.get('p95', float('nan')):.2f} ms", flush=True)
+          f"{1e3 * co.get('p50', float('nan')):.2f} ms p95 {1e3 * co.get('p95', float('nan')):.2f} ms (after vLLM's "
+          f"first-token stamp: p95 {1e3 * (co.get('after_engine') or {}).get('p95', float('nan')):.2f} ms)", flush=True)
     return s
 
 

@@ -116,5 +116,12 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
     # 347 tokens of budget, about 260 per request, several in flight: what it cannot hold is prefilled
     assert s["hit_rate"]["overflow_tokens"] > 0
     assert s["time_per_output_token_s"]["requests"] == 16
+    # the client's overhead over vLLM's first-token latency, split where vLLM stamps (its wall clock):
+    # before its arrival stamp plus after its first-token stamp is the whole overhead
+    for r in recs:
+        whole = r.client_request_ttft_s - r.engine_ttft_s
+        assert r.client_after_engine_s >= 0 and r.client_before_engine_s >= 0
+        assert r.client_before_engine_s + r.client_after_engine_s == pytest.approx(whole, abs=3e-4)
+    assert {"before_engine", "after_engine"} <= set(s["client_overhead_s"])
     # at the lighter load the store still serves what it holds
     assert ReplayDir(out / "rate-2").read_summary()["hit_rate"]["segment_hit_tokens"] > 0

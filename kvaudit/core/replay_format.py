@@ -99,6 +99,10 @@ class RequestRecord:
     # and the client's time to first token for that same request: their difference is kvaudit's overhead
     engine_ttft_s: float | None = None
     client_request_ttft_s: float | None = None
+    # schedule "arrivals", vLLM: that difference split on vLLM's wall clock, before vLLM stamped the
+    # request's arrival and after it stamped the first token (its output processing inside a step)
+    client_before_engine_s: float | None = None
+    client_after_engine_s: float | None = None
     arrival_s: float | None = None  # open loop: the request's arrival, seconds from its session's start
     # schedule "arrivals": head and document tokens the store could not hold while other requests
     # were in flight, prefilled by the request itself (misses); when it finished (seconds from its

@@ -165,6 +165,10 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
     if co:
         print(f"  kvaudit's client over the engine's own first-token time: median {1e3 * co['p50']:.2f} ms, "
               f"p95 {1e3 * co['p95']:.2f} ms ({co['requests']} requests)")
+        for part, what in (("before_engine", "before vLLM stamped the arrival"),
+                           ("after_engine", "after vLLM stamped the first token")):
+            if co.get(part):
+                print(f"    {what}: median {1e3 * co[part]['p50']:.2f} ms, p95 {1e3 * co[part]['p95']:.2f} ms")
     if hr.get("overflow_tokens"):
         print(f"  {hr['overflow_tokens']:,} head and document tokens the store could not hold while other requests "
               "were in flight: prefilled, counted as misses")

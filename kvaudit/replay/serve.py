@@ -289,6 +289,7 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
                 wall_s=0.0, ids_hash=p.ids_hash, piece_ids=ids, piece_tokens=toks, piece_kinds=kinds,
                 truncated=bool(p.truncation.get("truncated")), engine_ttft_s=o.engine_ttft_s,
                 client_request_ttft_s=o.first_token_s - o.submitted_s, arrival_s=o.arrival_s,
+                client_before_engine_s=o.before_engine_s, client_after_engine_s=o.after_engine_s,
                 overflow_tokens=o.overflow_tokens, finish_s=o.finish_s, decode_tokens=o.decode_tokens,
                 decode_s=o.finish_s - o.first_token_s, piece_warmed_s=stored))
             app.flush()

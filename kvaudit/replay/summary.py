@@ -215,5 +215,10 @@ def _client_overhead(records: list[RequestRecord]) -> dict[str, Any] | None:
                   if r.engine_ttft_s is not None and r.client_request_ttft_s is not None])
     if not len(d):
         return None
-    return {"requests": int(len(d)), "p50": float(np.median(d)), "p95": float(np.quantile(d, 0.95)),
-            "max": float(d.max())}
+    out: dict[str, Any] = {"requests": int(len(d)), "p50": float(np.median(d)), "p95": float(np.quantile(d, 0.95)),
+                           "max": float(d.max())}
+    for part in ("before_engine", "after_engine"):  # arrivals: where it went (docs/replay.md)
+        v = np.array([x for r in records if (x := getattr(r, f"client_{part}_s")) is not None])
+        if len(v):
+            out[part] = {"p50": float(np.median(v)), "p95": float(np.quantile(v, 0.95))}
+    return out

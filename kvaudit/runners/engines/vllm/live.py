@@ -64,6 +64,12 @@ class LiveOutcome:
     prefix_cache_tokens: int  # prefix: what vLLM's own cache served
     decode_tokens: int
     engine_ttft_s: float | None
+    # the client's overhead over vLLM's own first-token latency, split exactly in two on the wall
+    # clock vLLM stamps with: before vLLM stamped the request's arrival (the client's submission),
+    # and after vLLM stamped its first token (vLLM's output processing inside step(), then the
+    # client); None without request stats
+    before_engine_s: float | None = None
+    after_engine_s: float | None = None
     # segment: per entry ([head][documents], prompt order), when this request's warm-up of it
     # finished and the store took it or refused it (None for an entry it did not warm up)
     warmed_s: list[float | None] = field(default_factory=list)
@@ -86,6 +92,8 @@ class _Live:
     rid: str = ""
     submitted_s: float = 0.0
     first_s: float | None = None
+    submitted_wall: float = 0.0  # submitted_s and first_s on the wall clock (vLLM's request stats use it)
+    first_wall: float = 0.0
     n_load: int = 0
     hit: int = 0
     warm: int = 0
@@ -203,7 +211,7 @@ class _Server:
             if plan:
                 transfer = {"n_load": live.n_load, "plan": plan, "drop": []}
         params = b._params(max_tokens=b.decoding.max_new_tokens, transfer=transfer)
-        live.submitted_s = self.now()
+        live.submitted_s, live.submitted_wall = self.now(), time.time()
         live.rid = b._submit(p.ids, params, salt)
         self.main[live.rid] = live
 
@@ -213,7 +221,7 @@ class _Server:
         and every event of the step carries the step's end time."""
         finished_warmups = []
         outs = self.b.engine.step()
-        now = self.now()
+        now, wall = self.now(), time.time()
         for out in outs:
             rid = out.request_id
             if rid in self.warmups:
@@ -225,7 +233,7 @@ class _Server:
             if live is None:
                 continue
             if live.first_s is None and out.outputs and out.outputs[0].token_ids:
-                live.first_s = now
+                live.first_s, live.first_wall = now, wall
                 self.unpin += live.pinned  # its load is done
                 live.pinned = []
             if out.finished:
@@ -246,6 +254,10 @@ class _Server:
         from kvaudit.runners.engines.vllm.backend import engine_ttft
 
         first = live.first_s if live.first_s is not None else now
+        metrics = getattr(out, "metrics", None)
+        ttft = engine_ttft(metrics)
+        arrived = getattr(metrics, "arrival_time", None)  # vLLM's wall-clock stamp of the request
+        split = ttft is not None and isinstance(arrived, float) and arrived > 0 and live.first_wall > 0
         comp = out.outputs[0]
         cached = int(out.num_cached_tokens or 0)
         if self.policy == "segment" and cached < live.n_load:
@@ -255,7 +267,9 @@ class _Server:
             submitted_s=live.submitted_s, first_token_s=first, finish_s=now, hit_tokens=live.hit,
             warmup_tokens=live.warm, overflow_tokens=live.overflow,
             prefix_cache_tokens=cached if self.policy == "prefix" else 0,
-            decode_tokens=max(0, len(comp.token_ids) - 1), engine_ttft_s=engine_ttft(getattr(out, "metrics", None)),
+            decode_tokens=max(0, len(comp.token_ids) - 1), engine_ttft_s=ttft,
+            before_engine_s=arrived - live.submitted_wall if split else None,
+            after_engine_s=live.first_wall - (arrived + ttft) if split else None,
             warmed_s=[live.warmed_at.get(k) for k, *_ in live.entries])
 
 
