@@ -159,6 +159,12 @@ BUGS: tuple[Bug, ...] = (
         ("tests/test_replay.py",),
         "the engine-order simulation stores a new head before the request's load, not at the end "
         "of that engine step (5e83987 moved the head into the loading request's step)"),
+    Bug("slower-hits-cannot-tell", "099b750", "kvaudit/stats/timing.py",
+        "requests_needed=requests_to_distinguish(max(auc, 1 - auc), error)",
+        "requests_needed=requests_to_distinguish(auc, error)",
+        ("tests/test_timing_stats.py",),
+        "a timing channel whose cached requests are the slower ones (AUC below 0.5, SGLang on the "
+        "H200) reported as one no observer can use ('cannot tell')"),
     # Caught only where vLLM runs (.venv-vllm): a model, the engine, a `vllm serve`.
     Bug("tenant-salt-shared", "58b770e", "kvaudit/runners/engines/http/backend.py",
         "        self.reuse_salt = _salt()\n",
