@@ -123,5 +123,8 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
         assert r.client_after_engine_s >= 0 and r.client_before_engine_s >= 0
         assert r.client_before_engine_s + r.client_after_engine_s == pytest.approx(whole, abs=3e-4)
     assert {"before_engine", "after_engine"} <= set(s["client_overhead_s"])
+    assert main(["report", str(out)]) == 0  # the sweep's page shows what the client adds, per load
+    page = (out / "replays.html").read_text()
+    assert "client over engine (p95)" in page and page.count("after vLLM's stamp") == 2
     # at the lighter load the store still serves what it holds
     assert ReplayDir(out / "rate-2").read_summary()["hit_rate"]["segment_hit_tokens"] > 0
