@@ -4,10 +4,13 @@
 # one engine per policy with empty caches at each load. Llama-3.1-8B shape, dummy bf16, CUDA graphs,
 # the default workload shape (benchmarks/replay_gpu.py), 16 decoded tokens per request.
 #   bash benchmarks/h200/replay_load.sh prefix|segment|recompute
+# Environment: RATES, REQUESTS, BUDGET, MNT (decoded tokens), SLO (seconds), DOCS (document tokens,
+# default the workload's lognormal:2000:0.5), SCHEDULE (arrivals, or waves for the old mode side by side).
 set -u
 source /tmp/gpu-env.sh
 policy=$1
 python3 benchmarks/replay_gpu.py --policies "$policy" --rates "${RATES:-0.5,1,1.5,2.5}" --requests "${REQUESTS:-80}" \
   --cache-budget "${BUDGET:-40GB}" --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
-  --json "$OUT/replay_load_$policy.json" 2>&1 | grep -v " INFO \| WARNING \|it/s\]"
+  --doc-tokens "${DOCS:-lognormal:2000:0.5}" --schedule "${SCHEDULE:-arrivals}" \
+  --json "$OUT/replay_load_${policy}_${SCHEDULE:-arrivals}.json" 2>&1 | grep -v " INFO \| WARNING \|it/s\]"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
