@@ -175,15 +175,13 @@ def main() -> None:
         if co:
             print(f"{'':<10} client over vLLM's own first-token time: median {1e3 * co['p50']:.2f} ms, "
                   f"p95 {1e3 * co['p95']:.2f} ms, max {1e3 * co['max']:.2f} ms", flush=True)
-    if "prefix" in results and "segment" in results and not args.rates:
-        print("\nmedian TTFT by request length (ms): prefix vs segment")
-        for a, b in zip(results["prefix"]["ttft_by_length"], results["segment"]["ttft_by_length"], strict=False):
-            print(f"  {a['tokens_low']:>6}-{a['tokens_high']:<6} prefix {1e3 * a['ttft_p50_s']:8.1f}  "
-                  f"segment {1e3 * b['ttft_p50_s']:8.1f}")
-    if "prefix" in results and "segment" in results and args.rates:
-        for a_rate, b_rate in zip(results["prefix"], results["segment"], strict=True):
-            print(f"\nmedian TTFT by request length at {a_rate['rate']:g}/s (ms): prefix vs segment")
-            for a, b in zip(a_rate["ttft_by_length"], b_rate["ttft_by_length"], strict=False):
+    if "prefix" in results and "segment" in results:  # one table, or one per offered load
+        pairs = (zip(results["prefix"], results["segment"], strict=True) if args.rates
+                 else [(results["prefix"], results["segment"])])
+        for a_s, b_s in pairs:
+            at = f" at {a_s['rate']:g}/s" if args.rates else ""
+            print(f"\nmedian TTFT by request length{at} (ms): prefix vs segment")
+            for a, b in zip(a_s["ttft_by_length"], b_s["ttft_by_length"], strict=False):
                 print(f"  {a['tokens_low']:>6}-{a['tokens_high']:<6} prefix {1e3 * a['ttft_p50_s']:8.1f}  "
                       f"segment {1e3 * b['ttft_p50_s']:8.1f}")
     if args.json:
