@@ -39,7 +39,7 @@ from kvaudit.replay.serve import (  # noqa: E402
     poisson_arrivals,
     prompt_maker,
     replay,
-    replay_arrivals,
+    replay_scheduled,
 )
 from kvaudit.replay.summary import summarise  # noqa: E402
 from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases  # noqa: E402
@@ -106,12 +106,8 @@ def at_rate(backend, policy: str, rate: float, todo: list, requests: list, cfg: 
     t0 = time.perf_counter()
     arrivals = poisson_arrivals(len(requests), rate, args.seed)
     head_block = engine["block_size"] if policy == "prefix" else 0
-    if args.schedule == "waves":  # the old mode, for comparison: an arrival waits for the running wave
-        replay(backend, policy, todo, out, concurrency=args.concurrency, template_len=template_len,
-               arrivals=arrivals, head_block=head_block)
-    else:
-        replay_arrivals(backend, policy, todo, out, arrivals=arrivals, template_len=template_len,
-                        head_block=head_block)
+    replay_scheduled(backend, policy, todo, out, schedule=args.schedule, arrivals=arrivals,
+                     concurrency=args.concurrency, template_len=template_len, head_block=head_block)
     s = summarise(out.read_requests(), c, {**engine, "wall_s": time.perf_counter() - t0})
     s["rate"], s["schedule"] = rate, args.schedule
     t, h, co = s["ttft_s"], s["hit_rate"], s.get("client_overhead_s") or {}

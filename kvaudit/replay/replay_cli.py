@@ -290,8 +290,7 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
     from kvaudit.replay.serve import (
         check_waves_fit,
         prompt_maker,
-        replay,
-        replay_arrivals,
+        replay_scheduled,
         request_kv,
     )
     from kvaudit.replay.summary import summarise
@@ -330,13 +329,9 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
         engine.served = True
         # the prefix policy's heads as the engine's blocks, so the simulator shares what the engine shares
         head_block = facts["block_size"] if args.cache_policy == "prefix" else 0
-        if schedule == "arrivals":
-            assert arrivals is not None
-            replay_arrivals(backend, args.cache_policy, todo, out, arrivals=arrivals, template_len=engine.template_len,
-                            head_block=head_block, on_request=bar.update)
-        else:
-            replay(backend, args.cache_policy, todo, out, concurrency=args.concurrency, template_len=engine.template_len,
-                   on_wave=bar.update, arrivals=arrivals, head_block=head_block)
+        replay_scheduled(backend, args.cache_policy, todo, out, schedule=schedule, arrivals=arrivals,
+                         concurrency=args.concurrency, template_len=engine.template_len, head_block=head_block,
+                         progress=bar.update)
         bar.close()
         facts["wall_s_last_session"] = time.perf_counter() - t0
         summary = summarise(out.read_requests(), config, facts)

@@ -301,6 +301,21 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
     return served
 
 
+def replay_scheduled(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[], Prompt]]], out: ReplayDir, *,
+                     schedule: str, arrivals: list[float] | None, concurrency: int, template_len: int,
+                     head_block: int = 0, progress: Callable[[int], None] | None = None) -> int:
+    """Serve ``todo`` on ``schedule``: ``"arrivals"`` (each request joins the running batch at its
+    arrival: :func:`replay_arrivals`) or ``"waves"`` (:func:`replay`, open loop where ``arrivals``
+    is given). ``progress`` gets the number of requests as they finish. Returns the number served."""
+    if schedule == "arrivals":
+        if arrivals is None:
+            raise KvauditError("the arrivals schedule needs arrival times (--rate or --timestamps)")
+        return replay_arrivals(backend, policy, todo, out, arrivals=arrivals, template_len=template_len,
+                               head_block=head_block, on_request=progress)
+    return replay(backend, policy, todo, out, concurrency=concurrency, template_len=template_len,
+                  on_wave=progress, arrivals=arrivals, head_block=head_block)
+
+
 def replay_arrivals_http(backend: Backend, policy: str, todo: list[tuple[int, str, Callable[[], Prompt]]],
                          out: ReplayDir, *, arrivals: list[float], template_len: int, head_block: int = 0,
                          on_request: Callable[[int], None] | None = None) -> int:
