@@ -24,6 +24,7 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_ttft import make_shape  # noqa: E402
 
 from kvaudit.core.dataset_format import DEFAULT_SYSTEM  # noqa: E402
+from kvaudit.core.jsonio import write_atomic  # noqa: E402
 from kvaudit.core.replay_format import ReplayConfig, ReplayDir  # noqa: E402
 from kvaudit.generators.workload import WorkloadParams, generate, write_workload  # noqa: E402
 from kvaudit.replay.serve import (  # noqa: E402
@@ -46,7 +48,8 @@ from kvaudit.replay.workload_text import SyntheticText, read_workload, request_c
 from kvaudit.simulator.kv_bytes import parse_capacity, resolve_model  # noqa: E402
 
 
-def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Path) -> dict | list[dict]:
+def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Path,
+        on_load: Callable[[list[dict]], None]) -> dict | list[dict]:
     from kvaudit.runners.engines.vllm.backend import open_vllm_backend
 
     requests = read_workload(wl)
@@ -84,8 +87,11 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
                   "kv_tokens": backend.kv_cache_tokens(), "stores_heads": True, "open_s": open_s,
                   "mode": "eager" if args.eager else "graphs", "heads_saved_after_load": True}
         if args.rates:
-            return [at_rate(backend, policy, rate, todo, requests, cfg, engine, work, template_len, args)
-                    for rate in args.rates]
+            loads: list[dict] = []
+            for rate in args.rates:  # each load saved as it ends: a long sweep keeps what it measured
+                loads.append(at_rate(backend, policy, rate, todo, requests, cfg, engine, work, template_len, args))
+                on_load(loads)
+            return loads
         t0 = time.perf_counter()
         replay(backend, policy, todo, out, concurrency=args.concurrency, template_len=template_len,
                head_block=block if policy == "prefix" else 0)
@@ -140,17 +146,31 @@ def main() -> None:
                     help="with --rates: each request joins the running batch at its arrival (default), or "
                          "served in waves of --concurrency (an arrival waits for the running wave)")
     ap.add_argument("--slo-ttft", type=float, default=None, help="seconds: the highest load whose p95 TTFT is within")
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--json", type=Path, help="the summaries, rewritten after each offered load")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="keep the workload and each load's replay directory (requests.jsonl) here")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="kvaudit-replay-gpu-"))
+    work = args.work or Path(tempfile.mkdtemp(prefix="kvaudit-replay-gpu-"))
+    work.mkdir(parents=True, exist_ok=True)
     folder = work / "model"
     make_shape(folder, "llama3-8b")
     params = replace(WorkloadParams(), requests=args.requests, doc_tokens=args.doc_tokens, seed=args.seed)
     wl = work / "workload.jsonl"
     write_workload(wl, generate(params), params)
-    results = {}
+    results: dict = {}
+
+    def save() -> None:
+        if args.json:
+            write_atomic(args.json, json.dumps(results, indent=1))
+
+    def on_load(policy: str) -> Callable[[list[dict]], None]:
+        def saved(loads: list[dict]) -> None:
+            results[policy] = loads
+            save()
+        return saved
+
     for policy in args.policies.split(","):
-        got = one(policy, args, folder, wl, work)
+        got = one(policy, args, folder, wl, work, on_load(policy))
         if isinstance(got, list):
             results[policy] = got
             if args.slo_ttft is not None:
@@ -180,8 +200,7 @@ def main() -> None:
             for a, b in zip(a_s["ttft_by_length"], b_s["ttft_by_length"], strict=False):
                 print(f"  {a['tokens_low']:>6}-{a['tokens_high']:<6} prefix {1e3 * a['ttft_p50_s']:8.1f}  "
                       f"segment {1e3 * b['ttft_p50_s']:8.1f}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+    save()
 
 
 if __name__ == "__main__":

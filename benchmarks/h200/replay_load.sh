@@ -5,12 +5,15 @@
 # the default workload shape (benchmarks/replay_gpu.py), 16 decoded tokens per request.
 #   bash benchmarks/h200/replay_load.sh prefix|segment|recompute
 # Environment: RATES, REQUESTS, BUDGET, MNT (decoded tokens), SLO (seconds), DOCS (document tokens,
-# default the workload's lognormal:2000:0.5), SCHEDULE (arrivals, or waves for the old mode side by side).
+# default the workload's lognormal:2000:0.5), SCHEDULE (arrivals, or waves for the old mode side by side),
+# RESULTS (where the summaries and each load's requests go; default $OUT). A sweep longer than one call:
+#   bash benchmarks/h200/bg.sh start /tmp/r500 'RESULTS=/tmp/r500 REQUESTS=500 bash benchmarks/h200/replay_load.sh prefix'
 set -u
 source /tmp/gpu-env.sh
 policy=$1
 python3 benchmarks/replay_gpu.py --policies "$policy" --rates "${RATES:-0.5,1,1.5,2.5}" --requests "${REQUESTS:-80}" \
   --cache-budget "${BUDGET:-40GB}" --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
   --doc-tokens "${DOCS:-lognormal:2000:0.5}" --schedule "${SCHEDULE:-arrivals}" \
-  --json "$OUT/replay_load_${policy}_${SCHEDULE:-arrivals}.json" 2>&1 | grep -v " INFO \| WARNING \|it/s\]"
+  --json "${RESULTS:-$OUT}/replay_load_${policy}_${SCHEDULE:-arrivals}.json" \
+  ${RESULTS:+--work "$RESULTS/work-${policy}-${SCHEDULE:-arrivals}"} 2>&1 | grep -v " INFO \| WARNING \|it/s\]"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
