@@ -46,6 +46,7 @@ from kvaudit.replay.serve import (  # noqa: E402
 from kvaudit.replay.summary import summarise  # noqa: E402
 from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases  # noqa: E402
 from kvaudit.simulator.kv_bytes import parse_capacity, resolve_model  # noqa: E402
+from kvaudit.stats.saturation import highest_sustained  # noqa: E402
 
 
 def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Path,
@@ -124,7 +125,9 @@ def at_rate(backend, policy: str, rate: float, todo: list, requests: list, cfg: 
           f"{100 * h['measured']['token_hit_rate']:.1f}% (engine order {h.get('gap_points_engine_order') or 0:+.1f})"
           f"  overflow {h.get('overflow_tokens', 0):,} tok  client over vLLM: median "
           f"{1e3 * co.get('p50', float('nan')):.2f} ms p95 {1e3 * co.get('p95', float('nan')):.2f} ms (after vLLM's "
-          f"first-token stamp: p95 {1e3 * (co.get('after_engine') or {}).get('p95', float('nan')):.2f} ms)", flush=True)
+          f"first-token stamp: p95 {1e3 * (co.get('after_engine') or {}).get('p95', float('nan')):.2f} ms)  TTFT growth "
+          f"{(s.get('ttft_growth') or {}).get('slope', float('nan')):+.3f} s/s"
+          f"{' PAST SATURATION' if (s.get('ttft_growth') or {}).get('past_saturation') else ''}", flush=True)
     return s
 
 
@@ -174,9 +177,11 @@ def main() -> None:
         if isinstance(got, list):
             results[policy] = got
             if args.slo_ttft is not None:
-                ok = [s["rate"] for s in got if s["ttft_s"]["p95"]["value"] <= args.slo_ttft]
-                print(f"{policy:<10} highest offered load with p95 TTFT within {args.slo_ttft:g} s: "
-                      f"{max(ok) if ok else 'none of those measured'}", flush=True)
+                ok = highest_sustained([{"rate": s["rate"], "p95_s": s["ttft_s"]["p95"]["value"],
+                                         "past_saturation": (s.get("ttft_growth") or {}).get("past_saturation")}
+                                        for s in got], args.slo_ttft)
+                print(f"{policy:<10} highest offered load with p95 TTFT within {args.slo_ttft:g} s, the server "
+                      f"keeping up: {'none of those measured' if ok is None else ok}", flush=True)
             continue
         results[policy] = s = got
         t, h = s["ttft_s"], s["hit_rate"]

@@ -201,7 +201,8 @@ def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
     assert [r.segment_hit_tokens for r in recs] == [0, doc_unit, doc_unit]
 
 
-def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: float | None = None) -> None:
+def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: float | None = None,
+                      growth: float = 0.0) -> None:
     from kvaudit.replay.summary import summarise
 
     rng = np.random.default_rng(seed)
@@ -214,8 +215,10 @@ def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: flo
     with d.appending() as app:
         for i in range(40):
             hit = 60 if policy == "segment" and i % 2 else 0
+            arrival = i / rate if rate else None  # open loop: TTFT grows by `growth` s per s of arrivals
             rec = RequestRecord(index=i, request_id=f"r{i}", wave=i, session=0, n_prompt_tokens=100 + i, head_tokens=10,
-                                segment_tokens=80, ttft_s=float(ttft * rng.lognormal(0, 0.2)), warmup_s=0.0, head_s=0.0,
+                                segment_tokens=80, ttft_s=float(ttft * rng.lognormal(0, 0.2) + growth * (arrival or 0)),
+                                warmup_s=0.0, head_s=0.0, arrival_s=arrival,
                                 queue_s=0.0, prefix_cache_tokens=0, segment_hit_tokens=hit, warmup_tokens=80 - hit,
                                 tokens_computed=100 + i - hit, evictions=0.0, wall_s=ttft, ids_hash=f"h{i}",
                                 piece_ids=["tmpl:x", f"seg:{i % 4}", f"tail:{i}"], piece_tokens=[10, 80, 10 + i],
@@ -339,10 +342,11 @@ def test_a_load_sweep_needs_the_in_process_vllm_engine(workload, tmp_path, capsy
     assert not (tmp_path / "r").exists()
 
 
-def _synthetic_sweep(path: Path, policy: str, p95_by_rate: dict[float, float]) -> None:
+def _synthetic_sweep(path: Path, policy: str, p95_by_rate: dict[float, float],
+                     growth: dict[float, float] | None = None) -> None:
     rows = []
     for k, (rate, ttft) in enumerate(p95_by_rate.items()):
-        _synthetic_replay(path / f"rate-{rate:g}", policy, ttft, k, rate=rate)
+        _synthetic_replay(path / f"rate-{rate:g}", policy, ttft, k, rate=rate, growth=(growth or {}).get(rate, 0.0))
         rows.append({"rate": rate, "dir": f"rate-{rate:g}"})
     (path / "sweep.json").write_text(json.dumps({"policy": policy, "schedule": "arrivals", "loads": rows}))
 
@@ -367,6 +371,24 @@ def test_compare_draws_ttft_against_offered_load_and_the_load_an_slo_allows(tmp_
     # a sweep.json that names a folder outside it is refused naming the field
     (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"loads": [{"rate": 1, "dir": "../pre"}]}))
     assert main(["compare", str(tmp_path / "seg"), "--out", str(tmp_path / "c3")]) == 2
+
+
+def test_a_load_past_saturation_never_counts_as_within_the_slo(tmp_path, capsys):
+    # 4/s met the SLO only because the replay ended early: its TTFT grew 0.1 s per second of
+    # arrivals (10 s of arrivals: +1 s at the end, under the p95 of 2 s the SLO allows) while 1 and 2/s
+    # held level; and 8/s met it too, but a load past 4/s cannot count once 4/s did not
+    _synthetic_sweep(tmp_path / "pre", "prefix", {1.0: 0.2, 2.0: 0.3, 4.0: 0.3, 8.0: 0.3}, growth={4.0: 0.1})
+    assert main(["compare", str(tmp_path / "pre"), "--out", str(tmp_path / "cmp"), "--slo-ttft", "2"]) == 0
+    got = json.loads((tmp_path / "cmp" / "replays.json").read_text())
+    sw = got["sweeps"][0]
+    assert [x["past_saturation"] for x in sw["loads"]] == [False, False, True, False]
+    assert all(x["p95"]["value"] <= 2 for x in sw["loads"])  # every p95 met the SLO
+    assert sw["highest_within_slo"] == 2.0 and sw["met_past_saturation"] == [4.0]
+    page = (tmp_path / "cmp" / "replays.html").read_text()
+    assert "past saturation</span>" in page and "4.0/s met it past saturation: not counted" in page
+    from kvaudit.stats.saturation import GROWTH_LIMIT, highest_sustained
+
+    assert 0.1 > GROWTH_LIMIT and highest_sustained([{"rate": 1, "p95_s": 3.0}], 2.0) is None
 
 
 @pytest.mark.parametrize("served, says", [

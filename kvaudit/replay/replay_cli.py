@@ -358,16 +358,21 @@ def _write_sweep(out: Path, summaries: list[tuple[float | None, dict[str, Any]]]
                      "requests_per_s": s["throughput"]["requests_per_s"],
                      "token_hit_rate": s["hit_rate"]["measured"]["token_hit_rate"],
                      "overflow_tokens": s["hit_rate"].get("overflow_tokens", 0),
-                     "time_per_output_token_s": s.get("time_per_output_token_s")})
+                     "time_per_output_token_s": s.get("time_per_output_token_s"),
+                     "ttft_growth": s.get("ttft_growth")})
     write_json(out / SWEEP_FILE, {"policy": summaries[0][1]["config"]["policy"],
                                     "schedule": summaries[0][1]["config"].get("schedule", "waves"), "loads": rows})
     print(f"\nsweep of {len(rows)} loads in {out / SWEEP_FILE}:")
-    print("  offered/s  served/s   TTFT p50    p95         p99         hit")
+    print("  offered/s  served/s   TTFT p50    p95         p99         hit    TTFT growth (s per s of arrivals)")
     for r in rows:
-        t = r["ttft_s"]
+        t, g = r["ttft_s"], r["ttft_growth"]
         served = r["requests_per_s"] or 0.0
+        grows = "–" if g is None else f"{g['slope']:+.3f}" + (" past saturation" if g["past_saturation"] else "")
         print(f"  {r['rate']:>9g}  {served:>8.2f}  {1e3 * t['p50']['value']:>8.1f} ms  {1e3 * t['p95']['value']:>8.1f} ms  "
-              f"{1e3 * t['p99']['value']:>8.1f} ms  {100 * r['token_hit_rate']:5.1f}%")
+              f"{1e3 * t['p99']['value']:>8.1f} ms  {100 * r['token_hit_rate']:5.1f}%  {grows}")
+    if any(r["ttft_growth"] and r["ttft_growth"]["past_saturation"] for r in rows):
+        print("  past saturation: TTFT grew over the replay, so its percentiles there describe the replay's length, "
+              "not the load (docs/replay.md)")
 
 
 def write_audit_sample(requests: list[Any], k: int, out: Path, synth: Any, args: argparse.Namespace) -> None:

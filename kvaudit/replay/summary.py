@@ -32,6 +32,7 @@ from kvaudit.simulator.segment_cache import (
     simulate_segment_store,
     simulate_segment_store_at_arrivals,
 )
+from kvaudit.stats.saturation import ttft_growth
 
 PERCENTILES = (0.5, 0.95, 0.99)
 CONFIDENCE = 0.95
@@ -183,7 +184,20 @@ def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[s
         "evictions": float(sum(r.evictions for r in records)),
         "client_overhead_s": _client_overhead(records),
         "time_per_output_token_s": _tpot(records),
+        "ttft_growth": _growth(records),
     }
+
+
+def _growth(records: list[RequestRecord]) -> dict[str, Any] | None:
+    """Open loop: TTFT's growth over the arrivals and whether the load was past saturation
+    (:mod:`kvaudit.stats.saturation`), on the session that served the most requests (a resumed
+    replay's sessions each count arrivals from their own start); None for a closed loop."""
+    if not records or any(r.arrival_s is None for r in records):
+        return None
+    sessions = [r.session for r in records]
+    main = max(set(sessions), key=sessions.count)
+    mine = [r for r in records if r.session == main]
+    return ttft_growth([r.arrival_s or 0.0 for r in mine], [r.ttft_s for r in mine])
 
 
 def _busy_s(records: list[RequestRecord]) -> float:

@@ -4,7 +4,8 @@ with intervals, throughput, hit rate measured beside the simulator's), TTFT per 
 against prompt length, and the token hit rate over time, measured and simulated. A load sweep
 (``kvaudit replay --rate R1,R2,...``: ``sweep.json`` and one replay per load) counts as its
 replays, and adds TTFT against offered load per sweep and, with an SLO on p95 TTFT, the highest
-offered load that met it.
+offered load that met it with the server keeping up (every lighter load too; a load past
+saturation never counts: :mod:`kvaudit.stats.saturation`).
 
 Every number comes from each replay's own ``replay.json`` (:mod:`kvaudit.replay.summary`) and its
 request records; nothing is recomputed differently here.
@@ -21,6 +22,7 @@ from kvaudit.core.jsonio import read_json, write_atomic, write_json
 from kvaudit.core.replay_format import ReplayDir
 from kvaudit.core.run_format import REPLAYS_HTML, REPLAYS_JSON, SWEEP_FILE
 from kvaudit.reports.plots import _figure, _rc, _svg, ttft_svg
+from kvaudit.stats.saturation import GROWTH_LIMIT, highest_sustained
 
 TEMPLATE = "replays.html.j2"
 
@@ -85,17 +87,24 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             sw = next(x for x in sweeps if x["path"] == sweep)
             sw["label"] = f"{s['config']['policy']} @ {s['config']['budget_bytes'] / 1e6:,.0f} MB"
             sw["schedule"] = s["config"].get("schedule", "waves")
+            growth = s.get("ttft_growth")
             sw["loads"].append({"rate": float(str(s["config"]["arrivals"]).split(":")[1]),
-                                "served": s["throughput"]["requests_per_s"],
+                                "served": s["throughput"]["requests_per_s"], "requests": s["requests"],
+                                "growth": growth["slope"] if growth else None,
+                                "past_saturation": bool(growth and growth["past_saturation"]),
                                 **{q: s["ttft_s"][q] for q in ("p50", "p95", "p99")}})
     for sw in sweeps:
         sw["loads"].sort(key=lambda x: x["rate"])
         if slo_ttft_s is not None:
-            met = [x["rate"] for x in sw["loads"] if x["p95"]["value"] <= slo_ttft_s]
-            sw["highest_within_slo"] = max(met) if met else None
+            sw["highest_within_slo"] = highest_sustained(
+                [{**x, "p95_s": x["p95"]["value"]} for x in sw["loads"]], slo_ttft_s)
+            # a load that met the SLO only because its replay ended before the queue grew
+            sw["met_past_saturation"] = [x["rate"] for x in sw["loads"]
+                                         if x["past_saturation"] and x["p95"]["value"] <= slo_ttft_s]
     workloads = {r["summary"]["config"]["workload_hash"] for r in rows}
     return {"rows": rows, "ttft": ttft, "by_length": by_length, "over_time": over_time,
             "same_workload": len(workloads) == 1, "sweeps": sweeps, "slo_ttft_s": slo_ttft_s,
+            "any_past_saturation": any(x["past_saturation"] for sw in sweeps for x in sw["loads"]),
             "apart": _apart(rows)}
 
 
@@ -184,7 +193,7 @@ def render(comparison: dict[str, Any]) -> str:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
     return env.get_template(TEMPLATE).render(
-        c=comparison, csp="default-src 'none'; style-src 'unsafe-inline'; img-src data:",
+        c=comparison, growth_limit=GROWTH_LIMIT, csp="default-src 'none'; style-src 'unsafe-inline'; img-src data:",
         ttft_plot=Markup(ttft_svg(comparison["ttft"], highlight="", unit="requests", what="replay",
                                   median_method="inverted_cdf")),
         length_plot=Markup(_length_svg(comparison["by_length"])),
