@@ -60,6 +60,13 @@ def test_percentile_intervals_cover_at_the_stated_level():
         assert row["coverage"] >= 0.95 - 3 * row["mc_se"], row
 
 
+def test_intervals_on_queued_requests_are_too_narrow_which_is_why_none_is_claimed():
+    # a slice of benchmarks/replay_percentiles.py --queued: one server at utilisation 0.8
+    bench = load_benchmark("replay_percentiles")
+    rows = bench.queued_coverage(reps=80, seed=2, utilisations=(0.8,), sizes=(100,), servers=(1,), pool=200)
+    assert all(r["coverage"] < 0.8 for r in rows), rows
+
+
 def test_engine_order_store_differs_from_end_of_request_eviction_only_when_full():
     # A: 4, B: 4, C: 4 tokens; capacity 8. Request 2 holds B and C: at the end of request 1 the
     # store has A, B; request 2 hits B, stores C (evicting A).
@@ -234,6 +241,7 @@ def test_compare_puts_replays_side_by_side_and_refuses_a_mix(tmp_path, capsys):
     _synthetic_replay(tmp_path / "rec", "recompute", 0.2, 1)
     assert main(["compare", str(tmp_path / "rec"), str(tmp_path / "seg"), "--out", str(tmp_path / "cmp")]) == 0
     page = (tmp_path / "cmp" / "replays.html").read_text()
+    assert " †" not in page and "too narrow under load" not in page  # closed loop: the intervals hold
     assert "segment @ 0 MB" in page and "recompute @ 0 MB" in page and "<script" not in page
     rows = json.loads((tmp_path / "cmp" / "replays.json").read_text())["rows"]
     assert [r["summary"]["config"]["policy"] for r in rows] == ["recompute", "segment"]
@@ -386,6 +394,9 @@ def test_a_load_past_saturation_never_counts_as_within_the_slo(tmp_path, capsys)
     assert sw["highest_within_slo"] == 2.0 and sw["met_past_saturation"] == [4.0]
     page = (tmp_path / "cmp" / "replays.html").read_text()
     assert "past saturation</span>" in page and "4.0/s met it past saturation: not counted" in page
+    # requests served at their arrivals queue: their percentile intervals claim no level
+    assert not any(r["summary"]["ttft_intervals_claimed"] for r in got["rows"])
+    assert "] †</span>" in page and "too narrow under load" in page
     from kvaudit.stats.saturation import GROWTH_LIMIT, highest_sustained
 
     assert 0.1 > GROWTH_LIMIT and highest_sustained([{"rate": 1, "p95_s": 3.0}], 2.0) is None

@@ -140,6 +140,8 @@ def _engine_facts(backend: Backend, dtype: str, model: str) -> dict[str, Any]:
 
 
 def _print_summary(s: dict[str, Any], out: Path) -> None:
+    from kvaudit.replay.summary import QUEUED_INTERVALS
+
     t = s["ttft_s"]
     hr = s["hit_rate"]
 
@@ -154,6 +156,8 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
     print(f"\nreplay {c['policy']} at budget {c['budget_bytes']:,} B: {s['requests']} requests "
           f"({s['sessions']} session(s)), {how}, arrivals {c.get('arrivals', 'closed')}, in {out}")
     print(f"  TTFT p50 {ms(t['p50'])}  p95 {ms(t['p95'])}  p99 {ms(t['p99'])}")
+    if not s.get("ttft_intervals_claimed", True):
+        print(f"  ({QUEUED_INTERVALS})")
     m, p = hr["measured"]["token_hit_rate"], hr["simulated"]["token_hit_rate"]
     note = "" if hr["simulator_agrees"] else "  <- the simulator disagrees by more than 2 points (docs/replay.md)"
     print(f"  token hit rate measured {100 * m:.1f}%  simulated {100 * p:.1f}%  gap {hr['gap_points']:+.1f} points{note}")

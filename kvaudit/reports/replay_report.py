@@ -21,6 +21,7 @@ from kvaudit.core.errors import KvauditError
 from kvaudit.core.jsonio import read_json, write_atomic, write_json
 from kvaudit.core.replay_format import ReplayDir
 from kvaudit.core.run_format import REPLAYS_HTML, REPLAYS_JSON, SWEEP_FILE
+from kvaudit.replay.summary import QUEUED_INTERVALS
 from kvaudit.reports.plots import _figure, _rc, _svg, ttft_svg
 from kvaudit.stats.saturation import GROWTH_LIMIT, highest_sustained
 
@@ -87,6 +88,7 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             sw = next(x for x in sweeps if x["path"] == sweep)
             sw["label"] = f"{s['config']['policy']} @ {s['config']['budget_bytes'] / 1e6:,.0f} MB"
             sw["schedule"] = s["config"].get("schedule", "waves")
+            sw["intervals_claimed"] = s.get("ttft_intervals_claimed", True)
             growth = s.get("ttft_growth")
             sw["loads"].append({"rate": float(str(s["config"]["arrivals"]).split(":")[1]),
                                 "served": s["throughput"]["requests_per_s"], "requests": s["requests"],
@@ -105,6 +107,7 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
     return {"rows": rows, "ttft": ttft, "by_length": by_length, "over_time": over_time,
             "same_workload": len(workloads) == 1, "sweeps": sweeps, "slo_ttft_s": slo_ttft_s,
             "any_past_saturation": any(x["past_saturation"] for sw in sweeps for x in sw["loads"]),
+            "queued_intervals": any(not r["summary"].get("ttft_intervals_claimed", True) for r in rows),
             "apart": _apart(rows)}
 
 
@@ -138,7 +141,9 @@ def _load_svg(sweeps: list[dict[str, Any]], slo_ttft_s: float | None) -> str:
                   for x in sw["loads"]]
             hi = [1e3 * ((x["p95"]["high"] if x["p95"]["high"] is not None else x["p95"]["value"]) - x["p95"]["value"])
                   for x in sw["loads"]]
-            bars = ax.errorbar(xs, p95, yerr=[lo, hi], marker="o", capsize=3, label=f"{sw['label']} p95")
+            # bars only where the intervals hold: requests that queue make them too narrow
+            bars = ax.errorbar(xs, p95, yerr=[lo, hi] if sw.get("intervals_claimed", True) else None, marker="o",
+                               capsize=3, label=f"{sw['label']} p95")
             ax.plot(xs, [1e3 * x["p50"]["value"] for x in sw["loads"]], linestyle="--", marker=".",
                     color=bars.lines[0].get_color(), label=f"{sw['label']} p50")
         if slo_ttft_s is not None:
@@ -146,7 +151,8 @@ def _load_svg(sweeps: list[dict[str, Any]], slo_ttft_s: float | None) -> str:
         ax.set_xlabel("offered load (requests per second)")
         ax.set_ylabel("TTFT (ms)")
         ax.set_yscale("log")
-        ax.set_title("Time to first token against offered load (bars: 95% interval of p95)", fontsize=10, loc="left")
+        ax.set_title("Time to first token against offered load (bars: 95% interval of p95, where requests do not "
+                     "queue)", fontsize=10, loc="left")
         ax.grid(color="#eeeeee")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         return _svg(fig)
@@ -193,7 +199,7 @@ def render(comparison: dict[str, Any]) -> str:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
     return env.get_template(TEMPLATE).render(
-        c=comparison, growth_limit=GROWTH_LIMIT, csp="default-src 'none'; style-src 'unsafe-inline'; img-src data:",
+        c=comparison, growth_limit=GROWTH_LIMIT, queued_intervals=QUEUED_INTERVALS, csp="default-src 'none'; style-src 'unsafe-inline'; img-src data:",
         ttft_plot=Markup(ttft_svg(comparison["ttft"], highlight="", unit="requests", what="replay",
                                   median_method="inverted_cdf")),
         length_plot=Markup(_length_svg(comparison["by_length"])),
