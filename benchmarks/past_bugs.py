@@ -165,6 +165,19 @@ BUGS: tuple[Bug, ...] = (
         ("tests/test_timing_stats.py",),
         "a timing channel whose cached requests are the slower ones (AUC below 0.5, SGLang on the "
         "H200) reported as one no observer can use ('cannot tell')"),
+    Bug("saturated-load-within-slo", "52a725f", "kvaudit/stats/saturation.py",
+        '        if x["p95_s"] > slo_s or x.get("past_saturation"):\n            break\n',
+        '        if x["p95_s"] > slo_s:\n            continue\n',
+        ("tests/test_saturation.py", "tests/test_replay.py"),
+        "the SLO reading named the highest load whose p95 met the SLO, even one past saturation (its "
+        "TTFT growing with the replay's length: 82 s p50 over 500 requests where 80 gave 14 s on the "
+        "H200) or one above a lighter load that failed"),
+    Bug("queued-intervals-claimed", "77ce4a1", "kvaudit/replay/summary.py",
+        '"ttft_intervals_claimed": all(r.arrival_s is None for r in records),',
+        '"ttft_intervals_claimed": True,',
+        ("tests/test_replay.py",),
+        "open-loop replays quoted independent-request percentile intervals as 95% intervals (coverage "
+        "of p95 0.20 on queued requests at utilisation 0.8)"),
     # Caught only where vLLM runs (.venv-vllm): a model, the engine, a `vllm serve`.
     Bug("tenant-salt-shared", "58b770e", "kvaudit/runners/engines/http/backend.py",
         "        self.reuse_salt = _salt()\n",
