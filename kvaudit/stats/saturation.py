@@ -17,7 +17,7 @@ sustains, and misses one it does not, by utilisation, servers and replay length)
 ``benchmarks/saturation_calibration.py``, a fast slice in tests/test_saturation.py: with 200
 requests or more it misses at most 10% of loads at 1.2 times capacity and flags at most 5% at half
 of it; with 500, at most 5% either way at 1.2 and 0.7. Shorter replays are judged by the same rule
-with weaker guarantees (at 80 requests up to 15% missed, 42% flagged at 0.8).
+with weaker guarantees (at 80 requests up to 14% missed at 1.2, 42% flagged at 0.8).
 """
 
 from __future__ import annotations
