@@ -20,7 +20,7 @@ case $cmd in
     end=$((SECONDS + $3))
     while [ $SECONDS -lt "$end" ] && [ ! -f "$dir/rc" ]; do sleep 20; pack; done
     pack
-    grep -v " INFO \| WARNING \|it/s\]" "$dir/log" | tail -n 30
+    grep -Ev "(^| )(INFO|WARNING) |it/s\]" "$dir/log" | tail -n 30
     if [ -f "$dir/rc" ]; then echo "JOB ENDED rc=$(cat "$dir/rc")"; else echo "JOB RUNNING"; fi ;;
   *) echo "usage: bg.sh start DIR 'command' | bg.sh poll DIR SECONDS" >&2; exit 2 ;;
 esac

@@ -7,5 +7,5 @@ set -u
 source /tmp/gpu-env.sh
 python3 benchmarks/peer_bench.py --shape llama3-8b --dtype bfloat16 --doc-tokens "${DOCS:-lognormal:2000:0.5}" \
   --rates "${RATES:-0.3,0.6}" --requests "${REQUESTS:-40}" --max-new-tokens "${MNT:-16}" --text-vs-ids "${TVI:-0}" \
-  --json "$OUT/peer.json" 2>&1 | grep -v " INFO \| WARNING \|it/s\]"
+  --json "$OUT/peer.json" 2>&1 | grep -Ev "(^| )(INFO|WARNING) |it/s\]"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader

@@ -15,5 +15,5 @@ python3 benchmarks/replay_gpu.py --policies "$policy" --rates "${RATES:-0.5,1,1.
   --cache-budget "${BUDGET:-40GB}" --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
   --doc-tokens "${DOCS:-lognormal:2000:0.5}" --schedule "${SCHEDULE:-arrivals}" \
   --json "${RESULTS:-$OUT}/replay_load_${policy}_${SCHEDULE:-arrivals}.json" \
-  ${RESULTS:+--work "$RESULTS/work-${policy}-${SCHEDULE:-arrivals}"} 2>&1 | grep -v " INFO \| WARNING \|it/s\]"
+  ${RESULTS:+--work "$RESULTS/work-${policy}-${SCHEDULE:-arrivals}"} 2>&1 | grep -Ev "(^| )(INFO|WARNING) |it/s\]"
 nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
