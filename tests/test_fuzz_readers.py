@@ -239,3 +239,52 @@ def test_a_request_record_the_summary_cannot_use_is_refused_naming_the_field(tmp
     with pytest.raises(DatasetError, match=r"requests\.jsonl, line 2") as e:
         _read_replay(tmp_path)
     assert f"'{field}'" in str(e.value)
+
+
+# The replay page's reader (replay.json, which kvaudit writes and a reviewer may edit or cut): before
+# it was typed, each of these gave a traceback (AttributeError, TypeError, KeyError, ValueError).
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: s.__setitem__("ttft_growth", 5), "field 'ttft_growth' must be an object, got int"),
+    (lambda s: s["ttft_s"]["p95"].__setitem__("value", float("nan")), "field 'ttft_s.p95.value' must be a finite"),
+    (lambda s: s.pop("ttft_s"), "missing field 'ttft_s'"),
+    (lambda s: s["hit_rate"]["over_time"][1].__setitem__("token_hit_rate", 1.5),
+     "field 'hit_rate.over_time[1].token_hit_rate' must be a rate from 0 to 1"),
+    (lambda s: s["throughput"].__setitem__("requests_per_s", -2), "field 'throughput.requests_per_s' must not be"),
+    (lambda s: s["client_overhead_s"].__setitem__("after_engine", [1]), "field 'client_overhead_s.after_engine'"),
+    (lambda s: s["config"].__setitem__("arrivals", "poisson:fast:0"), "field 'config.arrivals' must be closed"),
+    (lambda s: s["config"].__setitem__("arrivals", "closed"), "field 'config.arrivals' must be poisson:RATE:SEED"),
+    (lambda s: s["config"].pop("policy"), "missing field 'config.policy'"),
+])
+def test_a_replay_summary_the_page_cannot_use_is_refused_naming_the_field(tmp_path, edit, message):
+    from kvaudit.reports.replay_report import build
+
+    files = seed_files("replay_summary")
+    summary = json.loads(files["rate-2/replay.json"])
+    edit(summary)
+    files["rate-2/replay.json"] = json.dumps(summary).encode()
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    with pytest.raises(USER_ERRORS) as e:
+        build([tmp_path], slo_ttft_s=1.0)
+    check_message(str(e.value), tmp_path / "rate-2" / "replay.json")
+    assert message in str(e.value), str(e.value)[:300]
+
+
+@pytest.mark.parametrize("name", ["x" * 300, "a\u2028b", "rate-9"])
+def test_a_sweep_naming_a_folder_without_a_replay_is_refused_naming_sweep_json(tmp_path, name):
+    """Found by benchmarks/fuzz_readers.py: a name too long for the file system escaped as OSError;
+    one without a replay was named raw (a line separator and all) instead of the sweep's field."""
+    from kvaudit.reports.replay_report import build
+
+    files = seed_files("replay_sweep")
+    sweep = json.loads(files["sweep.json"])
+    sweep["loads"][0]["dir"] = name
+    files["sweep.json"] = json.dumps(sweep).encode()
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    with pytest.raises(USER_ERRORS) as e:
+        build([tmp_path])
+    check_message(str(e.value), tmp_path / "sweep.json")
+    assert "field 'loads[0].dir'" in str(e.value)

@@ -11,6 +11,7 @@ with every other run file's. One process writes a replay directory at a time (th
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +22,10 @@ from kvaudit.core.jsonio import (
     read_json,
     write_json,
 )
+from kvaudit.core.replay_summary_format import check_summary
 from kvaudit.core.run_format import REPLAY_CONFIG_FILE, REPLAY_FILE, REPLAY_REQUESTS_FILE
 from kvaudit.core.trace import KINDS, MAX_PIECE_TOKENS
-from kvaudit.core.typed_json import check_fields
+from kvaudit.core.typed_json import check_fields, record_from_json
 from kvaudit.core.vocabulary import ReplayPolicy, Schedule, words
 from kvaudit.core.work_dir import WorkDir
 
@@ -146,6 +148,37 @@ def _check_record(r: RequestRecord, where: str) -> None:
                                f"{MAX_PIECE_TOKENS}, got {t}")
 
 
+def arrival_rate(arrivals: str) -> float | None:
+    """The offered load of a ``poisson:RATE:SEED`` arrivals spec (requests per second), or None
+    for a closed loop or timestamps; ValueError for anything else."""
+    if arrivals in ("closed", "timestamps"):
+        return None
+    kind, _, rest = arrivals.partition(":")
+    rate, _, seed = rest.partition(":")
+    value = float(rate) if kind == "poisson" and seed.lstrip("-").isdigit() and len(seed) < 20 else math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(arrivals)
+    return value
+
+
+def check_config(obj: dict[str, Any], where: str, prefix: str = "") -> None:
+    """Raise :class:`DatasetError` naming ``where`` and the field (after ``prefix``) unless ``obj``
+    is a replay configuration this kvaudit reads (:class:`ReplayConfig`)."""
+    version = obj.get("format_version", REPLAY_FORMAT)
+    if not isinstance(version, int) or isinstance(version, bool) or version > REPLAY_FORMAT:
+        raise DatasetError(f"{where}: field '{prefix}format_version' is {excerpt(repr(version), 40)}: this kvaudit "
+                           f"reads replay format {REPLAY_FORMAT}; upgrade kvaudit to read this replay")
+    record_from_json(obj, ReplayConfig, where, prefix=prefix)
+    if obj.get("schedule", "waves") not in SCHEDULES:
+        raise DatasetError(f"{where}: field '{prefix}schedule' must be one of {', '.join(SCHEDULES)}, "
+                           f"got {excerpt(repr(obj['schedule']), 40)}")
+    try:
+        arrival_rate(obj.get("arrivals", "closed"))
+    except ValueError:
+        raise DatasetError(f"{where}: field '{prefix}arrivals' must be closed, timestamps or poisson:RATE:SEED "
+                           f"(a positive rate, an integer seed), got {excerpt(repr(obj['arrivals']), 40)}") from None
+
+
 class ReplayDir(WorkDir[RequestRecord]):
     """A replay directory at ``path`` (which need not exist yet); its journal is ``requests.jsonl``."""
 
@@ -172,14 +205,7 @@ class ReplayDir(WorkDir[RequestRecord]):
         where = str(self.config_file)
         if not isinstance(obj, dict):
             raise DatasetError(f"{where}: expected a JSON object")
-        version = obj.get("format_version", REPLAY_FORMAT)
-        if not isinstance(version, int) or isinstance(version, bool) or version > REPLAY_FORMAT:
-            raise DatasetError(f"{where}: field 'format_version' is {excerpt(repr(version), 40)}: this kvaudit "
-                               f"reads replay format {REPLAY_FORMAT}; upgrade kvaudit to read this replay")
-        check_fields(obj, ReplayConfig, where)
-        if obj.get("schedule", "waves") not in SCHEDULES:
-            raise DatasetError(f"{where}: field 'schedule' must be one of {', '.join(SCHEDULES)}, "
-                               f"got {excerpt(repr(obj['schedule']), 40)}")
+        check_config(obj, where)
         return ReplayConfig(**{k: obj[k] for k in ReplayConfig.__dataclass_fields__ if k in obj})
 
     def write_config(self, config: ReplayConfig) -> None:
@@ -226,9 +252,10 @@ class ReplayDir(WorkDir[RequestRecord]):
 
     # ------------------------------------------------------------------ replay.json
     def read_summary(self) -> dict[str, Any]:
-        obj = read_json(self.summary_file)
-        if not isinstance(obj, dict):
-            raise DatasetError(f"{self.summary_file}: expected a JSON object")
+        """The summary, its fields checked (:mod:`kvaudit.core.replay_summary_format`)."""
+        where = str(self.summary_file)
+        obj = check_summary(read_json(self.summary_file), where)
+        check_config({**obj["config"], "n_requests": obj["requests"]}, where, prefix="config.")
         return obj
 
     def write_summary(self, summary: dict[str, Any]) -> None:

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from kvaudit.core.errors import KvauditError
+from kvaudit.core.errors import KvauditError, excerpt
 from kvaudit.core.jsonio import read_json, write_atomic, write_json
-from kvaudit.core.replay_format import ReplayDir
+from kvaudit.core.replay_format import ReplayDir, arrival_rate
 from kvaudit.core.run_format import REPLAYS_HTML, REPLAYS_JSON, SWEEP_FILE
 from kvaudit.replay.summary import QUEUED_INTERVALS
 from kvaudit.reports.plots import _figure, _rc, _svg, ttft_svg
@@ -36,9 +36,9 @@ def is_replay(path: str | Path) -> bool:
 def _label(s: dict[str, Any]) -> str:
     c = s["config"]
     label = f"{c['policy']} @ {c['budget_bytes'] / 1e6:,.0f} MB"
-    arrivals = str(c.get("arrivals", "closed"))
-    if arrivals.startswith("poisson:"):
-        label += f" @ {float(arrivals.split(':')[1]):g}/s"
+    rate = arrival_rate(c.get("arrivals", "closed"))
+    if rate is not None:
+        label += f" @ {rate:g}/s"
     return label
 
 
@@ -51,8 +51,12 @@ def _sweep_dirs(path: Path) -> list[Path]:
     dirs = []
     for i, row in enumerate(loads):
         name = row.get("dir") if isinstance(row, dict) else None
-        if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
+        if (not isinstance(name, str) or "/" in name or "\x00" in name or name in ("", ".", "..")
+                or len(name.encode("utf-8", "surrogatepass")) > 255):  # longer: no file system names it
             raise KvauditError(f"{path / SWEEP_FILE}: field 'loads[{i}].dir' must name a folder beside it")
+        if not ReplayDir(path / name).summary_file.is_file():
+            raise KvauditError(f"{path / SWEEP_FILE}: field 'loads[{i}].dir' names {excerpt(repr(name), 60)}, which "
+                               "holds no finished replay (no replay.json); rerun the sweep's kvaudit replay command")
         dirs.append(path / name)
     return dirs
 
@@ -90,7 +94,11 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             sw["schedule"] = s["config"].get("schedule", "waves")
             sw["intervals_claimed"] = s.get("ttft_intervals_claimed", True)
             growth = s.get("ttft_growth")
-            sw["loads"].append({"rate": float(str(s["config"]["arrivals"]).split(":")[1]),
+            rate = arrival_rate(s["config"].get("arrivals", "closed"))
+            if rate is None:
+                raise KvauditError(f"{d.summary_file}: field 'config.arrivals' must be poisson:RATE:SEED in a load "
+                                   f"sweep's replay, got {s['config'].get('arrivals', 'closed')!r}")
+            sw["loads"].append({"rate": rate,
                                 "served": s["throughput"]["requests_per_s"], "requests": s["requests"],
                                 "growth": growth["slope"] if growth else None,
                                 "past_saturation": bool(growth and growth["past_saturation"]),

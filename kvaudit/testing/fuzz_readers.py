@@ -820,6 +820,27 @@ def _sweep_files() -> dict[str, bytes]:
     return files
 
 
+def _summary_files() -> dict[str, bytes]:
+    """A load sweep whose one replay's summary (``rate-2/replay.json``, the fuzzed file) also holds
+    what a longer replay's has: TTFT growth, a length bin, the client's overhead split."""
+    files = _sweep_files()
+    s = json.loads(files["rate-2/replay.json"])
+    s["ttft_growth"] = {"requests": 200, "slope": 0.01, "limit": 0.02, "past_saturation": False}
+    s["ttft_by_length"] = [{"tokens_low": 100, "tokens_high": 100, "requests": 2, "ttft_p50_s": 0.6}]
+    s["client_overhead_s"]["after_engine"] = {"p50": 0.004, "p95": 0.005}
+    s["served"] = {"host": "gpu-1", "finished_utc": "2026-12-05T07:00:00+00:00"}
+    files["rate-2/replay.json"] = json.dumps(s).encode()
+    return files
+
+
+def _check_summary(result: Any, d: Path) -> None:
+    """What `kvaudit report` makes of an accepted summary: the page renders."""
+    from kvaudit.reports.replay_report import render
+
+    _check_sweep(result, d)
+    render(result)
+
+
 def _read_sweep(d: Path) -> Any:
     from kvaudit.reports.replay_report import build
 
@@ -871,6 +892,8 @@ READERS: dict[str, Reader] = {r.name: r for r in (
            "kvaudit.core.replay_format"),
     Reader("replay_sweep", "json", "sweep.json", _sweep_files, _read_sweep, _check_sweep,
            "kvaudit.reports.replay_report"),
+    Reader("replay_summary", "json", "rate-2/replay.json", _summary_files, _read_sweep, _check_summary,
+           "kvaudit.core.replay_summary_format"),
     Reader("kv_config", "json", "config.json", lambda: {"config.json": json.dumps(_KV_CONFIG).encode()},
            _read_kv_config, _check_kv_config, "kvaudit.simulator.kv_bytes"),
     Reader("request_log", "jsonl", "log.jsonl", lambda: {"log.jsonl": _jsonl(_REQUEST_LOG)}, _read_request_log,
