@@ -178,6 +178,12 @@ BUGS: tuple[Bug, ...] = (
         ("tests/test_replay.py",),
         "open-loop replays quoted independent-request percentile intervals as 95% intervals (coverage "
         "of p95 0.20 on queued requests at utilisation 0.8)"),
+    Bug("replay-summary-untyped", "e9c5a60", "kvaudit/core/replay_format.py",
+        "        obj = check_summary(read_json(self.summary_file), where)\n",
+        "        obj = read_json(self.summary_file)\n        return obj\n",
+        ("tests/test_fuzz_readers.py",),
+        "the replay page read replay.json unchecked: an edited or older summary (ttft_growth 5, a NaN "
+        "percentile, a missing field) gave a traceback instead of an error naming the field"),
     # Caught only where vLLM runs (.venv-vllm): a model, the engine, a `vllm serve`.
     Bug("tenant-salt-shared", "58b770e", "kvaudit/runners/engines/http/backend.py",
         "        self.reuse_salt = _salt()\n",
