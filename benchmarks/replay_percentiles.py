@@ -14,8 +14,16 @@ TTFTs are correlated (a busy period delays many in a row), so an interval that a
 requests is too narrow there: this is why ``kvaudit replay`` claims no level for its intervals
 under ``--rate`` (docs/replay.md, "Intervals under load").
 
+``--replications`` measures what ``kvaudit replay --replications K`` claims instead
+(:mod:`kvaudit.stats.replications`): on the same queues, groups of K independent replays, each
+group's median p50/p95/p99 with its distribution-free interval, against the median over 3,000
+other replays of the same length of that replay-level percentile (the claimed target: at or above
+0.95 within three Monte Carlo standard errors, every row), and, not claimed, against the percentile
+of all requests pooled over those replays, with the ratio of the pooled to the claimed target.
+
     python benchmarks/replay_percentiles.py [--reps 2000] [--seed 0]
     python benchmarks/replay_percentiles.py --queued [--reps 300]
+    python benchmarks/replay_percentiles.py --replications [--reps 3000]
 """
 
 from __future__ import annotations
@@ -101,12 +109,66 @@ def queued_coverage(reps: int = 300, seed: int = 0, utilisations: tuple[float, .
     return rows
 
 
+def replicated_coverage(replays: int = 3000, seed: int = 0, ks: tuple[int, ...] = (6, 10),
+                        utilisations: tuple[float, ...] = (0.5, 0.8, 0.9), sizes: tuple[int, ...] = (100, 500),
+                        servers: tuple[int, ...] = (1, 8), quantiles: tuple[float, ...] = (0.5, 0.95, 0.99)) -> list[dict]:
+    """Coverage of the median-over-replications interval, per queue, load, length, K and quantile:
+    ``replays`` replays drawn for the groups (disjoint groups of K), as many for the targets."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from saturation_calibration import replay_queue
+
+    from kvaudit.stats.replications import median_interval
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in servers:
+        for u in utilisations:
+            for n in sizes:
+                drawn = [replay_queue(rng, n, u, c)[1] for _ in range(replays)]
+                other = [replay_queue(rng, n, u, c)[1] for _ in range(replays)]
+                for q in quantiles:
+                    est = np.array([np.quantile(t, q, method="inverted_cdf") for t in drawn])
+                    target = float(np.median([np.quantile(t, q, method="inverted_cdf") for t in other]))
+                    pooled = float(np.quantile(np.concatenate(other), q))
+                    for k in ks:
+                        hit = pooled_hit = groups = 0
+                        for g in range(len(est) // k):
+                            iv = median_interval(est[g * k:(g + 1) * k])
+                            lo = -np.inf if iv["low"] is None else iv["low"]
+                            hi = np.inf if iv["high"] is None else iv["high"]
+                            hit += lo <= target <= hi
+                            pooled_hit += lo <= pooled <= hi
+                            groups += 1
+                        cov = hit / groups
+                        rows.append({"servers": c, "utilisation": u, "n": n, "quantile": q, "k": k, "groups": groups,
+                                     "coverage": cov, "mc_se": (CONFIDENCE * (1 - CONFIDENCE) / groups) ** 0.5,
+                                     "pooled_coverage": pooled_hit / groups, "pooled_over_target": pooled / target})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--queued", action="store_true", help="TTFTs of requests that queue (open loop), not independent")
+    ap.add_argument("--replications", action="store_true",
+                    help="the median over K independent replays and its interval (kvaudit replay --replications)")
     args = ap.parse_args()
+    if args.replications:
+        print(f"{'servers':>7} {'util':>5} {'n':>5} {'q':>5} {'K':>3} {'groups':>6} {'coverage':>9} {'MC SE':>6}  ok   "
+              f"{'pooled cov':>10} {'pooled/target':>13}  (claimed: coverage of the median replay's percentile)")
+        rows = replicated_coverage(args.reps if args.reps != 2000 else 3000, args.seed)
+        for r in rows:
+            ok = r["coverage"] >= CONFIDENCE - 3 * r["mc_se"]
+            print(f"{r['servers']:>7} {r['utilisation']:>5} {r['n']:>5} {r['quantile']:>5} {r['k']:>3} {r['groups']:>6} "
+                  f"{r['coverage']:>9.3f} {r['mc_se']:>6.3f}  {'yes' if ok else 'NO '}  {r['pooled_coverage']:>10.3f} "
+                  f"{r['pooled_over_target']:>13.2f}")
+        print(f"claimed rows meeting 0.95 within 3 MC SE: {sum(r['coverage'] >= CONFIDENCE - 3 * r['mc_se'] for r in rows)}"
+              f" of {len(rows)}")
+        return
     if args.queued:
         print(f"{'servers':>7} {'utilisation':>11} {'n':>5} {'q':>5} {'coverage':>9}  (claimed: none)")
         for r in queued_coverage(args.reps, args.seed):

@@ -204,3 +204,35 @@ def test_an_open_loop_replay_sends_each_request_at_its_arrival_and_sweeps_loads(
     by_arrival = sorted(recs, key=lambda r: r.arrival_s)
     assert any(b.arrival_s < a.finish_s for a, b in zip(by_arrival, by_arrival[1:])), "no two requests overlapped"
     assert all(r.decode_tokens >= 1 and r.ttft_s >= r.client_request_ttft_s for r in recs)
+
+
+def test_replications_serve_each_load_again_with_new_arrivals_and_bound_its_percentiles(server, tmp_path, capsys):
+    """--replications 6 at one load on the server: six replays with arrival seeds 0-5, each into
+    its own folder; the load's percentiles are the median over them with an interval both of whose
+    ends are bounded (lowest and highest); the same command again serves nothing new."""
+    from kvaudit.core.replay_format import ReplayDir
+    from kvaudit.stats.replications import median_interval
+
+    wl = tmp_path / "w.jsonl"
+    assert main(["generate", "workload", "--out", str(wl), "--requests", "2", "--documents", "4", "--queries", "2",
+                 "--docs-per-request", "2", "--doc-tokens", "uniform:30:50", "--no-progress"]) == 0
+    out = tmp_path / "replay"
+    cmd = ["replay", "--backend", "openai", "--base-url", server, "--workload", str(wl), "--cache-policy",
+           "recompute", "--cache-budget", "1MB", "--rate", "20", "--replications", "6", "--seed", "3",
+           "--out", str(out), "--no-progress"]
+    assert main(cmd) == 0
+    printed = capsys.readouterr().out
+    assert "6 replications each" in printed and "the median over its 6 replications" in printed
+    (row,) = json.loads((out / "sweep.json").read_text())["loads"]
+    assert [r["seed"] for r in row["replications"]] == list(range(3, 9))
+    summaries = [ReplayDir(out / r["dir"]).read_summary() for r in row["replications"]]
+    assert len({s["config"]["arrivals"] for s in summaries}) == 6  # six arrival draws
+    p95 = [s["ttft_s"]["p95"]["value"] for s in summaries]
+    assert row["ttft_s"]["p95"] == median_interval(p95) and row["intervals_claimed"] and row["requests"] == 12
+    assert row["ttft_s"]["p95"]["low"] == min(p95) and row["ttft_s"]["p95"]["high"] == max(p95)
+    mtimes = {r["dir"]: (out / r["dir"] / "requests.jsonl").stat().st_mtime_ns for r in row["replications"]}
+    assert main(cmd) == 0  # finished: nothing served again, the same sweep
+    assert {r["dir"]: (out / r["dir"] / "requests.jsonl").stat().st_mtime_ns for r in row["replications"]} == mtimes
+    assert json.loads((out / "sweep.json").read_text())["loads"][0]["ttft_s"] == row["ttft_s"]
+    assert main(["report", str(out)]) == 0
+    assert "(6 replications)" in (out / "replays.html").read_text()

@@ -215,7 +215,7 @@ def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: flo
     rng = np.random.default_rng(seed)
     d = ReplayDir(path)
     cfg = _config(policy=policy, workload_hash="same", n_requests=40,
-                  **({"arrivals": f"poisson:{rate}:0", "schedule": "arrivals"} if rate else {}))
+                  **({"arrivals": f"poisson:{rate}:{seed}", "schedule": "arrivals"} if rate else {}))
     d.path.mkdir(parents=True)
     d.write_config(cfg)
     recs = []
@@ -350,6 +350,19 @@ def test_a_load_sweep_needs_the_in_process_vllm_engine(workload, tmp_path, capsy
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("extra, says", [
+    ([], "--replications draws new Poisson arrivals for each replication: it needs --rate"),
+    (["--rate", "2", "--schedule", "waves"], "(or --replications) serves every replay on one engine"),
+    (["--replications", "0", "--rate", "2"], "argument --replications"),
+])
+def test_replications_need_a_rate_and_an_engine_whose_caches_empty(workload, tmp_path, capsys, extra, says):
+    args = ["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
+            "--out", str(tmp_path / "r"), "--replications", "3", *extra]
+    assert main(args) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
 def _synthetic_sweep(path: Path, policy: str, p95_by_rate: dict[float, float],
                      growth: dict[float, float] | None = None) -> None:
     rows = []
@@ -400,6 +413,47 @@ def test_a_load_past_saturation_never_counts_as_within_the_slo(tmp_path, capsys)
     from kvaudit.stats.saturation import GROWTH_LIMIT, highest_sustained
 
     assert 0.1 > GROWTH_LIMIT and highest_sustained([{"rate": 1, "p95_s": 3.0}], 2.0) is None
+
+
+def test_a_replicated_load_reads_as_the_median_replication_with_an_interval_that_holds(tmp_path):
+    """--replications: each load's percentiles are the median over its replications, the interval
+    their lowest to highest with 6 (distribution-free over independent replications), claimed
+    though each replay's own intervals are not; a load with one replication past saturation is
+    past saturation."""
+    from kvaudit.reports.replay_report import build
+    from kvaudit.stats.replications import median_interval
+
+    rows = []
+    for rate, ttft, saturated in ((1.0, 0.1, None), (2.0, 0.3, 4)):
+        reps = []
+        for seed in range(6):
+            name = f"rate-{rate:g}-seed-{seed}"
+            _synthetic_replay(tmp_path / "seg" / name, "segment", ttft * (1 + seed / 5), seed, rate=rate,
+                              growth=0.1 if seed == saturated else 0.0)
+            reps.append({"seed": seed, "dir": name})
+        rows.append({"rate": rate, "dir": reps[0]["dir"], "replications": reps})
+    (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"policy": "segment", "loads": rows}))
+    assert main(["compare", str(tmp_path / "seg"), "--out", str(tmp_path / "cmp"), "--slo-ttft", "5"]) == 0
+    got = json.loads((tmp_path / "cmp" / "replays.json").read_text())
+    assert len(got["rows"]) == 12
+    sw = got["sweeps"][0]
+    assert sw["intervals_claimed"] and sw["replications"] == 6
+    for x in sw["loads"]:
+        p95s = sorted(r["summary"]["ttft_s"]["p95"]["value"] for r in got["rows"]
+                      if r["summary"]["config"]["arrivals"].startswith(f"poisson:{x['rate']}:"))
+        assert len(p95s) == 6 and x["replications"] == 6 and x["requests"] == 240
+        assert x["p95"] == median_interval(p95s) and (x["p95"]["low"], x["p95"]["high"]) == (p95s[0], p95s[-1])
+    assert [x["past_saturation"] for x in sw["loads"]] == [False, True] and sw["highest_within_slo"] == 1.0
+    page = (tmp_path / "cmp" / "replays.html").read_text()
+    assert "(6 replications)" in page and "median over the replications" in page
+    # a load whose replications were served at different rates is refused naming the replay
+    rows[0]["replications"].append({"seed": 0, "dir": "../seg/rate-2-seed-0"})
+    (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"loads": rows}))
+    assert main(["compare", str(tmp_path / "seg"), "--out", str(tmp_path / "c2")]) == 2
+    rows[0]["replications"][-1]["dir"] = "rate-2-seed-0"
+    (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"loads": rows}))
+    with pytest.raises(KvauditError, match=r"rate-2-seed-0/replay\.json: field 'config\.arrivals' must be"):
+        build([tmp_path / "seg"])
 
 
 @pytest.mark.parametrize("served, says", [

@@ -59,6 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     loop.add_argument("--timestamps", action="store_true",
                       help="open loop: arrivals at the workload's own timestamps (relative to the first request)")
     p.add_argument("--seed", type=int, default=0, help="seed of --rate's arrivals (default 0)")
+    p.add_argument("--replications", type=positive_int, default=1, metavar="K",
+                   help="with --rate: serve each load K times, with arrival seeds SEED..SEED+K-1, each into "
+                        "OUT/rate-R-seed-S with empty caches; each load's TTFT percentiles are then the median "
+                        "over its replications with a 95%% interval that holds under queueing (both ends from 6 "
+                        "replications; one replay's own intervals do not: docs/replay.md)")
     p.add_argument("--model", default="smollm2", help="'smollm2' (default) or a local checkpoint directory")
     add_backend_arguments(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -74,13 +79,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def _arrivals(args: argparse.Namespace, requests: list[Any], rate: float | None) -> tuple[str, list[float] | None]:
+def _arrivals(args: argparse.Namespace, requests: list[Any], rate: float | None,
+              seed: int) -> tuple[str, list[float] | None]:
     """The arrival spec recorded in the replay's config, and one arrival time per workload request
     (seconds from the first), or None for the closed loop."""
     from kvaudit.replay.serve import poisson_arrivals
 
     if rate is not None:
-        return f"poisson:{rate}:{args.seed}", poisson_arrivals(len(requests), rate, args.seed)
+        return f"poisson:{rate}:{seed}", poisson_arrivals(len(requests), rate, seed)
     if args.timestamps:
         missing = [r for r in requests if r.timestamp is None]
         if missing:
@@ -205,8 +211,13 @@ def run(args: argparse.Namespace) -> int:
         raise KvauditError(f"--cache-policy segment needs kvaudit's own segment store under --cache-budget: --backend vllm "
                            f"or transformers (in process), not {args.backend}")
     rates = args.rate or [None]
-    if len(rates) > 1 and not (args.backend == "vllm" or (args.backend == "openai" and args.cache_policy == "recompute")):
-        raise KvauditError("a sweep of --rate values serves every load on one engine with empty caches: it needs "
+    if args.replications > 1 and args.rate is None:
+        raise KvauditError("--replications draws new Poisson arrivals for each replication: it needs --rate")
+    seeds = [args.seed + k for k in range(args.replications)]
+    sweep = len(rates) * len(seeds) > 1
+    if sweep and not (args.backend == "vllm" or (args.backend == "openai" and args.cache_policy == "recompute")):
+        raise KvauditError("a sweep of --rate values (or --replications) serves every replay on one engine with "
+                           "empty caches: it needs "
                            "--backend vllm, or --backend openai with --cache-policy recompute (nothing cached)")
     if "concurrent_cases" in opts:
         opts["concurrent_cases"] = args.concurrency
@@ -219,15 +230,19 @@ def run(args: argparse.Namespace) -> int:
     if args.limit:
         requests = requests[: args.limit]
     engine = _Engine(args, opts, requests)
-    summaries = []
+    loads: list[tuple[float, list[tuple[int, str, dict[str, Any]]]]] = []
     try:
         for rate in rates:
-            out = args.out if len(rates) == 1 else args.out / f"rate-{rate:g}"
-            summaries.append((rate, _replay_one(args, schedule, rate, out, requests, engine)))
+            done = []
+            for seed in seeds:
+                name = "" if not sweep else f"rate-{rate:g}" + (f"-seed-{seed}" if len(seeds) > 1 else "")
+                out = args.out / name if sweep else args.out
+                done.append((seed, name, _replay_one(args, schedule, rate, seed, out, requests, engine)))
+            loads.append((rate, done))  # type: ignore[arg-type]  # a sweep's rates are numbers
     finally:
         engine.close()
-    if len(rates) > 1:
-        _write_sweep(args.out, summaries)
+    if sweep:
+        _write_sweep(args.out, loads)
     if args.audit_sample and engine.backend is not None:  # written by the session that served the requests
         write_audit_sample(requests, args.audit_sample, args.audit_dataset or Path(args.out) / "audit_dataset",
                            engine.synth, args)
@@ -285,8 +300,8 @@ class _Engine:
             self.backend.close()
 
 
-def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out_dir: Path, requests: list[Any],
-                engine: _Engine) -> dict[str, Any]:
+def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, seed: int, out_dir: Path,
+                requests: list[Any], engine: _Engine) -> dict[str, Any]:
     """One replay at one load into ``out_dir`` (resumed where it holds records); its summary."""
     from kvaudit.core.jsonio import file_sha256
     from kvaudit.core.progress import progress_bar
@@ -300,7 +315,7 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
     from kvaudit.replay.summary import summarise
     from kvaudit.replay.workload_text import request_cases
 
-    arrivals_spec, arrivals = _arrivals(args, requests, rate)
+    arrivals_spec, arrivals = _arrivals(args, requests, rate, seed)
     config = ReplayConfig(workload=str(args.workload), workload_hash=file_sha256(args.workload), policy=args.cache_policy,
                           budget_bytes=args.cache_budget, model=args.model, backend=args.backend,
                           concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
@@ -324,7 +339,8 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
                             open_loop=arrivals is not None, bytes_per_token=facts["bytes_per_token"],
                             store_bytes=backend.store_budget_bytes(args.cache_budget), budget=args.cache_budget)
         out.write_config(config)
-        bar = progress_bar(total=len(todo), desc=f"replay {args.cache_policy}" + (f" at {rate:g}/s" if rate else ""),
+        at = f" at {rate:g}/s" + (f" seed {seed}" if args.replications > 1 else "") if rate else ""
+        bar = progress_bar(total=len(todo), desc=f"replay {args.cache_policy}{at}",
                            unit="request", enabled=not args.no_progress)
         t0 = time.perf_counter()
         if arrivals is not None:  # a resumed session starts its clock at its first request's arrival
@@ -348,32 +364,43 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, out
     return summary
 
 
-def _write_sweep(out: Path, summaries: list[tuple[float | None, dict[str, Any]]]) -> None:
-    """``OUT/sweep.json``: one row per offered load (TTFT percentiles with their intervals,
-    throughput, hit rate, time per output token), and the table printed."""
+def _write_sweep(out: Path, loads: list[tuple[float, list[tuple[int, str, dict[str, Any]]]]]) -> None:
+    """``OUT/sweep.json``: one row per offered load, its replications' folders and the numbers
+    across them (:func:`~kvaudit.replay.summary.load_across_replications`), and the table printed."""
     from kvaudit.core.jsonio import write_json
     from kvaudit.core.run_format import SWEEP_FILE
+    from kvaudit.replay.summary import QUEUED_INTERVALS, load_across_replications
 
     rows = []
-    for rate, s in summaries:
-        t = s["ttft_s"]
-        rows.append({"rate": rate, "dir": f"rate-{rate:g}", "requests": s["requests"],
-                     "ttft_s": {k: t[k] for k in ("p50", "p95", "p99")},
-                     "requests_per_s": s["throughput"]["requests_per_s"],
-                     "token_hit_rate": s["hit_rate"]["measured"]["token_hit_rate"],
-                     "overflow_tokens": s["hit_rate"].get("overflow_tokens", 0),
-                     "time_per_output_token_s": s.get("time_per_output_token_s"),
-                     "ttft_growth": s.get("ttft_growth")})
-    write_json(out / SWEEP_FILE, {"policy": summaries[0][1]["config"]["policy"],
-                                    "schedule": summaries[0][1]["config"].get("schedule", "waves"), "loads": rows})
-    print(f"\nsweep of {len(rows)} loads in {out / SWEEP_FILE}:")
-    print("  offered/s  served/s   TTFT p50    p95         p99         hit    TTFT growth (s per s of arrivals)")
+    for rate, done in loads:
+        summaries = [s for _, _, s in done]
+        rows.append({**load_across_replications(summaries), "rate": rate, "dir": done[0][1],
+                     "replications": [{"seed": seed, "dir": name} for seed, name, _ in done],
+                     "time_per_output_token_s": summaries[0].get("time_per_output_token_s")})
+    first = loads[0][1][0][2]
+    write_json(out / SWEEP_FILE, {"policy": first["config"]["policy"],
+                                    "schedule": first["config"].get("schedule", "waves"), "loads": rows})
+    k = len(loads[0][1])
+
+    def ms(v: dict[str, Any]) -> str:
+        lo = "?" if v["low"] is None else f"{1e3 * v['low']:.0f}"
+        hi = "?" if v["high"] is None else f"{1e3 * v['high']:.0f}"
+        return f"{1e3 * v['value']:>8.1f} ms [{lo}, {hi}]"
+
+    print(f"\nsweep of {len(rows)} loads" + (f", {k} replications each" if k > 1 else "") + f" in {out / SWEEP_FILE}:")
+    print("  offered/s  served/s  TTFT p50 [95% interval]     p95                         hit    TTFT growth "
+          "(s per s of arrivals)")
     for r in rows:
         t, g = r["ttft_s"], r["ttft_growth"]
         served = r["requests_per_s"] or 0.0
         grows = "–" if g is None else f"{g['slope']:+.3f}" + (" past saturation" if g["past_saturation"] else "")
-        print(f"  {r['rate']:>9g}  {served:>8.2f}  {1e3 * t['p50']['value']:>8.1f} ms  {1e3 * t['p95']['value']:>8.1f} ms  "
-              f"{1e3 * t['p99']['value']:>8.1f} ms  {100 * r['token_hit_rate']:5.1f}%  {grows}")
+        hit = "–" if r["token_hit_rate"] is None else f"{100 * r['token_hit_rate']:5.1f}%"
+        print(f"  {r['rate']:>9g}  {served:>8.2f}  {ms(t['p50']):<26}  {ms(t['p95']):<26}  {hit}  {grows}")
+    if k > 1:
+        print(f"  each load's percentiles: the median over its {k} replications, the interval distribution-free over "
+              "them (both ends from 6 replications)")
+    elif not all(r["intervals_claimed"] for r in rows):
+        print(f"  ({QUEUED_INTERVALS}; --replications 6 gives intervals that hold)")
     if any(r["ttft_growth"] and r["ttft_growth"]["past_saturation"] for r in rows):
         print("  past saturation: TTFT grew over the replay, so its percentiles there describe the replay's length, "
               "not the load (docs/replay.md)")

@@ -242,3 +242,34 @@ def _client_overhead(records: list[RequestRecord]) -> dict[str, Any] | None:
         if len(v):
             out[part] = {"p50": float(np.median(v)), "p95": float(np.quantile(v, 0.95))}
     return out
+
+
+def load_across_replications(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One offered load's numbers from its replications' summaries (the same workload and load,
+    different arrival seeds): per TTFT percentile the median over replications with its interval
+    (:mod:`kvaudit.stats.replications`; one replication: its own interval, claimed only for a
+    closed loop), served requests per second and the growth rule's slope as the median and the
+    largest, past saturation where any replication was (the SLO reading then drops the load),
+    the token hit rate over all their requests."""
+    from kvaudit.stats.replications import median_interval
+
+    if len(summaries) == 1:
+        s = summaries[0]
+        ttft = {q: s["ttft_s"][q] for q in ("p50", "p95", "p99")}
+        claimed = bool(s.get("ttft_intervals_claimed", True))
+    else:
+        ttft = {q: median_interval([s["ttft_s"][q]["value"] for s in summaries]) for q in ("p50", "p95", "p99")}
+        claimed = True
+    served = [s["throughput"]["requests_per_s"] for s in summaries if s["throughput"]["requests_per_s"] is not None]
+    growths = [s["ttft_growth"] for s in summaries if s.get("ttft_growth")]
+    hit = sum(s["hit_rate"]["measured"]["hit_tokens"] for s in summaries)
+    prompt = sum(s["hit_rate"]["measured"]["prompt_tokens"] for s in summaries)
+    return {"replications": len(summaries), "requests": sum(s["requests"] for s in summaries),
+            "ttft_s": ttft, "intervals_claimed": claimed,
+            "requests_per_s": float(np.median(served)) if served else None,
+            "token_hit_rate": hit / prompt if prompt else None,
+            "overflow_tokens": sum(s["hit_rate"].get("overflow_tokens", 0) for s in summaries),
+            "ttft_growth": None if not growths else {
+                "slope": float(np.median([g["slope"] for g in growths])),
+                "largest": max(g["slope"] for g in growths),
+                "past_saturation": any(g["past_saturation"] for g in growths)}}

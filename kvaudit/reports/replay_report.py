@@ -2,8 +2,9 @@
 ``replays.json`` and ``replays.html`` with one row per replay (policy, budget, TTFT p50/p95/p99
 with intervals, throughput, hit rate measured beside the simulator's), TTFT per policy, TTFT
 against prompt length, and the token hit rate over time, measured and simulated. A load sweep
-(``kvaudit replay --rate R1,R2,...``: ``sweep.json`` and one replay per load) counts as its
-replays, and adds TTFT against offered load per sweep and, with an SLO on p95 TTFT, the highest
+(``kvaudit replay --rate R1,R2,...``: ``sweep.json`` and one replay per load, or
+``--replications K`` of each) counts as its replays, and adds TTFT against offered load per sweep
+(a replicated load's percentiles the median over its replications, with their interval) and, with an SLO on p95 TTFT, the highest
 offered load that met it with the server keeping up (every lighter load too; a load past
 saturation never counts: :mod:`kvaudit.stats.saturation`).
 
@@ -21,7 +22,7 @@ from kvaudit.core.errors import KvauditError, excerpt
 from kvaudit.core.jsonio import read_json, write_atomic, write_json
 from kvaudit.core.replay_format import ReplayDir, arrival_rate
 from kvaudit.core.run_format import REPLAYS_HTML, REPLAYS_JSON, SWEEP_FILE
-from kvaudit.replay.summary import QUEUED_INTERVALS
+from kvaudit.replay.summary import QUEUED_INTERVALS, load_across_replications
 from kvaudit.reports.plots import _figure, _rc, _svg, ttft_svg
 from kvaudit.stats.saturation import GROWTH_LIMIT, highest_sustained
 
@@ -42,23 +43,38 @@ def _label(s: dict[str, Any]) -> str:
     return label
 
 
-def _sweep_dirs(path: Path) -> list[Path]:
-    """The replays of a load sweep, lightest load first; the error names the file and field."""
+def _sweep_loads(path: Path) -> list[list[Path]]:
+    """Per load of a sweep, in the file's order, its replays (its replications', or its one);
+    the error names the file and field."""
     obj = read_json(path / SWEEP_FILE)
     loads = obj.get("loads") if isinstance(obj, dict) else None
     if not isinstance(loads, list) or not loads:
         raise KvauditError(f"{path / SWEEP_FILE}: field 'loads' must be a non-empty list")
-    dirs = []
+    out = []
     for i, row in enumerate(loads):
-        name = row.get("dir") if isinstance(row, dict) else None
-        if (not isinstance(name, str) or "/" in name or "\x00" in name or name in ("", ".", "..")
-                or len(name.encode("utf-8", "surrogatepass")) > 255):  # longer: no file system names it
-            raise KvauditError(f"{path / SWEEP_FILE}: field 'loads[{i}].dir' must name a folder beside it")
-        if not ReplayDir(path / name).summary_file.is_file():
-            raise KvauditError(f"{path / SWEEP_FILE}: field 'loads[{i}].dir' names {excerpt(repr(name), 60)}, which "
-                               "holds no finished replay (no replay.json); rerun the sweep's kvaudit replay command")
-        dirs.append(path / name)
-    return dirs
+        if not isinstance(row, dict):
+            raise KvauditError(f"{path / SWEEP_FILE}: field 'loads[{i}]' must be an object")
+        reps = row.get("replications")
+        if reps is None:  # a sweep of one replay per load (kvaudit before --replications)
+            named = [(f"loads[{i}].dir", row.get("dir"))]
+        elif isinstance(reps, list) and reps:
+            named = [(f"loads[{i}].replications[{k}].dir", r.get("dir") if isinstance(r, dict) else None)
+                     for k, r in enumerate(reps)]
+        else:
+            raise KvauditError(f"{path / SWEEP_FILE}: field 'loads[{i}].replications' must be a non-empty list")
+        out.append([_replay_beside(path, field, name) for field, name in named])
+    return out
+
+
+def _replay_beside(path: Path, field: str, name: Any) -> Path:
+    """The finished replay a sweep's ``field`` names, in a folder beside ``sweep.json``."""
+    if (not isinstance(name, str) or "/" in name or "\x00" in name or name in ("", ".", "..")
+            or len(name.encode("utf-8", "surrogatepass")) > 255):  # longer: no file system names it
+        raise KvauditError(f"{path / SWEEP_FILE}: field '{field}' must name a folder beside it")
+    if not ReplayDir(path / name).summary_file.is_file():
+        raise KvauditError(f"{path / SWEEP_FILE}: field '{field}' names {excerpt(repr(name), 60)}, which "
+                           "holds no finished replay (no replay.json); rerun the sweep's kvaudit replay command")
+    return path / name
 
 
 def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[str, Any]:
@@ -67,11 +83,12 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
     rows: list[dict[str, Any]] = []
     ttft, by_length, over_time = {}, {}, {}
     sweeps: list[dict[str, Any]] = []
-    expanded: list[tuple[Path, str | None]] = []
+    expanded: list[tuple[Path, tuple[int, int] | None]] = []  # a replay, and its (sweep, load) if in one
+    grouped: dict[tuple[int, int], list[tuple[Path, dict[str, Any]]]] = {}
     for p in paths:
         p = Path(p)
         if (p / SWEEP_FILE).is_file():
-            expanded += [(d, str(p)) for d in _sweep_dirs(p)]
+            expanded += [(d, (len(sweeps), i)) for i, dirs in enumerate(_sweep_loads(p)) for d in dirs]
             sweeps.append({"path": str(p), "loads": []})
         else:
             expanded.append((p, None))
@@ -89,21 +106,15 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
         over_time[label] = (s["hit_rate"]["over_time"], s["hit_rate"]["simulated_over_time"])
         rows.append({"label": label, "path": str(d.path), "summary": s})
         if sweep is not None:
-            sw = next(x for x in sweeps if x["path"] == sweep)
-            sw["label"] = f"{s['config']['policy']} @ {s['config']['budget_bytes'] / 1e6:,.0f} MB"
-            sw["schedule"] = s["config"].get("schedule", "waves")
-            sw["intervals_claimed"] = s.get("ttft_intervals_claimed", True)
-            growth = s.get("ttft_growth")
-            rate = arrival_rate(s["config"].get("arrivals", "closed"))
-            if rate is None:
-                raise KvauditError(f"{d.summary_file}: field 'config.arrivals' must be poisson:RATE:SEED in a load "
-                                   f"sweep's replay, got {s['config'].get('arrivals', 'closed')!r}")
-            sw["loads"].append({"rate": rate,
-                                "served": s["throughput"]["requests_per_s"], "requests": s["requests"],
-                                "growth": growth["slope"] if growth else None,
-                                "past_saturation": bool(growth and growth["past_saturation"]),
-                                **{q: s["ttft_s"][q] for q in ("p50", "p95", "p99")}})
+            grouped.setdefault(sweep, []).append((d.summary_file, s))
+    for (k, _), replays in grouped.items():
+        sw, s = sweeps[k], replays[0][1]
+        sw["label"] = f"{s['config']['policy']} @ {s['config']['budget_bytes'] / 1e6:,.0f} MB"
+        sw["schedule"] = s["config"].get("schedule", "waves")
+        sw["loads"].append(_load(replays))
     for sw in sweeps:
+        sw["intervals_claimed"] = all(x["intervals_claimed"] for x in sw["loads"])
+        sw["replications"] = max(x["replications"] for x in sw["loads"])
         sw["loads"].sort(key=lambda x: x["rate"])
         if slo_ttft_s is not None:
             sw["highest_within_slo"] = highest_sustained(
@@ -117,6 +128,24 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             "any_past_saturation": any(x["past_saturation"] for sw in sweeps for x in sw["loads"]),
             "queued_intervals": any(not r["summary"].get("ttft_intervals_claimed", True) for r in rows),
             "apart": _apart(rows)}
+
+
+def _load(replays: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """One load of a sweep from its replications' summaries: its rate (the same in each, or the
+    error names the file) and :func:`~kvaudit.replay.summary.load_across_replications`."""
+    rates: list[float] = []
+    for file, s in replays:
+        rate = arrival_rate(s["config"].get("arrivals", "closed"))
+        if rate is None or (rates and rate != rates[0]):
+            raise KvauditError(f"{file}: field 'config.arrivals' must be poisson:RATE:SEED at the rate of the load's "
+                               f"other replications, got {excerpt(repr(s['config'].get('arrivals', 'closed')), 60)}")
+        rates.append(rate)
+    x = load_across_replications([s for _, s in replays])
+    g = x["ttft_growth"]
+    return {"rate": rates[0], "served": x["requests_per_s"], "requests": x["requests"],
+            "replications": x["replications"], "intervals_claimed": x["intervals_claimed"],
+            "growth": g["slope"] if g else None, "past_saturation": bool(g and g["past_saturation"]),
+            **x["ttft_s"]}
 
 
 def _apart(rows: list[dict[str, Any]]) -> str | None:
@@ -159,8 +188,8 @@ def _load_svg(sweeps: list[dict[str, Any]], slo_ttft_s: float | None) -> str:
         ax.set_xlabel("offered load (requests per second)")
         ax.set_ylabel("TTFT (ms)")
         ax.set_yscale("log")
-        ax.set_title("Time to first token against offered load (bars: 95% interval of p95, where requests do not "
-                     "queue)", fontsize=10, loc="left")
+        ax.set_title("Time to first token against offered load (bars: 95% interval of p95, where it holds: over "
+                     "replications, or requests that do not queue)", fontsize=10, loc="left")
         ax.grid(color="#eeeeee")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         return _svg(fig)
