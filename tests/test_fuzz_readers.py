@@ -272,14 +272,20 @@ def test_a_replay_summary_the_page_cannot_use_is_refused_naming_the_field(tmp_pa
 
 
 @pytest.mark.parametrize("name", ["x" * 300, "a\u2028b", "rate-9"])
-def test_a_sweep_naming_a_folder_without_a_replay_is_refused_naming_sweep_json(tmp_path, name):
+@pytest.mark.parametrize("replicated", [True, False])
+def test_a_sweep_naming_a_folder_without_a_replay_is_refused_naming_sweep_json(tmp_path, name, replicated):
     """Found by benchmarks/fuzz_readers.py: a name too long for the file system escaped as OSError;
-    one without a replay was named raw (a line separator and all) instead of the sweep's field."""
+    one without a replay was named raw (a line separator and all) instead of the sweep's field. A
+    sweep's load names its replications' folders (--replications), or, written before them, one."""
     from kvaudit.reports.replay_report import build
 
     files = seed_files("replay_sweep")
     sweep = json.loads(files["sweep.json"])
-    sweep["loads"][0]["dir"] = name
+    if replicated:
+        sweep["loads"][0]["replications"][0]["dir"] = name
+    else:
+        del sweep["loads"][0]["replications"]
+        sweep["loads"][0]["dir"] = name
     files["sweep.json"] = json.dumps(sweep).encode()
     for rel, data in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -287,4 +293,4 @@ def test_a_sweep_naming_a_folder_without_a_replay_is_refused_naming_sweep_json(t
     with pytest.raises(USER_ERRORS) as e:
         build([tmp_path])
     check_message(str(e.value), tmp_path / "sweep.json")
-    assert "field 'loads[0].dir'" in str(e.value)
+    assert ("field 'loads[0].replications[0].dir'" if replicated else "field 'loads[0].dir'") in str(e.value)

@@ -816,7 +816,8 @@ def _sweep_files() -> dict[str, bytes]:
                                                          "kv_tokens": 10_000, "stores_heads": True}))
         files = {f"rate-2/{f.name}": f.read_bytes() for f in d.iterdir() if f.is_file()}
     files["sweep.json"] = json.dumps({"policy": "segment", "schedule": "arrivals",
-                                      "loads": [{"rate": 2.0, "dir": "rate-2"}]}).encode()
+                                      "loads": [{"rate": 2.0, "dir": "rate-2",
+                                                 "replications": [{"seed": 0, "dir": "rate-2"}]}]}).encode()
     return files
 
 
