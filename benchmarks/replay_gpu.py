@@ -15,6 +15,10 @@ at its arrival (``kvaudit replay --schedule arrivals``): TTFT p50/p95/p99 agains
 and with ``--slo-ttft S`` the highest load whose p95 stays within S seconds, per policy.
 
     source /tmp/gpu-env.sh; python3 benchmarks/replay_gpu.py --policies segment --rates 0.5,1,2 --cache-budget 40GB
+
+``--replications K`` serves each load K times with arrival seeds SEED..SEED+K-1 (``kvaudit replay
+--replications``): per load the median p50/p95/p99 over the replications with intervals that hold
+though requests queue (both ends from 6), and the SLO reading on those.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ from kvaudit.replay.serve import (  # noqa: E402
     replay,
     replay_scheduled,
 )
-from kvaudit.replay.summary import summarise  # noqa: E402
+from kvaudit.replay.summary import load_across_replications, summarise  # noqa: E402
 from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases  # noqa: E402
 from kvaudit.simulator.kv_bytes import parse_capacity, resolve_model  # noqa: E402
 from kvaudit.stats.saturation import highest_sustained  # noqa: E402
@@ -56,7 +60,7 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
     requests = read_workload(wl)
     bpt = resolve_model(str(folder), args.dtype).bytes_per_token
     longest = max(sum(p.tokens for p in r.pieces) for r in requests) + 64
-    block = 16
+    block = args.block_size
     fit = -(-(longest + args.max_new_tokens) // block) * block
     kv = engine_kv_bytes(args.budget, args.concurrency, longest, bpt, block) if policy == "prefix" \
         else max(fit * bpt * args.concurrency * 2, 8 << 30)
@@ -90,8 +94,10 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
         if args.rates:
             loads: list[dict] = []
             for rate in args.rates:  # each load saved as it ends: a long sweep keeps what it measured
-                loads.append(at_rate(backend, policy, rate, todo, requests, cfg, engine, work, template_len, args))
-                on_load(loads)
+                for seed in range(args.seed, args.seed + args.replications):
+                    loads.append(at_rate(backend, policy, rate, seed, todo, requests, cfg, engine, work, template_len,
+                                         args))
+                    on_load(loads)
             return loads
         t0 = time.perf_counter()
         replay(backend, policy, todo, out, concurrency=args.concurrency, template_len=template_len,
@@ -102,26 +108,25 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
         backend.close()
 
 
-def at_rate(backend, policy: str, rate: float, todo: list, requests: list, cfg: ReplayConfig, engine: dict,
-            work: Path, template_len: int, args: argparse.Namespace) -> dict:
-    """One offered load on the open engine, caches emptied first; its summary with the rate."""
+def at_rate(backend, policy: str, rate: float, seed: int, todo: list, requests: list, cfg: ReplayConfig,
+            engine: dict, work: Path, template_len: int, args: argparse.Namespace) -> dict:
+    """One offered load (one arrival seed) on the open engine, caches emptied first; its summary
+    with the rate and seed."""
     backend.reset_caches()
-    out = ReplayDir(work / policy / f"rate-{rate:g}")
+    out = ReplayDir(work / policy / (f"rate-{rate:g}" + (f"-seed-{seed}" if args.replications > 1 else "")))
     out.path.mkdir(parents=True, exist_ok=True)
-    c = replace(cfg, arrivals=f"poisson:{rate}:{args.seed}", schedule=args.schedule)
+    c = replace(cfg, arrivals=f"poisson:{rate}:{seed}", schedule=args.schedule)
     out.write_config(c)
     t0 = time.perf_counter()
-    arrivals = poisson_arrivals(len(requests), rate, args.seed)
+    arrivals = poisson_arrivals(len(requests), rate, seed)
     head_block = engine["block_size"] if policy == "prefix" else 0
     replay_scheduled(backend, policy, todo, out, schedule=args.schedule, arrivals=arrivals,
                      concurrency=args.concurrency, template_len=template_len, head_block=head_block)
     s = summarise(out.read_requests(), c, {**engine, "wall_s": time.perf_counter() - t0})
-    s["rate"], s["schedule"] = rate, args.schedule
+    s["rate"], s["seed"], s["schedule"] = rate, seed, args.schedule
     t, h, co = s["ttft_s"], s["hit_rate"], s.get("client_overhead_s") or {}
-    print(f"{policy:<10} {args.schedule:<8} offered {rate:5g}/s served {s['throughput']['requests_per_s']:.2f}/s  TTFT p50 "
-          f"{1e3 * t['p50']['value']:8.1f} ms [{1e3 * (t['p50']['low'] or 0):.1f}, {1e3 * (t['p50']['high'] or 0):.1f}]"
-          f"  p95 {1e3 * t['p95']['value']:8.1f} ms [{1e3 * (t['p95']['low'] or 0):.1f}, "
-          f"{1e3 * (t['p95']['high'] or 0):.1f}]  p99 {1e3 * t['p99']['value']:8.1f} ms  hit "
+    print(f"{policy:<10} {args.schedule:<8} offered {rate:5g}/s seed {seed} served {s['throughput']['requests_per_s']:.2f}/s  TTFT p50 "
+          f"{_ms(t['p50'])}  p95 {_ms(t['p95'])}  p99 {1e3 * t['p99']['value']:8.1f} ms  hit "
           f"{100 * h['measured']['token_hit_rate']:.1f}% (engine order {h.get('gap_points_engine_order') or 0:+.1f})"
           f"  overflow {h.get('overflow_tokens', 0):,} tok  client over vLLM: median "
           f"{1e3 * co.get('p50', float('nan')):.2f} ms p95 {1e3 * co.get('p95', float('nan')):.2f} ms (after vLLM's "
@@ -131,9 +136,16 @@ def at_rate(backend, policy: str, rate: float, todo: list, requests: list, cfg: 
     return s
 
 
+def _ms(v: dict) -> str:
+    """A percentile with its interval in milliseconds ("?" for an open end)."""
+    lo = "?" if v["low"] is None else f"{1e3 * v['low']:.1f}"
+    hi = "?" if v["high"] is None else f"{1e3 * v['high']:.1f}"
+    return f"{1e3 * v['value']:8.1f} ms [{lo}, {hi}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shape", default="llama-3.1-8b")
+    ap.add_argument("--shape", default="llama-3.1-8b", help="llama-3.1-8b, or tiny (two small layers: a CPU smoke run)")
     ap.add_argument("--requests", type=int, default=120)
     ap.add_argument("--cache-budget", "--budget", dest="budget", type=parse_capacity, default=parse_capacity("10GB"))
     ap.add_argument("--policies", default="recompute,prefix,segment")
@@ -141,9 +153,13 @@ def main() -> None:
     ap.add_argument("--doc-tokens", default="lognormal:2000:0.5")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--eager", action="store_true")
+    ap.add_argument("--block-size", type=int, default=16, help="the engine's KV block (16 on the GPU; 32 on a CPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rates", type=lambda t: [float(x) for x in t.split(",")], default=None,
                     help="offered loads (requests/s), each request served at its arrival")
+    ap.add_argument("--replications", type=int, default=1,
+                    help="with --rates: serve each load this many times with new arrival seeds (6 bounds both ends "
+                         "of each load's p95 interval)")
     ap.add_argument("--max-new-tokens", type=int, default=1, help="tokens each request decodes (default 1)")
     ap.add_argument("--schedule", choices=("arrivals", "waves"), default="arrivals",
                     help="with --rates: each request joins the running batch at its arrival (default), or "
@@ -156,7 +172,7 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="kvaudit-replay-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
     folder = work / "model"
-    make_shape(folder, "llama3-8b")
+    make_shape(folder, {"llama-3.1-8b": "llama3-8b"}.get(args.shape, args.shape))
     params = replace(WorkloadParams(), requests=args.requests, doc_tokens=args.doc_tokens, seed=args.seed)
     wl = work / "workload.jsonl"
     write_workload(wl, generate(params), params)
@@ -176,10 +192,18 @@ def main() -> None:
         got = one(policy, args, folder, wl, work, on_load(policy))
         if isinstance(got, list):
             results[policy] = got
+            by_load = [load_across_replications([s for s in got if s["rate"] == r]) | {"rate": r} for r in args.rates]
+            results[f"{policy}_loads"] = by_load
+            save()
+            if args.replications > 1:
+                for x in by_load:
+                    past = "  PAST SATURATION" if (x["ttft_growth"] or {}).get("past_saturation") else ""
+                    print(f"{policy:<10} offered {x['rate']:5g}/s, {x['replications']} replications: "
+                          + "  ".join(f"{q} {_ms(v)}" for q, v in x["ttft_s"].items()) + past, flush=True)
             if args.slo_ttft is not None:
-                ok = highest_sustained([{"rate": s["rate"], "p95_s": s["ttft_s"]["p95"]["value"],
-                                         "past_saturation": (s.get("ttft_growth") or {}).get("past_saturation")}
-                                        for s in got], args.slo_ttft)
+                ok = highest_sustained([{"rate": x["rate"], "p95_s": x["ttft_s"]["p95"]["value"],
+                                         "past_saturation": (x["ttft_growth"] or {}).get("past_saturation")}
+                                        for x in by_load], args.slo_ttft)
                 print(f"{policy:<10} highest offered load with p95 TTFT within {args.slo_ttft:g} s, the server "
                       f"keeping up: {'none of those measured' if ok is None else ok}", flush=True)
             continue

@@ -171,6 +171,11 @@ LLAMA31_8B = {
     "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False, "torch_dtype": "bfloat16",
 }
 
+# The same architecture, two small layers: runs the GPU scripts end to end on a CPU before device time is spent on them
+TINY = {**LLAMA31_8B, "vocab_size": 49152, "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64, "torch_dtype": "float32"}
+SHAPES = {"llama3-8b": LLAMA31_8B, "tiny": TINY}
+
 
 def make_shape(folder: Path, shape: str) -> None:
     """A served-with-dummy-weights model folder: the shape's config.json and SmolLM2's tokenizer."""
@@ -178,14 +183,14 @@ def make_shape(folder: Path, shape: str) -> None:
 
     from kvaudit.models import smollm2_gguf_path
 
-    if shape != "llama3-8b":
-        raise SystemExit(f"unknown shape {shape!r} (known: llama3-8b)")
+    if shape not in SHAPES:
+        raise SystemExit(f"unknown shape {shape!r} (known: {', '.join(SHAPES)})")
     folder.mkdir(parents=True, exist_ok=True)
     if not (folder / "tokenizer_config.json").exists():
         gguf = smollm2_gguf_path()
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(folder)
     tok = json.loads((folder / "tokenizer_config.json").read_text())
-    cfg = dict(LLAMA31_8B)
+    cfg = dict(SHAPES[shape])
     for k in ("bos_token", "eos_token"):  # ids the SmolLM2 tokenizer really has
         name = tok.get(k)
         if isinstance(name, str):

@@ -6,13 +6,18 @@
 #   bash benchmarks/h200/replay_load.sh prefix|segment|recompute
 # Environment: RATES, REQUESTS, BUDGET, MNT (decoded tokens), SLO (seconds), DOCS (document tokens,
 # default the workload's lognormal:2000:0.5), SCHEDULE (arrivals, or waves for the old mode side by side),
+# REPS (replications: each load served that many times with new arrival seeds; 6 bounds each p95's interval),
 # RESULTS (where the summaries and each load's requests go; default $OUT). A sweep longer than one call:
 #   bash benchmarks/h200/bg.sh start /tmp/r500 'RESULTS=/tmp/r500 REQUESTS=500 bash benchmarks/h200/replay_load.sh prefix'
+# Before spending device time on a change to replay_gpu.py, run it on a CPU (.venv-vllm) with the tiny shape:
+#   python benchmarks/replay_gpu.py --shape tiny --dtype float32 --eager --block-size 32 --requests 10 \
+#     --doc-tokens lognormal:60:0.5 --rates 20 --replications 2 --concurrency 4 --policies prefix,segment --cache-budget 20MB
 set -u
 source /tmp/gpu-env.sh
 policy=$1
 python3 benchmarks/replay_gpu.py --policies "$policy" --rates "${RATES:-0.5,1,1.5,2.5}" --requests "${REQUESTS:-80}" \
   --cache-budget "${BUDGET:-40GB}" --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
+  --replications "${REPS:-1}" \
   --doc-tokens "${DOCS:-lognormal:2000:0.5}" --schedule "${SCHEDULE:-arrivals}" \
   --json "${RESULTS:-$OUT}/replay_load_${policy}_${SCHEDULE:-arrivals}.json" \
   ${RESULTS:+--work "$RESULTS/work-${policy}-${SCHEDULE:-arrivals}"} 2>&1 | grep -Ev "(^| )(INFO|WARNING) |it/s\]"
