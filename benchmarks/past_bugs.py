@@ -173,11 +173,18 @@ BUGS: tuple[Bug, ...] = (
         "TTFT growing with the replay's length: 82 s p50 over 500 requests where 80 gave 14 s on the "
         "H200) or one above a lighter load that failed"),
     Bug("queued-intervals-claimed", "77ce4a1", "kvaudit/replay/summary.py",
-        '"ttft_intervals_claimed": all(r.arrival_s is None for r in records),',
-        '"ttft_intervals_claimed": True,',
+        "    return all(r.arrival_s is None for r in records) and len(set(waves)) == len(waves)\n",
+        "    return len(set(waves)) == len(waves)\n",
         ("tests/test_replay.py",),
         "open-loop replays quoted independent-request percentile intervals as 95% intervals (coverage "
         "of p95 0.20 on queued requests at utilisation 0.8)"),
+    Bug("wave-intervals-claimed", "HEAD", "kvaudit/replay/summary.py",
+        "    return all(r.arrival_s is None for r in records) and len(set(waves)) == len(waves)\n",
+        "    return all(r.arrival_s is None for r in records)\n",
+        ("tests/test_replay.py",),
+        "closed-loop replays in waves of several requests quoted independent-request percentile "
+        "intervals as 95% intervals (a wave's requests share its batch: coverage of p95 0.37-0.62 in "
+        "waves of 8)"),
     Bug("replay-summary-untyped", "e9c5a60", "kvaudit/core/replay_format.py",
         "        obj = check_summary(read_json(self.summary_file), where)\n",
         "        obj = read_json(self.summary_file)\n        return obj\n",

@@ -146,7 +146,7 @@ def _engine_facts(backend: Backend, dtype: str, model: str) -> dict[str, Any]:
 
 
 def _print_summary(s: dict[str, Any], out: Path) -> None:
-    from kvaudit.replay.summary import QUEUED_INTERVALS
+    from kvaudit.replay.summary import UNCLAIMED_INTERVALS
 
     t = s["ttft_s"]
     hr = s["hit_rate"]
@@ -163,7 +163,7 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
           f"({s['sessions']} session(s)), {how}, arrivals {c.get('arrivals', 'closed')}, in {out}")
     print(f"  TTFT p50 {ms(t['p50'])}  p95 {ms(t['p95'])}  p99 {ms(t['p99'])}")
     if not s.get("ttft_intervals_claimed", True):
-        print(f"  ({QUEUED_INTERVALS})")
+        print(f"  ({UNCLAIMED_INTERVALS})")
     m, p = hr["measured"]["token_hit_rate"], hr["simulated"]["token_hit_rate"]
     note = "" if hr["simulator_agrees"] else "  <- the simulator disagrees by more than 2 points (docs/replay.md)"
     print(f"  token hit rate measured {100 * m:.1f}%  simulated {100 * p:.1f}%  gap {hr['gap_points']:+.1f} points{note}")
@@ -369,7 +369,7 @@ def _write_sweep(out: Path, loads: list[tuple[float, list[tuple[int, str, dict[s
     across them (:func:`~kvaudit.replay.summary.load_across_replications`), and the table printed."""
     from kvaudit.core.jsonio import write_json
     from kvaudit.core.run_format import SWEEP_FILE
-    from kvaudit.replay.summary import QUEUED_INTERVALS, load_across_replications
+    from kvaudit.replay.summary import UNCLAIMED_INTERVALS, load_across_replications
 
     rows = []
     for rate, done in loads:
@@ -400,7 +400,7 @@ def _write_sweep(out: Path, loads: list[tuple[float, list[tuple[int, str, dict[s
         print(f"  each load's percentiles: the median over its {k} replications, the interval distribution-free over "
               "them (both ends from 6 replications)")
     elif not all(r["intervals_claimed"] for r in rows):
-        print(f"  ({QUEUED_INTERVALS}; --replications 6 gives intervals that hold)")
+        print(f"  ({UNCLAIMED_INTERVALS}; --replications 6 gives intervals that hold)")
     if any(r["ttft_growth"] and r["ttft_growth"]["past_saturation"] for r in rows):
         print("  past saturation: TTFT grew over the replay, so its percentiles there describe the replay's length, "
               "not the load (docs/replay.md)")

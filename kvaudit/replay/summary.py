@@ -4,7 +4,10 @@ same served prompts, budget and block size beside the measured hit rate.
 
 Percentile intervals are distribution-free (the binomial order-statistic interval of
 ``scipy.stats.quantile_test``): they assume only independent requests, and their coverage is
-checked in ``benchmarks/replay_percentiles.py`` (a fast slice in the tests). A percentile whose
+checked in ``benchmarks/replay_percentiles.py`` (a fast slice in the tests). Requests that queue
+(open loop) or share a wave's batch are not independent: there the intervals claim no level
+(``ttft_intervals_claimed``), and a load's replications give intervals that hold
+(:func:`load_across_replications`). A percentile whose
 interval has no upper order statistic in the sample (p99 of fewer than about 300 requests) gets
 ``null`` for that end: the sample cannot bound it.
 
@@ -35,9 +38,9 @@ from kvaudit.simulator.segment_cache import (
 from kvaudit.stats.saturation import ttft_growth
 
 PERCENTILES = (0.5, 0.95, 0.99)
-QUEUED_INTERVALS = ("requests queued (open loop): the intervals assume independent requests and are too narrow "
-                    "under load (simulated coverage of p95 0.20 at utilisation 0.8 on one server), no level "
-                    "claimed (docs/replay.md, \"Intervals under load\")")
+UNCLAIMED_INTERVALS = ("requests queued (open loop) or shared a wave's batch: the intervals assume independent "
+                       "requests and are too narrow there (simulated coverage of p95 0.20 at utilisation 0.8 on one "
+                       "server, 0.37-0.62 in waves of 8), no level claimed (docs/replay.md, \"Intervals under load\")")
 CONFIDENCE = 0.95
 SIM_GAP_POINTS = 2.0  # a measured-vs-simulated gap above this is reported as a disagreement
 
@@ -156,9 +159,10 @@ def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[s
         "sessions": len({r.session for r in records}),
         "truncated_requests": sum(r.truncated for r in records),
         "ttft_s": {f"p{round(q * 100)}": percentile_interval(ttft, q) for q in PERCENTILES},
-        # the intervals assume independent requests; requests that queue (open loop) are not, and
-        # there they are too narrow (benchmarks/replay_percentiles.py --queued): no level claimed
-        "ttft_intervals_claimed": all(r.arrival_s is None for r in records),
+        # the intervals assume independent requests; requests that queue (open loop) or share a
+        # wave's batch are not, and there they are too narrow (benchmarks/replay_percentiles.py
+        # --queued, --waves): no level claimed
+        "ttft_intervals_claimed": _alone(records),
         "ttft_mean_s": float(ttft.mean()),
         "queue_s": {"p50": float(np.median([r.queue_s for r in records])),
                     "p95": float(np.quantile([r.queue_s for r in records], 0.95))},
@@ -192,6 +196,12 @@ def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[s
         "time_per_output_token_s": _tpot(records),
         "ttft_growth": _growth(records),
     }
+
+
+def _alone(records: list[RequestRecord]) -> bool:
+    """Whether each request was served on its own: a closed loop (no arrivals) of one request a wave."""
+    waves = [(r.session, r.wave) for r in records]
+    return all(r.arrival_s is None for r in records) and len(set(waves)) == len(waves)
 
 
 def _growth(records: list[RequestRecord]) -> dict[str, Any] | None:

@@ -22,7 +22,7 @@ from kvaudit.core.errors import KvauditError, excerpt
 from kvaudit.core.jsonio import read_json, write_atomic, write_json
 from kvaudit.core.replay_format import ReplayDir, arrival_rate
 from kvaudit.core.run_format import REPLAYS_HTML, REPLAYS_JSON, SWEEP_FILE
-from kvaudit.replay.summary import QUEUED_INTERVALS, load_across_replications
+from kvaudit.replay.summary import UNCLAIMED_INTERVALS, load_across_replications
 from kvaudit.reports.plots import _figure, _rc, _svg, ttft_svg
 from kvaudit.stats.saturation import GROWTH_LIMIT, highest_sustained
 
@@ -126,7 +126,7 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
     return {"rows": rows, "ttft": ttft, "by_length": by_length, "over_time": over_time,
             "same_workload": len(workloads) == 1, "sweeps": sweeps, "slo_ttft_s": slo_ttft_s,
             "any_past_saturation": any(x["past_saturation"] for sw in sweeps for x in sw["loads"]),
-            "queued_intervals": any(not r["summary"].get("ttft_intervals_claimed", True) for r in rows),
+            "unclaimed_intervals": any(not r["summary"].get("ttft_intervals_claimed", True) for r in rows),
             "apart": _apart(rows)}
 
 
@@ -236,7 +236,7 @@ def render(comparison: dict[str, Any]) -> str:
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True, undefined=StrictUndefined,
                       trim_blocks=True, lstrip_blocks=True)
     return env.get_template(TEMPLATE).render(
-        c=comparison, growth_limit=GROWTH_LIMIT, queued_intervals=QUEUED_INTERVALS, csp="default-src 'none'; style-src 'unsafe-inline'; img-src data:",
+        c=comparison, growth_limit=GROWTH_LIMIT, unclaimed_intervals=UNCLAIMED_INTERVALS, csp="default-src 'none'; style-src 'unsafe-inline'; img-src data:",
         ttft_plot=Markup(ttft_svg(comparison["ttft"], highlight="", unit="requests", what="replay",
                                   median_method="inverted_cdf")),
         length_plot=Markup(_length_svg(comparison["by_length"])),
