@@ -178,7 +178,7 @@ BUGS: tuple[Bug, ...] = (
         ("tests/test_replay.py",),
         "open-loop replays quoted independent-request percentile intervals as 95% intervals (coverage "
         "of p95 0.20 on queued requests at utilisation 0.8)"),
-    Bug("wave-intervals-claimed", "HEAD", "kvaudit/replay/summary.py",
+    Bug("wave-intervals-claimed", "1f80fce", "kvaudit/replay/summary.py",
         "    return all(r.arrival_s is None for r in records) and len(set(waves)) == len(waves)\n",
         "    return all(r.arrival_s is None for r in records)\n",
         ("tests/test_replay.py",),
