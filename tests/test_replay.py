@@ -405,9 +405,17 @@ def test_compare_draws_ttft_against_offered_load_and_the_load_an_slo_allows(tmp_
     assert len(got["rows"]) == 6 and got["slo_ttft_s"] == 0.5
     within = {sw["label"].split(" ")[0]: sw["highest_within_slo"] for sw in got["sweeps"]}
     assert within == {"prefix": 1.0, "segment": 2.0}
+    # read against prefix caching: p95 at each shared load, the ratio, and the load the SLO allows
+    against = got["against"]
+    assert against["base"] == "prefix @ 0 MB" and [r["rate"] for r in against["rows"]] == [1.0, 2.0, 4.0]
+    p95 = {sw["label"].split(" ")[0]: [x["p95"]["value"] for x in sw["loads"]] for sw in got["sweeps"]}
+    assert [r["ratio"] for r in against["rows"]] == [a / b for a, b in zip(p95["segment"], p95["prefix"])]
+    assert all(r["apart"] is None for r in against["rows"])  # one replay a load: no level to compare
+    assert against["base_sustained"] == 1.0 and against["sustained"] == [{"label": "segment @ 0 MB", "rate": 2.0}]
     assert all([x["rate"] for x in sw["loads"]] == [1.0, 2.0, 4.0] for sw in got["sweeps"])
     page = (out / "replays.html").read_text()
     assert "Under load" in page and "TTFT against offered load" in page.replace("Time to first token against", "TTFT against")
+    assert "Against prefix @ 0 MB" in page and "segment @ 0 MB 2.0/s (+100% load)" in page
     assert "segment @ 0 MB @ 4/s" in page and "<script" not in page
     # the SLO no load met is said, not left blank
     assert main(["compare", str(tmp_path / "pre"), "--out", str(tmp_path / "c2"), "--slo-ttft", "0.01"]) == 0
@@ -446,19 +454,34 @@ def test_a_replicated_load_reads_as_the_median_replication_with_an_interval_that
     from kvaudit.reports.replay_report import build
     from kvaudit.stats.replications import median_interval
 
-    rows = []
-    for rate, ttft, saturated in ((1.0, 0.1, None), (2.0, 0.3, 4)):
-        reps = []
-        for seed in range(6):
-            name = f"rate-{rate:g}-seed-{seed}"
-            _synthetic_replay(tmp_path / "seg" / name, "segment", ttft * (1 + seed / 5), seed, rate=rate,
-                              growth=0.1 if seed == saturated else 0.0)
-            reps.append({"seed": seed, "dir": name})
-        rows.append({"rate": rate, "dir": reps[0]["dir"], "replications": reps})
-    (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"policy": "segment", "loads": rows}))
+    def sweep(folder: str, policy: str, scale: float) -> list[dict]:
+        rows = []
+        for rate, ttft, saturated in ((1.0, 0.1, None), (2.0, 0.3, 4)):
+            reps = []
+            for seed in range(6):
+                name = f"rate-{rate:g}-seed-{seed}"
+                _synthetic_replay(tmp_path / folder / name, policy, scale * ttft * (1 + seed / 5), seed, rate=rate,
+                                  growth=0.1 if seed == saturated else 0.0)
+                reps.append({"seed": seed, "dir": name})
+            rows.append({"rate": rate, "dir": reps[0]["dir"], "replications": reps})
+        (tmp_path / folder / "sweep.json").write_text(json.dumps({"policy": policy, "loads": rows}))
+        return rows
+
+    rows = sweep("seg", "segment", 1.0)
+    sweep("pre", "prefix", 5.0)  # five times slower: the intervals lie apart
+    sweep("pre2", "prefix", 1.05)  # about the same: they overlap
+    assert main(["compare", str(tmp_path / "seg"), str(tmp_path / "pre"), "--out", str(tmp_path / "cmp"),
+                 "--slo-ttft", "5"]) == 0
+    got = json.loads((tmp_path / "cmp" / "replays.json").read_text())
+    # at 2/s one of segment's replications ran past saturation: its p95 reaches into prefix's interval
+    assert [r["apart"] for r in got["against"]["rows"]] == ["lower", "overlapping"]
+    assert [r["past_saturation"] for r in got["against"]["rows"]] == [False, True]
+    assert main(["compare", str(tmp_path / "seg"), str(tmp_path / "pre2"), "--out", str(tmp_path / "cmp2")]) == 0
+    got2 = json.loads((tmp_path / "cmp2" / "replays.json").read_text())
+    assert [r["apart"] for r in got2["against"]["rows"]] == ["overlapping", "overlapping"]
     assert main(["compare", str(tmp_path / "seg"), "--out", str(tmp_path / "cmp"), "--slo-ttft", "5"]) == 0
     got = json.loads((tmp_path / "cmp" / "replays.json").read_text())
-    assert len(got["rows"]) == 12
+    assert len(got["rows"]) == 12 and got["against"] is None
     sw = got["sweeps"][0]
     assert sw["intervals_claimed"] and sw["replications"] == 6
     for x in sw["loads"]:

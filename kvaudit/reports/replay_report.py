@@ -110,6 +110,7 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
     for (k, _), replays in grouped.items():
         sw, s = sweeps[k], replays[0][1]
         sw["label"] = f"{s['config']['policy']} @ {s['config']['budget_bytes'] / 1e6:,.0f} MB"
+        sw["policy"] = s["config"]["policy"]
         sw["schedule"] = s["config"].get("schedule", "waves")
         sw["loads"].append(_load(replays))
     for sw in sweeps:
@@ -127,7 +128,49 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             "same_workload": len(workloads) == 1, "sweeps": sweeps, "slo_ttft_s": slo_ttft_s,
             "any_past_saturation": any(x["past_saturation"] for sw in sweeps for x in sw["loads"]),
             "unclaimed_intervals": any(not r["summary"].get("ttft_intervals_claimed", True) for r in rows),
-            "apart": _apart(rows)}
+            "against": _against(sweeps), "apart": _apart(rows)}
+
+
+BASELINES = ("prefix", "recompute")  # what another policy's sweep is read against, first found
+
+
+def _against(sweeps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Each sweep at the offered loads it shares with the baseline sweep (prefix caching where one
+    was swept, else recompute, else the first): p95 TTFT side by side, their ratio, and where both
+    loads' intervals hold (replications), whether they lie apart; with an SLO, each one's highest
+    sustained load beside the baseline's. None for fewer than two sweeps."""
+    if len(sweeps) < 2:
+        return None
+    base = next((sw for p in BASELINES for sw in sweeps if sw["policy"] == p), sweeps[0])
+    rows = []
+    for sw in sweeps:
+        if sw is base:
+            continue
+        mine = {x["rate"]: x for x in sw["loads"]}
+        for b in base["loads"]:
+            x = mine.get(b["rate"])
+            if x is None:
+                continue
+            rows.append({"rate": b["rate"], "label": sw["label"], "base": b["p95"]["value"], "other": x["p95"]["value"],
+                         "ratio": x["p95"]["value"] / b["p95"]["value"] if b["p95"]["value"] > 0 else None,
+                         "apart": _apart_intervals(b, x),
+                         "past_saturation": b["past_saturation"] or x["past_saturation"]})
+    sustained = [{"label": sw["label"], "rate": sw.get("highest_within_slo")} for sw in sweeps if sw is not base]
+    return {"base": base["label"], "base_sustained": base.get("highest_within_slo"), "rows": rows,
+            "sustained": sustained}
+
+
+def _apart_intervals(base: dict[str, Any], other: dict[str, Any]) -> str | None:
+    """``lower`` or ``higher`` where the other load's p95 interval lies wholly below or above the
+    baseline's, ``overlapping`` where they meet; None where either claims no level."""
+    if not (base["intervals_claimed"] and other["intervals_claimed"]):
+        return None
+    b, x = base["p95"], other["p95"]
+    if x["high"] is not None and b["low"] is not None and x["high"] < b["low"]:
+        return "lower"
+    if x["low"] is not None and b["high"] is not None and x["low"] > b["high"]:
+        return "higher"
+    return "overlapping"
 
 
 def _load(replays: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
@@ -166,10 +209,15 @@ def _apart(rows: list[dict[str, Any]]) -> str | None:
     return hours_apart([s["finished_utc"] for s in served], "replays", "finished", "finishing")
 
 
+def _tall_enough(height: float, legend_entries: int) -> float:
+    """A figure's height that holds its legend beside it (one line of 8-point text each)."""
+    return max(height, 0.8 + 0.16 * legend_entries)
+
+
 def _load_svg(sweeps: list[dict[str, Any]], slo_ttft_s: float | None) -> str:
     """p95 TTFT (solid, its 95% interval as bars) and p50 (dashed) against offered load, per sweep."""
     with _rc():
-        fig = _figure(10, 3.6)
+        fig = _figure(10, _tall_enough(3.6, 2 * len(sweeps) + 1))
         ax = fig.add_subplot()
         for sw in sweeps:
             xs = [x["rate"] for x in sw["loads"]]
@@ -197,7 +245,7 @@ def _load_svg(sweeps: list[dict[str, Any]], slo_ttft_s: float | None) -> str:
 
 def _length_svg(by_length: dict[str, list[dict[str, Any]]]) -> str:
     with _rc():
-        fig = _figure(10, 3.2)
+        fig = _figure(10, _tall_enough(3.2, len(by_length)))
         ax = fig.add_subplot()
         for label, bins in by_length.items():
             xs = [(b["tokens_low"] + b["tokens_high"]) / 2 for b in bins]
@@ -212,7 +260,7 @@ def _length_svg(by_length: dict[str, list[dict[str, Any]]]) -> str:
 
 def _over_time_svg(over_time: dict[str, tuple[list, list]]) -> str:
     with _rc():
-        fig = _figure(10, 3.2)
+        fig = _figure(10, _tall_enough(3.2, 2 * len(over_time)))
         ax = fig.add_subplot()
         for label, (measured, simulated) in over_time.items():
             line, = ax.plot([w["end"] for w in measured], [100 * (w["token_hit_rate"] or 0) for w in measured],
@@ -251,6 +299,6 @@ def write(paths: Sequence[str | Path], out_dir: str | Path, slo_ttft_s: float | 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out / REPLAYS_JSON, out / REPLAYS_HTML
-    write_json(json_path, {k: comparison[k] for k in ("rows", "same_workload", "sweeps", "slo_ttft_s")})
+    write_json(json_path, {k: comparison[k] for k in ("rows", "same_workload", "sweeps", "slo_ttft_s", "against")})
     write_atomic(html_path, render(comparison))
     return json_path, html_path
