@@ -492,6 +492,12 @@ def test_a_replicated_load_reads_as_the_median_replication_with_an_interval_that
     assert [x["past_saturation"] for x in sw["loads"]] == [False, True] and sw["highest_within_slo"] == 1.0
     page = (tmp_path / "cmp" / "replays.html").read_text()
     assert "(6 replications)" in page and "median over the replications" in page
+    # a replay listed twice would pass for two replications: refused
+    twice = json.loads(json.dumps(rows))
+    twice[0]["replications"].append(dict(twice[0]["replications"][0]))
+    (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"loads": twice}))
+    with pytest.raises(KvauditError, match=r"sweep\.json: field 'loads\[0\]' names 'rate-1-seed-0' again"):
+        build([tmp_path / "seg"])
     # a load whose replications were served at different rates is refused naming the replay
     rows[0]["replications"].append({"seed": 0, "dir": "../seg/rate-2-seed-0"})
     (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"loads": rows}))

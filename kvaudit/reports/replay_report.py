@@ -63,6 +63,13 @@ def _sweep_loads(path: Path) -> list[list[Path]]:
         else:
             raise KvauditError(f"{path / SWEEP_FILE}: field 'loads[{i}].replications' must be a non-empty list")
         out.append([_replay_beside(path, field, name) for field, name in named])
+    seen: dict[Path, int] = {}
+    for i, dirs in enumerate(out):
+        for d in dirs:  # a replay counted twice would pass for two replications
+            if d in seen:
+                raise KvauditError(f"{path / SWEEP_FILE}: field 'loads[{i}]' names {excerpt(repr(d.name), 60)} again "
+                                   f"(loads[{seen[d]}] names it too): each replay belongs to one load, once")
+            seen[d] = i
     return out
 
 
