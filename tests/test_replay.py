@@ -503,6 +503,7 @@ def test_a_replicated_load_reads_as_the_median_replication_with_an_interval_that
     (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"loads": rows}))
     assert main(["compare", str(tmp_path / "seg"), "--out", str(tmp_path / "c2")]) == 2
     rows[0]["replications"][-1]["dir"] = "rate-2-seed-0"
+    rows[1]["replications"] = rows[1]["replications"][1:]  # listed once, under the wrong load
     (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"loads": rows}))
     with pytest.raises(KvauditError, match=r"rate-2-seed-0/replay\.json: field 'config\.arrivals' must be"):
         build([tmp_path / "seg"])
