@@ -41,6 +41,7 @@ import argparse
 import numpy as np
 
 from kvaudit.replay.summary import CONFIDENCE, percentile_interval
+from kvaudit.stats.replications import median_interval
 
 SHAPES = {
     "lognormal": (lambda rng, n: rng.lognormal(0.0, 0.6, n), lambda q: float(np.exp(0.6 * _z(q)))),
@@ -89,16 +90,27 @@ def coverage_grid(reps: int = 2000, seed: int = 0, sizes: tuple[int, ...] = (30,
     return rows
 
 
-def queued_coverage(reps: int = 300, seed: int = 0, utilisations: tuple[float, ...] = (0.5, 0.8, 0.9),
-                    sizes: tuple[int, ...] = (100, 500), servers: tuple[int, ...] = (1, 8),
-                    quantiles: tuple[float, ...] = (0.5, 0.95), pool: int = 600) -> list[dict]:
-    """Coverage of the intervals on one open-loop replay's TTFTs, of the quantile over many replays."""
+def _queue():
+    """The FCFS queue of ``benchmarks/saturation_calibration.py`` (beside this file)."""
     import sys
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from saturation_calibration import replay_queue
 
+    return replay_queue
+
+
+def _covers(iv: dict, truth: float) -> bool:
+    """Whether an interval holds ``truth`` (an end it cannot bound covers on its side)."""
+    return (iv["low"] is None or iv["low"] <= truth) and (iv["high"] is None or truth <= iv["high"])
+
+
+def queued_coverage(reps: int = 300, seed: int = 0, utilisations: tuple[float, ...] = (0.5, 0.8, 0.9),
+                    sizes: tuple[int, ...] = (100, 500), servers: tuple[int, ...] = (1, 8),
+                    quantiles: tuple[float, ...] = (0.5, 0.95), pool: int = 600) -> list[dict]:
+    """Coverage of the intervals on one open-loop replay's TTFTs, of the quantile over many replays."""
+    replay_queue = _queue()
     rng = np.random.default_rng(seed)
     rows = []
     for c in servers:
@@ -110,9 +122,7 @@ def queued_coverage(reps: int = 300, seed: int = 0, utilisations: tuple[float, .
                     truth = float(np.quantile(pooled, q))
                     hit = 0
                     for t in samples:
-                        iv = percentile_interval(t, q)
-                        hit += ((iv["low"] is None or iv["low"] <= truth)
-                                and (iv["high"] is None or truth <= iv["high"]))
+                        hit += _covers(percentile_interval(t, q), truth)
                     rows.append({"servers": c, "utilisation": u, "n": n, "quantile": q, "coverage": hit / reps})
     return rows
 
@@ -137,8 +147,7 @@ def wave_coverage(reps: int = 300, seed: int = 0, waves: tuple[int, ...] = (1, 2
                 truth = float(np.quantile(pooled, q))
                 hit = 0
                 for t in samples:
-                    iv = percentile_interval(t, q)
-                    hit += (iv["low"] is None or iv["low"] <= truth) and (iv["high"] is None or truth <= iv["high"])
+                    hit += _covers(percentile_interval(t, q), truth)
                 rows.append({"wave": w, "n": n, "quantile": q, "coverage": hit / reps})
     return rows
 
@@ -148,14 +157,7 @@ def replicated_coverage(replays: int = 3000, seed: int = 0, ks: tuple[int, ...] 
                         servers: tuple[int, ...] = (1, 8), quantiles: tuple[float, ...] = (0.5, 0.95, 0.99)) -> list[dict]:
     """Coverage of the median-over-replications interval, per queue, load, length, K and quantile:
     ``replays`` replays drawn for the groups (disjoint groups of K), as many for the targets."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from saturation_calibration import replay_queue
-
-    from kvaudit.stats.replications import median_interval
-
+    replay_queue = _queue()
     rng = np.random.default_rng(seed)
     rows = []
     for c in servers:
@@ -171,10 +173,8 @@ def replicated_coverage(replays: int = 3000, seed: int = 0, ks: tuple[int, ...] 
                         hit = pooled_hit = groups = 0
                         for g in range(len(est) // k):
                             iv = median_interval(est[g * k:(g + 1) * k])
-                            lo = -np.inf if iv["low"] is None else iv["low"]
-                            hi = np.inf if iv["high"] is None else iv["high"]
-                            hit += lo <= target <= hi
-                            pooled_hit += lo <= pooled <= hi
+                            hit += _covers(iv, target)
+                            pooled_hit += _covers(iv, pooled)
                             groups += 1
                         cov = hit / groups
                         rows.append({"servers": c, "utilisation": u, "n": n, "quantile": q, "k": k, "groups": groups,
