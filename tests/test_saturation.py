@@ -10,11 +10,13 @@ from kvaudit.stats.saturation import GROWTH_LIMIT, MIN_REQUESTS, highest_sustain
 from tests.conftest import load_benchmark
 
 
-@pytest.mark.parametrize("utilisation, servers", [(0.5, 1), (1.5, 1), (0.5, 8), (1.5, 8)])
-def test_the_rule_meets_its_stated_characteristic_on_a_slice(utilisation, servers):
+@pytest.mark.parametrize("utilisation, servers, replications", [(0.5, 1, 1), (1.5, 1, 1), (0.5, 8, 1), (1.5, 8, 1),
+                                                                (0.5, 1, 6), (1.2, 8, 6)])
+def test_the_rule_meets_its_stated_characteristic_on_a_slice(utilisation, servers, replications):
+    # replications: a load past saturation when any of its replays is (kvaudit replay --replications)
     bench = load_benchmark("saturation_calibration")
-    reps, n = 60, 200
-    rate = bench.flag_rate(np.random.default_rng(7), reps, n, utilisation, servers, 1.0)
+    reps, n = 60 // replications * 2 if replications > 1 else 60, 200
+    rate = bench.flag_rate(np.random.default_rng(7), reps, n, utilisation, servers, 1.0, replications)
     err = rate if utilisation < 1 else 1 - rate
     limit = bench.claimed_limit(n, utilisation)
     assert limit is not None and err <= limit + 3 * (limit * (1 - limit) / reps) ** 0.5, (rate, limit)
