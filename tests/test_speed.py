@@ -48,3 +48,66 @@ def test_the_slice_fails_when_the_interval_is_dropped(monkeypatch):
 
     monkeypatch.setattr(speed, "median_ratio", point_only)
     assert false_pass_rate("lognormal", 30, 1.05, runs=400, seed=7) > 0.3
+
+
+def test_cases_run_together_are_judged_by_batch_where_per_case_they_pass_too_often():
+    """A slice of speed_calibration.py --batches: 200 cases in batches of 8, each batch's log ratios
+    shifted together (sd 0.3). Judged per case as if independent, a gate at the true median passes
+    far above alpha/2; judged by batch, within it."""
+    kw = {"runs": 600, "seed": 11, "batch": 8, "batch_sd": 0.3}
+    per_case = false_pass_rate("lognormal", 200, 1.05, by_batch=False, **kw)
+    by_batch = false_pass_rate("lognormal", 200, 1.05, **kw)
+    se = (0.025 * 0.975 / 600) ** 0.5
+    assert per_case > 0.08, per_case
+    assert by_batch <= 0.025 + 3 * se, by_batch
+
+
+def test_a_batch_counts_once():
+    from kvaudit.stats.speed import median_ratio_by_batch
+
+    # three batches: medians 2, 3 and 4 (the 1-case batch counts as much as the 5-case one)
+    arm = [2.0, 2.0, 2.0, 2.0, 2.0, 3.0, 3.0, 4.0, math.nan]
+    iv = median_ratio_by_batch(arm, [1.0] * 9, ["a"] * 5 + ["b", "b", "c", "d"])
+    assert (iv.n, iv.median, iv.unit) == (3, 3.0, "batches") and iv.upper is None  # 3 batches: no interval
+    assert median_ratio_by_batch([math.nan], [1.0], ["a"]) is None
+
+
+def _batched_run(tmp_path, record_batches: bool):
+    """48 cases run 8 at a time: reuse's TTFT over recompute's is one ratio per batch (0.9 to 0.98
+    in five batches, 1.2 in the sixth), as on an engine where a batch's requests share its step."""
+    import json
+
+    from kvaudit.testing.synthetic import make_pairs, make_run
+
+    pairs = make_pairs(n_per_task=12, leak_probes=0)[:48]
+    assert len(pairs) == 48
+    ratios = [0.9, 0.92, 0.94, 0.96, 0.98, 1.2]
+    for i, p in enumerate(pairs):
+        for name, arm in p.arms.items():
+            arm.ttft_s = 0.1 * (ratios[i // 8] if name == "reuse" else 1.0)
+        p.batch = f"0.{i // 8}" if record_batches else None
+    run = make_run(tmp_path / "run", pairs)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["backend"]["batching"] = {"concurrent_cases": 8}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    policy = tmp_path / "policy.toml"
+    policy.write_text('arm = "reuse"\n[[delta]]\ngroup = "overall"\nmin_lower_bound = -100.0\n'
+                      '[[speed]]\nname = "ttft"\nmetric = "ttft"\nmax_ratio = 1.1\n')
+    return run, policy
+
+
+def test_a_run_in_batches_is_judged_by_batch_and_one_that_did_not_record_them_is_not_judged(tmp_path):
+    """Per case, as if the 48 were independent, the interval's upper end is 0.96 and the row would
+    pass; six batches bound the median by their highest (1.2): the row fails. A run that ran cases
+    8 at a time without recording which cannot be judged at all."""
+    from kvaudit.reports.gate import judge
+    from kvaudit.stats.speed import median_ratio
+
+    run, policy = _batched_run(tmp_path / "a", record_batches=True)
+    (row,) = [r for r in judge(run, policy).results if r.name == "ttft"]
+    assert row.status == "fail" and "on 6 batches" in row.observed and "median over batches" in row.detail
+    per_case = median_ratio([0.1 * r for r in [0.9, 0.92, 0.94, 0.96, 0.98, 1.2] for _ in range(8)], [0.1] * 48)
+    assert per_case.upper is not None and per_case.upper < 1.1  # what the gate passed before batches were recorded
+    run, policy = _batched_run(tmp_path / "b", record_batches=False)
+    (row,) = [r for r in judge(run, policy).results if r.name == "ttft"]
+    assert row.status == "error" and "8 at a time" in row.detail

@@ -120,6 +120,9 @@ class PairRecord:
     metric: str = "em"
     evidence: list[str] = field(default_factory=list)
     canary: dict[str, Any] | None = None
+    # the cases each arm ran together (--concurrent-cases above 1: "session.batch"); None alone.
+    # Their timings share the batch's conditions: speed is judged per batch (kvaudit.stats.speed)
+    batch: str | None = None
 
 
 def flipped(arm: ArmResult, reference: ArmResult) -> bool:

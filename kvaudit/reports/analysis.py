@@ -44,7 +44,7 @@ from kvaudit.reports import scoring
 from kvaudit.stats import paired as stats
 from kvaudit.stats.leaks import leak_summary
 from kvaudit.stats.noninferiority import PairedBound, check_confidence, paired_bound
-from kvaudit.stats.speed import RatioInterval, median_ratio
+from kvaudit.stats.speed import RatioInterval, median_ratio, median_ratio_by_batch
 
 
 def arm_reason(arm: str) -> str:
@@ -415,8 +415,13 @@ class Analysis:
         """Per case that ran both, ``arm``'s and its reference's times for ``metric``
         (:data:`kvaudit.stats.speed.METRICS`): TTFT, or decode seconds per output token after the
         first (cases where either answer has fewer than two tokens are left out)."""
+        a, b, _ = self._times(arm, metric)
+        return a, b
+
+    def _times(self, arm: str, metric: str) -> tuple[list[float], list[float], list[str | None]]:
+        """:meth:`times`, and each case's batch (the cases its arms ran together, or None)."""
         ref = reference_of(arm)
-        a, b = [], []
+        a, b, batch = [], [], []
         for p in self.run.pairs:
             x, y = p.arms.get(arm), p.arms.get(ref)
             if x is None or y is None:
@@ -424,18 +429,37 @@ class Analysis:
             if metric == "ttft":
                 a.append(x.ttft_s)
                 b.append(y.ttft_s)
+                batch.append(p.batch)
             else:
                 nx, ny = _decoded(x), _decoded(y)
                 if nx and ny:
                     a.append(x.decode_s / nx)
                     b.append(y.decode_s / ny)
-        return a, b
+                    batch.append(p.batch)
+        return a, b, batch
 
     def speed(self, arm: str, metric: str = "ttft") -> RatioInterval | None:
-        """``arm``'s time over its reference's, per case: the median ratio with its distribution-free
-        interval at the run's confidence (:func:`kvaudit.stats.speed.median_ratio`)."""
-        a, b = self.times(arm, metric)
-        return median_ratio(a, b, self.confidence)
+        """``arm``'s time over its reference's: the median per-case ratio with its distribution-free
+        interval at the run's confidence (:func:`kvaudit.stats.speed.median_ratio`), or where cases
+        ran in batches (``--concurrent-cases``) the median over batches of a batch's median ratio
+        (:func:`~kvaudit.stats.speed.median_ratio_by_batch`: cases of one batch are not independent).
+        A run whose cases ran several at a time without recording which gets no interval."""
+        a, b, batch = self._times(arm, metric)
+        if any(k is not None for k in batch):
+            return median_ratio_by_batch(a, b, [k if k is not None else f"alone.{i}" for i, k in enumerate(batch)],
+                                         self.confidence)
+        iv = median_ratio(a, b, self.confidence)
+        if iv is not None and self.concurrent_cases > 1:  # written before kvaudit recorded batches
+            return RatioInterval(iv.n, iv.median, None, None, iv.confidence,
+                                 unit=f"cases (run {self.concurrent_cases} at a time; which ran together is not recorded)")
+        return iv
+
+    @property
+    def concurrent_cases(self) -> int:
+        """How many cases each arm ran for at once (the manifest's ``backend.batching``; 1 if unsaid)."""
+        batching = (self.run.manifest.backend or {}).get("batching")
+        n = batching.get("concurrent_cases") if isinstance(batching, dict) else None
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
     def speedup(self, arm: str) -> dict[str, Any] | None:
         """Recompute TTFT over ``arm`` TTFT: ratio of medians and median of per-case ratios."""

@@ -381,6 +381,8 @@ def _execute_locked(cfg: RunConfig, backend: Backend, *, progress: bool) -> Mani
     with run.appending() as pairs:
         for k in range(0, len(todo), per_batch):
             for rec in run_cases(backend, todo[k: k + per_batch], cfg, timing):
+                if per_batch > 1:  # cases that ran together: their timings are one batch's
+                    rec.batch = f"{len(manifest.sessions) - 1}.{k // per_batch}"
                 pairs.append(rec)
                 prog.add(rec)
                 bar.update(1)

@@ -59,19 +59,24 @@ def speed_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
     if p["speedup"]:
         obs = (f"{1 / iv.median:.3g}x" + ("" if iv.upper is None or iv.lower is None
                                           else f" [{1 / iv.upper:.3g}, {1 / iv.lower:.3g}]")
-               + f" on {iv.n} cases")
+               + f" on {iv.n} {iv.unit}")
     else:
         obs = (f"{iv.median:.3g}x" + ("" if iv.upper is None else f" [{iv.lower:.3g}, {iv.upper:.3g}]")
-               + f" on {iv.n} cases")
+               + f" on {iv.n} {iv.unit}")
     dec = speed_decision(iv, mx)
     if dec == "undecided":
         return ThresholdResult(check.name, check.kind, "error", obs, thr,
-                               f"cannot judge: {iv.n} cases are too few for a {iv.confidence:.0%} interval of the median")
+                               f"cannot judge: {iv.n} {iv.unit} are too few for a {iv.confidence:.0%} interval of the "
+                               "median" if iv.unit in ("cases", "batches") else
+                               f"cannot judge: the {iv.unit}, and cases run together are not independent; rerun "
+                               "with this kvaudit, which records each case's batch")
     noise = an.speed(NOISE_ARM, metric) if NOISE_ARM != arm else None
     detail = (f"median of per-case {SPEED_METRICS[metric]} ratios {arm}/{ref}, {iv.confidence:.0%} order-statistic "
-              "interval")
+              "interval" if iv.unit != "batches" else
+              f"median over batches (cases run together) of each batch's median {SPEED_METRICS[metric]} ratio "
+              f"{arm}/{ref}, {iv.confidence:.0%} order-statistic interval over batches")
     if noise is not None:
-        detail += f"; timing noise: {NOISE_ARM}/{ref} {noise.median:.3g}x on {noise.n} cases"
+        detail += f"; timing noise: {NOISE_ARM}/{ref} {noise.median:.3g}x on {noise.n} {noise.unit}"
         if metric == "ttft" and get_arm(NOISE_ARM).perturbs_batch:
             detail += " (it runs beside a filler request: its first token waits on a busier batch)"
     return ThresholdResult(check.name, check.kind, dec, obs, thr, detail)
