@@ -169,6 +169,9 @@ def test_concurrent_cases_over_http_audit_like_one_at_a_time(server, dataset, ru
     for p in read_pairs(out):
         for name in ("recompute", "identity", "reuse"):
             assert p.arms[name].answer_ids == one[p.case_id].arms[name].answer_ids, (p.case_id, name)
+    # each pair names the cases it ran with: speed is judged per batch (3, then 2), not per case
+    assert [p.batch for p in read_pairs(out)] == ["0.0"] * 3 + ["0.1"] * 2
+    assert all(p.batch is None for p in read_pairs(run_dir))  # one at a time: each case alone
     assert main(["report", str(out)]) == 0
     page = (out / "report.html").read_text()
     assert "Cases ran 3 at a time" in page and "None requests" not in page
