@@ -111,3 +111,10 @@ def test_a_run_in_batches_is_judged_by_batch_and_one_that_did_not_record_them_is
     run, policy = _batched_run(tmp_path / "b", record_batches=False)
     (row,) = [r for r in judge(run, policy).results if r.name == "ttft"]
     assert row.status == "error" and "8 at a time" in row.detail
+    # cases that lost their batch in a run that ran 8 at a time: not taken as cases alone
+    lines = (tmp_path / "a" / "run" / "pairs.jsonl").read_text().splitlines()
+    edited = [line.replace('"batch": "0.5"', '"batch": null') for line in lines]
+    assert edited != lines
+    (tmp_path / "a" / "run" / "pairs.jsonl").write_text("\n".join(edited) + "\n")
+    (row,) = [r for r in judge(tmp_path / "a" / "run", policy).results if r.name == "ttft"]
+    assert row.status == "error" and "8 at a time" in row.detail

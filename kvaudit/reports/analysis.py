@@ -445,11 +445,11 @@ class Analysis:
         (:func:`~kvaudit.stats.speed.median_ratio_by_batch`: cases of one batch are not independent).
         A run whose cases ran several at a time without recording which gets no interval."""
         a, b, batch = self._times(arm, metric)
-        if any(k is not None for k in batch):
+        if any(k is not None for k in batch) and not (self.concurrent_cases > 1 and None in batch):
             return median_ratio_by_batch(a, b, [k if k is not None else f"alone.{i}" for i, k in enumerate(batch)],
                                          self.confidence)
         iv = median_ratio(a, b, self.confidence)
-        if iv is not None and self.concurrent_cases > 1:  # written before kvaudit recorded batches
+        if iv is not None and self.concurrent_cases > 1:  # written before kvaudit recorded batches, or some lost
             return RatioInterval(iv.n, iv.median, None, None, iv.confidence,
                                  unit=f"cases (run {self.concurrent_cases} at a time; which ran together is not recorded)")
         return iv
