@@ -118,3 +118,41 @@ def test_a_run_in_batches_is_judged_by_batch_and_one_that_did_not_record_them_is
     (tmp_path / "a" / "run" / "pairs.jsonl").write_text("\n".join(edited) + "\n")
     (row,) = [r for r in judge(tmp_path / "a" / "run", policy).results if r.name == "ttft"]
     assert row.status == "error" and "8 at a time" in row.detail
+
+
+@pytest.mark.parametrize("concurrent", [1, 8])
+def test_the_timing_channel_is_not_judged_on_cases_run_together(tmp_path, concurrent):
+    """The timing AUC's interval clusters by case; cases run together share their batch's timing
+    (simulated coverage 0.34-0.51 in batches of 8). Run 8 at a time, the gate's timing row cannot
+    judge and the report says why; one at a time it is judged."""
+    import copy
+    import json
+
+    from kvaudit.cli import main
+    from kvaudit.reports.gate import judge
+    from kvaudit.testing.synthetic import make_pairs, make_run
+
+    pairs = make_pairs(n_per_task=8, leak_probes=0)
+    for i, p in enumerate(pairs):
+        other = copy.deepcopy(p.arms["recompute"])
+        other.arm, other.cache_hit_tokens, other.tokens_reused = "reuse_other_tenant", 0, 0
+        other.ttft_s = 0.1 + 0.01 * (i % 7)
+        p.arms["reuse"].ttft_s = 0.1 + 0.01 * ((i + 3) % 7)
+        p.arms["reuse_other_tenant"] = other
+        p.arm_order.append("reuse_other_tenant")
+        p.batch = f"0.{i // 8}" if concurrent > 1 else None
+    run = make_run(tmp_path / "run", pairs)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["backend"]["batching"] = {"concurrent_cases": concurrent}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    policy = tmp_path / "policy.toml"
+    policy.write_text('arm = "reuse"\n[[delta]]\ngroup = "overall"\nmin_lower_bound = -100.0\n'
+                      "[security]\nmax_timing_auc = 0.9\nmissing = \"skip\"\n")
+    rows = {r.kind: r for r in judge(run, policy).results}
+    assert "segment reuse: AUC" in rows["timing"].observed
+    if concurrent > 1:
+        assert rows["timing"].status == "error" and "ran 8 cases at a time" in rows["timing"].detail
+    else:
+        assert rows["timing"].status in ("pass", "fail") and "at a time" not in rows["timing"].detail
+    assert main(["report", str(run)]) == 0
+    assert ('id="timing-batched"' in (run / "report.html").read_text()) == (concurrent > 1)

@@ -199,3 +199,11 @@ def test_isolation_decision():
         T.isolation_decision([1, 2], [0])
     with pytest.raises(ValueError):
         T.isolation_decision([1, -2], [0, 0])
+
+
+def test_probes_run_together_break_the_interval_which_is_why_such_runs_are_not_judged():
+    # a slice of benchmarks/timing_calibration.py --batches (0.34-0.51 in batches of 8 in the full run)
+    bench = load_benchmark("timing_calibration")
+    alone, together = bench.batched_coverage(reps=100, seed=5, batches=(1, 8), speeds=(0.8,), pool=100)
+    assert alone["coverage"] >= 0.95 - 3 * (0.95 * 0.05 / 100) ** 0.5, alone
+    assert together["coverage"] < 0.8, together

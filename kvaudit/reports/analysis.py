@@ -491,7 +491,8 @@ class Analysis:
         (:func:`kvaudit.reports.security.security_summary`)."""
         from kvaudit.reports.security import security_summary
 
-        return security_summary(self.run.pairs, self.timing)
+        # cases run together: the timing AUC's interval takes them as independent (it is not)
+        return {**security_summary(self.run.pairs, self.timing), "batched": self.concurrent_cases}
 
     @property
     def coverage(self) -> dict[str, Any] | None:
