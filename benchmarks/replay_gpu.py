@@ -38,7 +38,7 @@ from vllm_ttft import make_shape  # noqa: E402
 
 from kvaudit.core.dataset_format import DEFAULT_SYSTEM  # noqa: E402
 from kvaudit.core.jsonio import write_atomic  # noqa: E402
-from kvaudit.core.replay_format import ReplayConfig, ReplayDir  # noqa: E402
+from kvaudit.core.replay_format import ReplayConfig, ReplayDir, poisson_spec  # noqa: E402
 from kvaudit.generators.workload import WorkloadParams, generate, write_workload  # noqa: E402
 from kvaudit.replay.serve import (  # noqa: E402
     engine_kv_bytes,
@@ -115,7 +115,7 @@ def at_rate(backend, policy: str, rate: float, seed: int, todo: list, requests: 
     backend.reset_caches()
     out = ReplayDir(work / policy / (f"rate-{rate:g}" + (f"-seed-{seed}" if args.replications > 1 else "")))
     out.path.mkdir(parents=True, exist_ok=True)
-    c = replace(cfg, arrivals=f"poisson:{rate}:{seed}", schedule=args.schedule)
+    c = replace(cfg, arrivals=poisson_spec(rate, seed), schedule=args.schedule)
     out.write_config(c)
     t0 = time.perf_counter()
     arrivals = poisson_arrivals(len(requests), rate, seed)

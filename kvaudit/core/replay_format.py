@@ -31,7 +31,6 @@ from kvaudit.core.work_dir import WorkDir
 
 REPLAY_FORMAT = 1
 POLICIES = words(ReplayPolicy)  # what a replay's --cache-policy may be
-SCHEDULES = ("waves", "arrivals")
 
 
 @dataclass
@@ -148,6 +147,12 @@ def _check_record(r: RequestRecord, where: str) -> None:
                                f"{MAX_PIECE_TOKENS}, got {t}")
 
 
+def poisson_spec(rate: float, seed: int) -> str:
+    """The arrivals spec of Poisson arrivals at ``rate`` per second seeded by ``seed`` (what
+    :func:`arrival_rate` reads back)."""
+    return f"poisson:{rate}:{seed}"
+
+
 def arrival_rate(arrivals: str) -> float | None:
     """The offered load of a ``poisson:RATE:SEED`` arrivals spec (requests per second), or None
     for a closed loop or timestamps; ValueError for anything else."""
@@ -161,22 +166,20 @@ def arrival_rate(arrivals: str) -> float | None:
     return value
 
 
-def check_config(obj: dict[str, Any], where: str, prefix: str = "") -> None:
-    """Raise :class:`DatasetError` naming ``where`` and the field (after ``prefix``) unless ``obj``
-    is a replay configuration this kvaudit reads (:class:`ReplayConfig`)."""
+def check_config(obj: dict[str, Any], where: str, prefix: str = "") -> ReplayConfig:
+    """``obj`` read as a :class:`ReplayConfig`, or a :class:`DatasetError` naming ``where`` and the
+    field (after ``prefix``) where it is not a replay configuration this kvaudit reads."""
     version = obj.get("format_version", REPLAY_FORMAT)
     if not isinstance(version, int) or isinstance(version, bool) or version > REPLAY_FORMAT:
         raise DatasetError(f"{where}: field '{prefix}format_version' is {excerpt(repr(version), 40)}: this kvaudit "
                            f"reads replay format {REPLAY_FORMAT}; upgrade kvaudit to read this replay")
-    record_from_json(obj, ReplayConfig, where, prefix=prefix)
-    if obj.get("schedule", "waves") not in SCHEDULES:
-        raise DatasetError(f"{where}: field '{prefix}schedule' must be one of {', '.join(SCHEDULES)}, "
-                           f"got {excerpt(repr(obj['schedule']), 40)}")
+    config = record_from_json(obj, ReplayConfig, where, prefix=prefix)  # the schedule among them: a Literal
     try:
-        arrival_rate(obj.get("arrivals", "closed"))
+        arrival_rate(config.arrivals)
     except ValueError:
         raise DatasetError(f"{where}: field '{prefix}arrivals' must be closed, timestamps or poisson:RATE:SEED "
-                           f"(a positive rate, an integer seed), got {excerpt(repr(obj['arrivals']), 40)}") from None
+                           f"(a positive rate, an integer seed), got {excerpt(repr(config.arrivals), 40)}") from None
+    return config
 
 
 class ReplayDir(WorkDir[RequestRecord]):
@@ -205,8 +208,7 @@ class ReplayDir(WorkDir[RequestRecord]):
         where = str(self.config_file)
         if not isinstance(obj, dict):
             raise DatasetError(f"{where}: expected a JSON object")
-        check_config(obj, where)
-        return ReplayConfig(**{k: obj[k] for k in ReplayConfig.__dataclass_fields__ if k in obj})
+        return check_config(obj, where)
 
     def write_config(self, config: ReplayConfig) -> None:
         write_json(self.config_file, asdict(config))

@@ -83,10 +83,11 @@ def _arrivals(args: argparse.Namespace, requests: list[Any], rate: float | None,
               seed: int) -> tuple[str, list[float] | None]:
     """The arrival spec recorded in the replay's config, and one arrival time per workload request
     (seconds from the first), or None for the closed loop."""
+    from kvaudit.core.replay_format import poisson_spec
     from kvaudit.replay.serve import poisson_arrivals
 
     if rate is not None:
-        return f"poisson:{rate}:{seed}", poisson_arrivals(len(requests), rate, seed)
+        return poisson_spec(rate, seed), poisson_arrivals(len(requests), rate, seed)
     if args.timestamps:
         missing = [r for r in requests if r.timestamp is None]
         if missing:
@@ -145,23 +146,24 @@ def _engine_facts(backend: Backend, dtype: str, model: str) -> dict[str, Any]:
     }
 
 
+def _ms(v: dict[str, Any], ends: int = 1, width: int = 0) -> str:
+    """A percentile and its interval in milliseconds ("?" for an end the sample cannot bound)."""
+    lo = "?" if v["low"] is None else f"{1e3 * v['low']:.{ends}f}"
+    hi = "?" if v["high"] is None else f"{1e3 * v['high']:.{ends}f}"
+    return f"{1e3 * v['value']:>{width}.1f} ms [{lo}, {hi}]"
+
+
 def _print_summary(s: dict[str, Any], out: Path) -> None:
     from kvaudit.replay.summary import UNCLAIMED_INTERVALS
 
     t = s["ttft_s"]
     hr = s["hit_rate"]
-
-    def ms(v: dict[str, Any]) -> str:
-        lo = "?" if v["low"] is None else f"{1e3 * v['low']:.1f}"
-        hi = "?" if v["high"] is None else f"{1e3 * v['high']:.1f}"
-        return f"{1e3 * v['value']:.1f} ms [{lo}, {hi}]"
-
     c = s["config"]
     how = ("each request joining the running batch at its arrival" if c.get("schedule") == "arrivals"
            else f"in waves of up to {c['concurrency']}")
     print(f"\nreplay {c['policy']} at budget {c['budget_bytes']:,} B: {s['requests']} requests "
           f"({s['sessions']} session(s)), {how}, arrivals {c.get('arrivals', 'closed')}, in {out}")
-    print(f"  TTFT p50 {ms(t['p50'])}  p95 {ms(t['p95'])}  p99 {ms(t['p99'])}")
+    print(f"  TTFT p50 {_ms(t['p50'])}  p95 {_ms(t['p95'])}  p99 {_ms(t['p99'])}")
     if not s.get("ttft_intervals_claimed", True):
         print(f"  ({UNCLAIMED_INTERVALS})")
     m, p = hr["measured"]["token_hit_rate"], hr["simulated"]["token_hit_rate"]
@@ -184,7 +186,7 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
               "were in flight: prefilled, counted as misses")
     tp = s.get("time_per_output_token_s")
     if tp:
-        print(f"  time per output token p50 {ms(tp['p50'])}  p95 {ms(tp['p95'])}")
+        print(f"  time per output token p50 {_ms(tp['p50'])}  p95 {_ms(tp['p95'])}")
     th = s["throughput"]
     if th["requests_per_s"]:
         print(f"  throughput {th['requests_per_s']:.2f} requests/s, {th['prompt_tokens_per_s']:,.0f} prompt tokens/s")
@@ -381,12 +383,6 @@ def _write_sweep(out: Path, loads: list[tuple[float, list[tuple[int, str, dict[s
     write_json(out / SWEEP_FILE, {"policy": first["config"]["policy"],
                                     "schedule": first["config"].get("schedule", "waves"), "loads": rows})
     k = len(loads[0][1])
-
-    def ms(v: dict[str, Any]) -> str:
-        lo = "?" if v["low"] is None else f"{1e3 * v['low']:.0f}"
-        hi = "?" if v["high"] is None else f"{1e3 * v['high']:.0f}"
-        return f"{1e3 * v['value']:>8.1f} ms [{lo}, {hi}]"
-
     print(f"\nsweep of {len(rows)} loads" + (f", {k} replications each" if k > 1 else "") + f" in {out / SWEEP_FILE}:")
     print("  offered/s  served/s  TTFT p50 [95% interval]     p95                         hit    TTFT growth "
           "(s per s of arrivals)")
@@ -395,7 +391,7 @@ def _write_sweep(out: Path, loads: list[tuple[float, list[tuple[int, str, dict[s
         served = r["requests_per_s"] or 0.0
         grows = "–" if g is None else f"{g['slope']:+.3f}" + (" past saturation" if g["past_saturation"] else "")
         hit = "–" if r["token_hit_rate"] is None else f"{100 * r['token_hit_rate']:5.1f}%"
-        print(f"  {r['rate']:>9g}  {served:>8.2f}  {ms(t['p50']):<26}  {ms(t['p95']):<26}  {hit}  {grows}")
+        print(f"  {r['rate']:>9g}  {served:>8.2f}  {_ms(t['p50'], 0, 8):<26}  {_ms(t['p95'], 0, 8):<26}  {hit}  {grows}")
     if k > 1:
         print(f"  each load's percentiles: the median over its {k} replications, the interval distribution-free over "
               "them (both ends from 6 replications)")

@@ -451,7 +451,8 @@ class Analysis:
         iv = median_ratio(a, b, self.confidence)
         if iv is not None and self.concurrent_cases > 1:  # written before kvaudit recorded batches, or some lost
             return RatioInterval(iv.n, iv.median, None, None, iv.confidence,
-                                 unit=f"cases (run {self.concurrent_cases} at a time; which ran together is not recorded)")
+                                 unjudged=f"the cases ran {self.concurrent_cases} at a time and which ran together "
+                                          "is not recorded")
         return iv
 
     @property
@@ -492,7 +493,7 @@ class Analysis:
         from kvaudit.reports.security import security_summary
 
         # cases run together: the timing AUC's interval takes them as independent (it is not)
-        return {**security_summary(self.run.pairs, self.timing), "batched": self.concurrent_cases}
+        return {**security_summary(self.run.pairs, self.timing), "concurrent_cases": self.concurrent_cases}
 
     @property
     def coverage(self) -> dict[str, Any] | None:

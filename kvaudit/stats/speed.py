@@ -50,6 +50,7 @@ class RatioInterval:
     upper: float | None
     confidence: float
     unit: str = "cases"  # what n counts, each one independent value: "cases", or "batches" of cases run together
+    unjudged: str | None = None  # why there is no interval though n would allow one
 
 
 def order_statistic_rank(n: int, confidence: float) -> int | None:

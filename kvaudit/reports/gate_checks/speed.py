@@ -66,10 +66,10 @@ def speed_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
     dec = speed_decision(iv, mx)
     if dec == "undecided":
         return ThresholdResult(check.name, check.kind, "error", obs, thr,
+                               f"cannot judge: {iv.unjudged}, and cases run together are not independent; rerun "
+                               "with this kvaudit, which records each case's batch" if iv.unjudged else
                                f"cannot judge: {iv.n} {iv.unit} are too few for a {iv.confidence:.0%} interval of the "
-                               "median" if iv.unit in ("cases", "batches") else
-                               f"cannot judge: the {iv.unit}, and cases run together are not independent; rerun "
-                               "with this kvaudit, which records each case's batch")
+                               "median")
     noise = an.speed(NOISE_ARM, metric) if NOISE_ARM != arm else None
     detail = (f"median of per-case {SPEED_METRICS[metric]} ratios {arm}/{ref}, {iv.confidence:.0%} order-statistic "
               "interval" if iv.unit != "batches" else
