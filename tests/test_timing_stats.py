@@ -201,9 +201,39 @@ def test_isolation_decision():
         T.isolation_decision([1, -2], [0, 0])
 
 
-def test_probes_run_together_break_the_interval_which_is_why_such_runs_are_not_judged():
-    # a slice of benchmarks/timing_calibration.py --batches (0.34-0.51 in batches of 8 in the full run)
+def test_probes_run_together_are_covered_by_the_interval_clustered_by_batch():
+    # a slice of benchmarks/timing_calibration.py --batches: clustered by case, the interval covers
+    # 0.23-0.80 of runs in batches of 4-16; clustered by batch it meets the benchmark's targets
     bench = load_benchmark("timing_calibration")
-    alone, together = bench.batched_coverage(reps=100, seed=5, batches=(1, 8), speeds=(0.8,), pool=100)
-    assert alone["coverage"] >= 0.95 - 3 * (0.95 * 0.05 / 100) ** 0.5, alone
-    assert together["coverage"] < 0.8, together
+    rows = bench.batched_coverage(reps=300, seed=5, cells=((80, 1), (80, 8)), speeds=(0.8,),
+                                  models=("total", "shared"), pool=100)
+    for r in rows:
+        assert bench.batched_misses(r) == [], r
+        if r["batch"] == 1:
+            assert r["coverage_by_case"] == r["coverage"], r  # one case a batch: the same interval
+        else:
+            assert r["coverage_by_case"] < 0.8, r  # what the gate judged before it clustered by batch
+
+
+def test_the_interval_clusters_by_batch():
+    rng = np.random.default_rng(3)
+    hit, miss = rng.normal(0, 1, 40), rng.normal(0.6, 1, 40)
+    alone = T.auc_interval(hit, miss)
+    assert T.auc_interval(hit, miss, clusters=list(range(40))) == alone  # one case a batch: unchanged
+    b = [i // 4 for i in range(40)]
+    auc, lo, hi, _, _ = T.auc_interval(hit, miss, clusters=b)
+    cross = [(i, j) for i in range(40) for j in range(40) if b[i] != b[j]]
+    assert auc == pytest.approx(np.mean([(miss[i] > hit[j]) + 0.5 * (miss[i] == hit[j]) for i, j in cross]))
+    assert hi - lo > alone[2] - alone[1]  # 10 batches: a wider interval than 40 cases
+    t = T.timing_auc(hit, miss, batches=[f"0.{k}" for k in b])
+    assert t.batches == 10 and t.units == 10 and t.n == 40
+    assert t.paired_upper - t.paired_lower > T.timing_auc(hit, miss).paired_upper - T.timing_auc(hit, miss).paired_lower
+    with pytest.raises(ValueError, match="two batches"):
+        T.auc_interval(hit, miss, clusters=["x"] * 40)
+    with pytest.raises(ValueError, match="one batch per case"):
+        T.auc_interval(hit, miss, clusters=b[:-1])
+    few = T.timing_auc(hit[:36], miss[:36] + 5, batches=b[:36])  # 9 batches, complete separation
+    assert few.lower > 0.5 and T.timing_decision(few, 0.75) == T.CANNOT_JUDGE
+    marked = T.timing_auc(hit, miss + 5, unjudged="why")
+    assert T.timing_decision(marked, 0.75) == T.CANNOT_JUDGE
+    assert T.timing_decision(T.timing_auc(hit, miss + 5), 0.75) == T.FAIL

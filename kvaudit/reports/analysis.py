@@ -484,7 +484,7 @@ class Analysis:
         """``{probe: TimingAUC}`` of the tenant probes that ran (:func:`kvaudit.reports.security.timing_probes`)."""
         from kvaudit.reports.security import timing_probes
 
-        return timing_probes(self.run.pairs, self.confidence)
+        return timing_probes(self.run.pairs, self.confidence, self.concurrent_cases)
 
     @cached_property
     def security(self) -> dict[str, Any]:

@@ -5,8 +5,8 @@
   must not.
 * **Timing side channel**: time to first token of a cache hit (the same tenant's warm request;
   for segment reuse the reuse arm) against a miss (the other tenant's identical request right
-  after), one pair per case, as a ROC AUC with its clustered interval and the number of request
-  pairs an observer needs to tell them apart (:func:`kvaudit.stats.timing.timing_auc`).
+  after), one pair per case, as a ROC AUC with its interval (clustered by case, or by batch where
+  cases ran several at a time) and the number of request pairs an observer needs to tell them apart (:func:`kvaudit.stats.timing.timing_auc`).
 * **Cold / flushed / warm**: per case, the engine's prefix-cache arms' answers: a flushed answer
   that differs from the cold one is the engine's own nondeterminism (both were computed from
   scratch); a warm answer that differs from both cold ones is the cache.
@@ -22,10 +22,10 @@ from kvaudit.core.run_format import PairRecord, flipped
 from kvaudit.stats.timing import TimingAUC, timing_auc
 
 
-def probe_ttfts(pairs: list[PairRecord], what: str) -> tuple[list[float], list[float]]:
-    """(hit, miss) TTFTs, one pair per case, of the tenant probe ``what`` ("prefix cache" or
-    "segment reuse")."""
-    hit, miss = [], []
+def probe_ttfts(pairs: list[PairRecord], what: str) -> tuple[list[float], list[float], list[str | None]]:
+    """(hit, miss, batch) per case of the tenant probe ``what`` ("prefix cache" or "segment
+    reuse"): TTFTs, and the batch the case ran in (``PairRecord.batch``; None one at a time)."""
+    hit, miss, batch = [], [], []
     for w, same_arm, probe_arm in probe_arms(pairs):
         if w != what:
             continue
@@ -33,15 +33,31 @@ def probe_ttfts(pairs: list[PairRecord], what: str) -> tuple[list[float], list[f
             if same_arm in p.arms and probe_arm in p.arms:
                 hit.append(p.arms[same_arm].ttft_s)
                 miss.append(p.arms[probe_arm].ttft_s)
-    return hit, miss
+                batch.append(p.batch)
+    return hit, miss, batch
 
 
-def timing_probes(pairs: list[PairRecord], confidence: float) -> dict[str, TimingAUC]:
-    """``{what: TimingAUC}`` of hit against miss TTFT for each tenant probe that ran."""
+UNRECORDED_BATCHES = ("the probes ran {} cases at a time and which ran together is not recorded (a run made "
+                      "before kvaudit recorded batches, or an edited record): cases of one batch share its timing")
+
+
+def timing_probes(pairs: list[PairRecord], confidence: float, concurrent_cases: int = 1) -> dict[str, TimingAUC]:
+    """``{what: TimingAUC}`` of hit against miss TTFT for each tenant probe that ran. Where the
+    cases ran ``concurrent_cases`` at a time the interval clusters by batch; without every case's
+    batch it is marked unjudged."""
     out = {}
     for what, _, _ in probe_arms(pairs):
-        hit, miss = probe_ttfts(pairs, what)
-        if len(hit) >= 2:
+        hit, miss, batch = probe_ttfts(pairs, what)
+        if len(hit) < 2:
+            continue
+        if concurrent_cases > 1 and None in batch:
+            out[what] = timing_auc(hit, miss, confidence, unjudged=UNRECORDED_BATCHES.format(concurrent_cases))
+        elif concurrent_cases > 1 and len(set(batch)) >= 2:
+            out[what] = timing_auc(hit, miss, confidence, batches=batch)
+        elif concurrent_cases > 1:
+            out[what] = timing_auc(hit, miss, confidence, unjudged="every case ran in one batch: nothing to "
+                                                                   "compare it with")
+        else:
             out[what] = timing_auc(hit, miss, confidence)
     return out
 
@@ -83,7 +99,7 @@ def security_summary(pairs: list[PairRecord], timing: dict[str, TimingAUC]) -> d
 
 
 def _timing_row(t: TimingAUC) -> dict[str, Any]:
-    return {"n": t.n, "auc": t.auc, "lower": t.lower, "upper": t.upper, "confidence": t.confidence,
+    return {"n": t.n, "batches": t.batches, "unjudged": t.unjudged, "auc": t.auc, "lower": t.lower, "upper": t.upper, "confidence": t.confidence,
             "paired_accuracy": t.paired_accuracy, "median_hit_s": t.median_hit, "median_miss_s": t.median_miss,
             "requests_needed": t.requests_needed, "requests_needed_best_case": t.requests_needed_best_case,
             "error": t.error}

@@ -82,6 +82,20 @@ few stalled hits per hundred cases), a sample that happens to hold none looks cl
 truth, and the lower end can exceed the truth (11% of runs in one stress cell). That errs
 towards "fail", never towards "pass".
 
+**Cases run together.** With ``--concurrent-cases B`` the probes of B cases run as one engine
+batch, so a batch's requests share its timing (in one engine batch each first token waits for the
+batch's prefill) and the cases are no longer the independent units. Given each case's batch the
+AUC compares only cases of different batches (the own batch's pairs share its conditions, as the
+own case's do), Obuchowski's variance sums the structural components per batch
+(``K / (K - 1) * sum_c S_c^2 / n^2`` over K batches; one case per batch gives the variance above),
+and the K batches are the interval's units: its shape, t quantile (K - 1 degrees of freedom),
+separation cap and the gate's minimum (:data:`MIN_CASES` batches) all take n = K. The paired
+accuracy's Wilson interval takes K trials (a batch's share lies in [0, 1], so its variance is at
+most a Bernoulli's). ``benchmarks/timing_calibration.py --batches`` (a batch's requests each get its total, or their
+own cost plus half the others' under a shared load; 80-200 cases in batches of 1-16, true AUC
+0.5-1, 1,000 runs a row): coverage 0.957-1.000 and false pass at most 0.029 by batch, where the
+interval clustered by case covered as little as 0.28.
+
 **Isolation.** :func:`isolation_decision` is deterministic: per case, the cached-prompt tokens
 reported for the same tenant's repeat of a prompt (must be > 0: the cache is on and reused) and
 for another tenant's identical request (must be 0). It lives here beside the timing decision as
@@ -139,6 +153,13 @@ class TimingAUC:
     error: float
     requests_needed: int | None
     requests_needed_best_case: int | None
+    batches: int | None = None  # the run's cases ran in this many batches (--concurrent-cases); None: one at a time
+    unjudged: str | None = None  # why the gate cannot judge this interval whatever it says
+
+    @property
+    def units(self) -> int:
+        """The interval's independent units: its batches where cases ran together, else its cases."""
+        return self.batches if self.batches is not None else self.n
 
     @property
     def one_sided_level(self) -> float:
@@ -164,28 +185,56 @@ def _psi(miss: np.ndarray, hit: np.ndarray) -> np.ndarray:
     return (miss > hit) + 0.5 * (miss == hit)
 
 
-def structural_components(hit: Sequence[float] | np.ndarray,
-                          miss: Sequence[float] | np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """``(auc, V10, V01)`` over cross-case pairs: ``V10_i`` is the mean of ``psi(miss_i, hit_j)``
-    over j != i, ``V01_i`` the mean of ``psi(miss_j, hit_i)`` over j != i; both average to the AUC.
-    O(n log n) by sorting."""
+def _cluster_index(clusters: Sequence[object] | None, n: int) -> np.ndarray:
+    """Each case's cluster as 0..K-1 (every case its own cluster when ``clusters`` is None)."""
+    if clusters is None:
+        return np.arange(n)
+    if len(clusters) != n:
+        raise ValueError(f"need one batch per case, got {len(clusters)} for {n} cases")
+    if any(c is None for c in clusters):
+        raise ValueError("every case needs its batch (None given)")
+    _, idx = np.unique(np.asarray([str(c) for c in clusters]), return_inverse=True)
+    if idx.max() < 1:
+        raise ValueError("the AUC needs at least two batches (it compares cases of different batches)")
+    return idx
+
+
+def structural_components(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.ndarray,
+                          clusters: Sequence[object] | None = None) -> tuple[float, np.ndarray, np.ndarray]:
+    """``(auc, V10, V01)`` over pairs of cases in different clusters (each case its own cluster by
+    default; with ``--concurrent-cases`` the batch): ``V10_i`` is the mean of ``psi(miss_i, hit_j)``
+    over the cases j outside i's cluster, ``V01_i`` the mean of ``psi(miss_j, hit_i)``. The AUC is the
+    mean over all those pairs. O(n log n + sum of squared cluster sizes)."""
     h, m = _pairs(hit, miss)
     n = len(h)
+    c = _cluster_index(clusters, n)
     hs, ms = np.sort(h), np.sort(m)
     h_lo, h_hi = np.searchsorted(hs, m, "left"), np.searchsorted(hs, m, "right")
     m_lo, m_hi = np.searchsorted(ms, h, "left"), np.searchsorted(ms, h, "right")
-    own = _psi(m, h)
-    v10 = (h_lo + 0.5 * (h_hi - h_lo) - own) / (n - 1)  # hits of other cases below miss_i
-    v01 = (n - m_hi + 0.5 * (m_hi - m_lo) - own) / (n - 1)  # misses of other cases above hit_i
-    return float(v10.mean()), v10, v01
+    in10, in01 = np.empty(n), np.empty(n)  # the same comparisons within the case's own cluster
+    for k in np.unique(c):
+        i = np.flatnonzero(c == k)
+        in10[i] = _psi(m[i][:, None], h[i][None, :]).sum(axis=1)
+        in01[i] = _psi(m[i][:, None], h[i][None, :]).sum(axis=0)
+    size = np.bincount(c)[c]
+    others = n - size
+    v10 = (h_lo + 0.5 * (h_hi - h_lo) - in10) / others  # hits of other clusters below miss_i
+    v01 = (n - m_hi + 0.5 * (m_hi - m_lo) - in01) / others  # misses of other clusters above hit_i
+    return float(np.sum(v10 * others) / np.sum(others)), v10, v01
 
 
-def clustered_variance(auc: float, v10: np.ndarray, v01: np.ndarray) -> tuple[float, float]:
-    """``(clustered, naive)`` variance of the AUC: Obuchowski's with one hit and one miss per
-    case, and the two-sample DeLong that treats hits and misses as independent samples."""
+def clustered_variance(auc: float, v10: np.ndarray, v01: np.ndarray,
+                       clusters: np.ndarray | None = None) -> tuple[float, float]:
+    """``(clustered, naive)`` variance of the AUC: Obuchowski's, summing each cluster's structural
+    components (a case with its hit and miss by default, a batch of cases with ``clusters``),
+    ``K / (K - 1) * sum_c S_c^2 / n^2`` over K clusters; and the two-sample DeLong that treats hits
+    and misses as independent samples."""
     n = len(v10)
     a, b = v10 - auc, v01 - auc
-    return float(np.sum((a + b) ** 2) / (n * (n - 1))), float((a @ a + b @ b) / (n * (n - 1)))
+    c = np.arange(n) if clusters is None else clusters
+    k = int(c.max()) + 1
+    s = np.bincount(c, weights=a + b, minlength=k)
+    return float(k / (k - 1) * np.sum(s ** 2) / (n * n)), float((a @ a + b @ b) / (n * (n - 1)))
 
 
 def first_order_variance(theta: np.ndarray | float, n: int) -> np.ndarray:
@@ -263,14 +312,18 @@ def t_quantile(n: int, confidence: float) -> float:
 
 
 def auc_interval(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.ndarray,
-                 confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float, float, float]:
-    """``(auc, lower, upper, clustered se, deff)``: the module's interval."""
+                 confidence: float = DEFAULT_CONFIDENCE,
+                 clusters: Sequence[object] | None = None) -> tuple[float, float, float, float, float]:
+    """``(auc, lower, upper, clustered se, deff)``: the module's interval. With ``clusters`` (each
+    case's batch) the AUC compares cases of different batches, the variance clusters by batch and
+    the interval's shape, t quantile and separation cap take the K batches as its K units."""
     check_confidence(confidence)
-    auc, v10, v01 = structural_components(hit, miss)
-    var, naive = clustered_variance(auc, v10, v01)
+    auc, v10, v01 = structural_components(hit, miss, clusters)
+    idx = None if clusters is None else _cluster_index(clusters, len(v10))
+    var, naive = clustered_variance(auc, v10, v01, idx)
     deff = var / naive if naive > 0 else 1.0
-    n = len(v10)
-    lo, hi = score_bounds(auc, variance_scale(auc, var, n), n, t_quantile(n, confidence))
+    units = len(v10) if idx is None else int(idx.max()) + 1
+    lo, hi = score_bounds(auc, variance_scale(auc, var, units), units, t_quantile(units, confidence))
     return auc, float(lo), float(hi), float(np.sqrt(var)), float(deff)
 
 
@@ -321,30 +374,37 @@ def _wilson(k: float, n: int, confidence: float) -> tuple[float, float]:
 
 
 def timing_auc(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.ndarray,
-               confidence: float = DEFAULT_CONFIDENCE, *, error: float = DEFAULT_ERROR) -> TimingAUC:
+               confidence: float = DEFAULT_CONFIDENCE, *, error: float = DEFAULT_ERROR,
+               batches: Sequence[object] | None = None, unjudged: str | None = None) -> TimingAUC:
     """The timing side channel of paired (hit_i, miss_i) TTFTs, one pair per case (see the
-    module docstring for the estimand, the interval and the paired accuracy)."""
+    module docstring for the estimand, the interval and the paired accuracy). ``batches`` names
+    each case's batch where the probes ran several cases at a time: the interval then clusters by
+    batch ("Cases run together" in the module docstring). ``unjudged`` says why the gate must not
+    judge it (the decision then cannot judge)."""
     h, m = _pairs(hit, miss)
-    auc, lo, hi, se, deff = auc_interval(h, m, confidence)
+    auc, lo, hi, se, deff = auc_interval(h, m, confidence, batches)
     n = len(h)
     k = float(_psi(m, h).sum())
-    p_lo, p_hi = _wilson(k, n, confidence)
+    units = n if batches is None else int(_cluster_index(batches, n).max()) + 1
+    p_lo, p_hi = _wilson(k * units / n, units, confidence)  # a batch's share in [0, 1]: Bernoulli bounds its variance
     mh, mm = float(np.median(h)), float(np.median(m))
     return TimingAUC(n=n, auc=auc, lower=lo, upper=hi, confidence=float(confidence), se=se,
                      deff=deff, paired_accuracy=k / n, paired_lower=p_lo, paired_upper=p_hi,
                      median_hit=mh, median_miss=mm, median_ratio=mm / mh if mh > 0 else None,
                      error=error, requests_needed=requests_to_distinguish(max(auc, 1 - auc), error),
-                     requests_needed_best_case=requests_to_distinguish(max(hi, 1 - lo), error))
+                     requests_needed_best_case=requests_to_distinguish(max(hi, 1 - lo), error),
+                     batches=None if batches is None else units, unjudged=unjudged)
 
 
 def timing_decision(t: TimingAUC, max_auc: float) -> str:
     """``"pass"`` when the interval lies within [1 - max_auc, max_auc] (the channel is shown
     weak either way round), ``"fail"`` when it lies wholly above ``max_auc`` or below
-    ``1 - max_auc``, else ``"cannot_judge"``; fewer than :data:`MIN_CASES` cases cannot judge.
+    ``1 - max_auc``, else ``"cannot_judge"``; fewer than :data:`MIN_CASES` cases (batches, where
+    cases ran together) cannot judge, nor can an interval marked ``unjudged``.
     ``max_auc`` must lie in [0.5, 1): at 1 every run would pass."""
     if isinstance(max_auc, bool) or not 0.5 <= float(max_auc) < 1:
         raise ValueError(f"max_auc must lie in [0.5, 1), got {max_auc!r}")
-    if t.n < MIN_CASES:
+    if t.units < MIN_CASES or t.unjudged:
         return CANNOT_JUDGE
     if t.upper <= max_auc and t.lower >= 1 - max_auc:
         return PASS

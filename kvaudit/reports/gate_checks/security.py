@@ -49,32 +49,29 @@ def isolation_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
                            "; ".join(r["reason"] for r in rows))
 
 
-# The AUC's interval clusters by case; cases run together share their batch's timing. Simulated
-# (hit and miss TTFT each their batch's total, 80 cases): coverage 0.97-1.00 one at a time,
-# 0.70-0.72 in batches of 4, 0.34-0.51 of 8. No batch-aware interval yet: not judged.
-TIMING_IN_BATCHES = ("cannot judge: the probes ran {} cases at a time, and cases run together share their batch's "
-                     "timing, which the AUC's interval (clustered by case) takes as independent (simulated coverage "
-                     "0.34-0.51 in batches of 8); run the timing probes with --concurrent-cases 1")
-
-
 @evaluates("timing")
 def timing_result(check: Check, an: Analysis, arm: str) -> ThresholdResult:
-    from kvaudit.stats.timing import timing_decision
+    from kvaudit.stats.timing import MIN_CASES, timing_decision
 
     p = check.params
     thr = f"AUC interval within [{1 - p['max']:.2f}, {p['max']:.2f}]"
     if not an.timing:
         return missing_result(check, "no probes", thr, "the run has no tenant-probe arm to time hits against")
-    if an.concurrent_cases > 1:
-        obs = "; ".join(f"{what}: AUC {t.auc:.3f} on {t.n} cases" for what, t in an.timing.items())
-        return ThresholdResult(check.name, check.kind, "error", obs, thr, TIMING_IN_BATCHES.format(an.concurrent_cases))
-    statuses, parts = [], []
+    statuses: list[str] = []
+    parts: list[str] = []
+    why: list[str] = []
     for what, t in an.timing.items():
         dec = timing_decision(t, p["max"])
         statuses.append({"pass": "pass", "fail": "fail"}.get(dec, "error"))
         need = f", {t.requests_needed} request pair(s) to tell apart" if t.requests_needed else ""
-        parts.append(f"{what}: AUC {t.auc:.3f} [{t.lower:.3f}, {t.upper:.3f}] on {t.n} cases{need}")
+        on = f"{t.n} cases in {t.batches} batches" if t.batches is not None else f"{t.n} cases"
+        parts.append(f"{what}: AUC {t.auc:.3f} [{t.lower:.3f}, {t.upper:.3f}] on {on}{need}")
+        if t.unjudged:
+            why.append(f"cannot judge {what}: {t.unjudged}")
+        elif dec == "cannot_judge":
+            why.append(f"cannot judge {what}: " + (f"fewer than {MIN_CASES} {'batches' if t.batches is not None else 'cases'}"
+                                                    if t.units < MIN_CASES else
+                                                    "the interval straddles the threshold (more cases needed)"))
     status: GateStatus = "fail" if "fail" in statuses else "error" if "error" in statuses else "pass"
     return ThresholdResult(check.name, check.kind, status, "; ".join(parts), thr,
-                           "cannot judge: the interval straddles the threshold (more cases needed)"
-                           if status == "error" else "")
+                           "; ".join(why) if status == "error" else "")
