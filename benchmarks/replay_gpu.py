@@ -77,6 +77,9 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
                                 kv_cache_bytes=kv, cache_bytes=args.budget, enforce_eager=args.eager,
                                 concurrent_cases=args.concurrency, **opts)
     open_s = time.perf_counter() - t0
+    if args.ask_logprobs:  # what replays asked before 8677ace, for a side-by-side measure of its cost
+        plain = backend._params
+        backend._params = lambda **kw: plain(**{**kw, "logprobs": args.ask_logprobs})
     try:
         out = ReplayDir(work / policy)
         cfg = ReplayConfig(workload=str(wl), workload_hash="bench", policy=policy, budget_bytes=args.budget,
@@ -90,7 +93,8 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
         template_len = len(backend.tok.head_ids(DEFAULT_SYSTEM, ""))
         engine = {"backend": "vllm", "block_size": block, "bytes_per_token": backend.bytes_per_token(),
                   "kv_tokens": backend.kv_cache_tokens(), "stores_heads": True, "open_s": open_s,
-                  "mode": "eager" if args.eager else "graphs", "heads_saved_after_load": True}
+                  "mode": "eager" if args.eager else "graphs", "heads_saved_after_load": True,
+                  "ask_logprobs": args.ask_logprobs}
         if args.rates:
             loads: list[dict] = []
             for rate in args.rates:  # each load saved as it ends: a long sweep keeps what it measured
@@ -164,6 +168,9 @@ def main() -> None:
     ap.add_argument("--schedule", choices=("arrivals", "waves"), default="arrivals",
                     help="with --rates: each request joins the running batch at its arrival (default), or "
                          "served in waves of --concurrency (an arrival waits for the running wave)")
+    ap.add_argument("--ask-logprobs", type=int, default=0, metavar="N",
+                    help="every request asks the sampler for its top-N log-probabilities (replays ask none): the cost "
+                         "of asking, measured side by side")
     ap.add_argument("--slo-ttft", type=float, default=None, help="seconds: the highest load whose p95 TTFT is within")
     ap.add_argument("--json", type=Path, help="the summaries, rewritten after each offered load")
     ap.add_argument("--work", type=Path, default=None,
