@@ -211,11 +211,14 @@ def structural_components(hit: Sequence[float] | np.ndarray, miss: Sequence[floa
     hs, ms = np.sort(h), np.sort(m)
     h_lo, h_hi = np.searchsorted(hs, m, "left"), np.searchsorted(hs, m, "right")
     m_lo, m_hi = np.searchsorted(ms, h, "left"), np.searchsorted(ms, h, "right")
-    in10, in01 = np.empty(n), np.empty(n)  # the same comparisons within the case's own cluster
-    for k in np.unique(c):
-        i = np.flatnonzero(c == k)
-        in10[i] = _psi(m[i][:, None], h[i][None, :]).sum(axis=1)
-        in01[i] = _psi(m[i][:, None], h[i][None, :]).sum(axis=0)
+    if clusters is None:  # the own case's pair only
+        in10 = in01 = _psi(m, h)
+    else:  # the same comparisons within the case's own cluster
+        in10, in01 = np.empty(n), np.empty(n)
+        for k in np.unique(c):
+            i = np.flatnonzero(c == k)
+            within = _psi(m[i][:, None], h[i][None, :])
+            in10[i], in01[i] = within.sum(axis=1), within.sum(axis=0)
     size = np.bincount(c)[c]
     others = n - size
     v10 = (h_lo + 0.5 * (h_hi - h_lo) - in10) / others  # hits of other clusters below miss_i
