@@ -18,7 +18,9 @@ and with ``--slo-ttft S`` the highest load whose p95 stays within S seconds, per
 
 ``--replications K`` serves each load K times with arrival seeds SEED..SEED+K-1 (``kvaudit replay
 --replications``): per load the median p50/p95/p99 over the replications with intervals that hold
-though requests queue (both ends from 6), and the SLO reading on those.
+though requests queue (both ends from 6), and the SLO reading on those. With ``--work DIR`` each
+policy's loads are a sweep as ``kvaudit replay --rate`` writes it (``DIR/POLICY/sweep.json``, a
+``replay.json`` per load), so ``kvaudit compare DIR/prefix DIR/segment --slo-ttft S`` draws the page.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from kvaudit.core.dataset_format import DEFAULT_SYSTEM  # noqa: E402
 from kvaudit.core.jsonio import write_atomic  # noqa: E402
 from kvaudit.core.replay_format import ReplayConfig, ReplayDir, poisson_spec  # noqa: E402
 from kvaudit.generators.workload import WorkloadParams, generate, write_workload  # noqa: E402
+from kvaudit.replay.replay_cli import write_sweep  # noqa: E402
 from kvaudit.replay.serve import (  # noqa: E402
     engine_kv_bytes,
     poisson_arrivals,
@@ -102,6 +105,8 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
                     loads.append(at_rate(backend, policy, rate, seed, todo, requests, cfg, engine, work, template_len,
                                          args))
                     on_load(loads)
+                    write_sweep(work / policy, [(r, [(x["seed"], x["dir"], x) for x in loads if x["rate"] == r])
+                                                for r in dict.fromkeys(x["rate"] for x in loads)])
             return loads
         t0 = time.perf_counter()
         replay(backend, policy, todo, out, concurrency=args.concurrency, template_len=template_len,
@@ -127,7 +132,8 @@ def at_rate(backend, policy: str, rate: float, seed: int, todo: list, requests: 
     replay_scheduled(backend, policy, todo, out, schedule=args.schedule, arrivals=arrivals,
                      concurrency=args.concurrency, template_len=template_len, head_block=head_block)
     s = summarise(out.read_requests(), c, {**engine, "wall_s": time.perf_counter() - t0})
-    s["rate"], s["seed"], s["schedule"] = rate, seed, args.schedule
+    out.write_summary(s)  # what kvaudit replay writes: the folder opens in kvaudit compare
+    s = {**s, "rate": rate, "seed": seed, "schedule": args.schedule, "dir": out.path.name}
     t, h, co = s["ttft_s"], s["hit_rate"], s.get("client_overhead_s") or {}
     print(f"{policy:<10} {args.schedule:<8} offered {rate:5g}/s seed {seed} served {s['throughput']['requests_per_s']:.2f}/s  TTFT p50 "
           f"{_ms(t['p50'])}  p95 {_ms(t['p95'])}  p99 {1e3 * t['p99']['value']:8.1f} ms  hit "

@@ -417,6 +417,7 @@ def test_compare_draws_ttft_against_offered_load_and_the_load_an_slo_allows(tmp_
     assert "Under load" in page and "TTFT against offered load" in page.replace("Time to first token against", "TTFT against")
     assert "Against prefix @ 0 MB" in page and "segment @ 0 MB 2.0/s (+100% load)" in page
     assert "segment @ 0 MB @ 4/s" in page and "<script" not in page
+    assert "mathdefault" not in page  # log-axis labels as text ("500 ms"), not mathtext markup left raw
     # the SLO no load met is said, not left blank
     assert main(["compare", str(tmp_path / "pre"), "--out", str(tmp_path / "c2"), "--slo-ttft", "0.01"]) == 0
     assert "none of the loads measured" in (tmp_path / "c2" / "replays.html").read_text()

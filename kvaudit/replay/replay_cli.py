@@ -244,7 +244,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     if sweep:
-        _write_sweep(args.out, loads)
+        _print_sweep(args.out, write_sweep(args.out, loads))
     if args.audit_sample and engine.backend is not None:  # written by the session that served the requests
         write_audit_sample(requests, args.audit_sample, args.audit_dataset or Path(args.out) / "audit_dataset",
                            engine.synth, args)
@@ -366,12 +366,13 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, see
     return summary
 
 
-def _write_sweep(out: Path, loads: list[tuple[float, list[tuple[int, str, dict[str, Any]]]]]) -> None:
-    """``OUT/sweep.json``: one row per offered load, its replications' folders and the numbers
-    across them (:func:`~kvaudit.replay.summary.load_across_replications`), and the table printed."""
+def write_sweep(out: Path, loads: list[tuple[float, list[tuple[int, str, dict[str, Any]]]]]) -> list[dict[str, Any]]:
+    """``OUT/sweep.json`` from each offered load's replications as (seed, folder in OUT, summary):
+    one row per load, its replications' folders and the numbers across them
+    (:func:`~kvaudit.replay.summary.load_across_replications`). Returns the rows."""
     from kvaudit.core.jsonio import write_json
     from kvaudit.core.run_format import SWEEP_FILE
-    from kvaudit.replay.summary import UNCLAIMED_INTERVALS, load_across_replications
+    from kvaudit.replay.summary import load_across_replications
 
     rows = []
     for rate, done in loads:
@@ -382,7 +383,15 @@ def _write_sweep(out: Path, loads: list[tuple[float, list[tuple[int, str, dict[s
     first = loads[0][1][0][2]
     write_json(out / SWEEP_FILE, {"policy": first["config"]["policy"],
                                     "schedule": first["config"].get("schedule", "waves"), "loads": rows})
-    k = len(loads[0][1])
+    return rows
+
+
+def _print_sweep(out: Path, rows: list[dict[str, Any]]) -> None:
+    """The sweep's table, as written to ``OUT/sweep.json``."""
+    from kvaudit.core.run_format import SWEEP_FILE
+    from kvaudit.replay.summary import UNCLAIMED_INTERVALS
+
+    k = len(rows[0]["replications"])
     print(f"\nsweep of {len(rows)} loads" + (f", {k} replications each" if k > 1 else "") + f" in {out / SWEEP_FILE}:")
     print("  offered/s  served/s  TTFT p50 [95% interval]     p95                         hit    TTFT growth "
           "(s per s of arrivals)")

@@ -156,11 +156,7 @@ def ttft_svg(samples: Mapping[str, Sequence[float]], *, highlight: str = UNDER_T
             ax.scatter(shown, y + rng.uniform(-0.2, 0.2, len(shown)), s=7, color=colour, alpha=0.45,
                        linewidths=0, zorder=3)
         ax.set_xscale("log")
-        from matplotlib.ticker import FuncFormatter, LogLocator
-
-        ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _secs(x)))
-        ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
+        log_seconds(ax.xaxis)
         ax.set_yticks(ys)
         ax.set_yticklabels([f"{_short(a, 28)} (n={len(d)}, median "
                             f"{_secs(float(np.quantile(d, 0.5, method=median_method)))})"
@@ -284,6 +280,16 @@ def shares_svg(shares: Sequence[tuple[str, float]]) -> str:
         ax.set_title("What reuse must repair", fontsize=10, loc="left")
         ax.spines[["top", "right"]].set_visible(False)
         return _svg(fig)
+
+
+def log_seconds(axis: Any) -> None:
+    """Ticks of a log-scale axis in seconds at 1, 2 and 5 per decade, labelled "50 ms", "2 s": the
+    default labels are mathtext, which ``svg.fonttype = none`` leaves as raw markup in the page."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: _secs(x)))
+    axis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
 
 
 def _secs(x: float) -> str:

@@ -23,7 +23,7 @@ from kvaudit.core.jsonio import read_json, write_atomic, write_json
 from kvaudit.core.replay_format import ReplayDir, arrival_rate
 from kvaudit.core.run_format import REPLAYS_HTML, REPLAYS_JSON, SWEEP_FILE
 from kvaudit.replay.summary import UNCLAIMED_INTERVALS, load_across_replications
-from kvaudit.reports.plots import _figure, _rc, _svg, ttft_svg
+from kvaudit.reports.plots import _figure, _rc, _svg, log_seconds, ttft_svg
 from kvaudit.stats.saturation import GROWTH_LIMIT, highest_sustained
 
 TEMPLATE = "replays.html.j2"
@@ -228,22 +228,23 @@ def _load_svg(sweeps: list[dict[str, Any]], slo_ttft_s: float | None) -> str:
         ax = fig.add_subplot()
         for sw in sweeps:
             xs = [x["rate"] for x in sw["loads"]]
-            p95 = [1e3 * x["p95"]["value"] for x in sw["loads"]]
-            lo = [1e3 * (x["p95"]["value"] - (x["p95"]["low"] if x["p95"]["low"] is not None else x["p95"]["value"]))
+            p95 = [x["p95"]["value"] for x in sw["loads"]]
+            lo = [x["p95"]["value"] - (x["p95"]["low"] if x["p95"]["low"] is not None else x["p95"]["value"])
                   for x in sw["loads"]]
-            hi = [1e3 * ((x["p95"]["high"] if x["p95"]["high"] is not None else x["p95"]["value"]) - x["p95"]["value"])
+            hi = [(x["p95"]["high"] if x["p95"]["high"] is not None else x["p95"]["value"]) - x["p95"]["value"]
                   for x in sw["loads"]]
             # bars only where the intervals hold: requests that queue make them too narrow
             bars = ax.errorbar(xs, p95, yerr=[lo, hi] if sw.get("intervals_claimed", True) else None, marker="o",
                                capsize=3, label=f"{sw['label']} p95")
-            ax.plot(xs, [1e3 * x["p50"]["value"] for x in sw["loads"]], linestyle="--", marker=".",
+            ax.plot(xs, [x["p50"]["value"] for x in sw["loads"]], linestyle="--", marker=".",
                     color=bars.lines[0].get_color(), label=f"{sw['label']} p50")
         if slo_ttft_s is not None:
-            ax.axhline(1e3 * slo_ttft_s, color="#cf222e", linewidth=1, label=f"SLO: p95 within {slo_ttft_s:g} s")
+            ax.axhline(slo_ttft_s, color="#cf222e", linewidth=1, label=f"SLO: p95 within {slo_ttft_s:g} s")
         ax.set_xlabel("offered load (requests per second)")
-        ax.set_ylabel("TTFT (ms)")
+        ax.set_ylabel("TTFT (log scale)")
         ax.set_yscale("log")
-        ax.set_title("Time to first token against offered load (bars: 95% interval of p95, where it holds: over "
+        log_seconds(ax.yaxis)
+        ax.set_title("Time to first token against offered load\n(bars: 95% interval of p95, where it holds: over "
                      "replications, or requests that do not queue)", fontsize=10, loc="left")
         ax.grid(color="#eeeeee")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -256,9 +257,11 @@ def _length_svg(by_length: dict[str, list[dict[str, Any]]]) -> str:
         ax = fig.add_subplot()
         for label, bins in by_length.items():
             xs = [(b["tokens_low"] + b["tokens_high"]) / 2 for b in bins]
-            ax.plot(xs, [1e3 * b["ttft_p50_s"] for b in bins], marker="o", label=label)
+            ax.plot(xs, [b["ttft_p50_s"] for b in bins], marker="o", label=label)
         ax.set_xlabel("prompt tokens (bin middle)")
-        ax.set_ylabel("median TTFT (ms)")
+        ax.set_ylabel("median TTFT (log scale)")
+        ax.set_yscale("log")
+        log_seconds(ax.yaxis)
         ax.set_title("Time to first token against request length", fontsize=10, loc="left")
         ax.grid(color="#eeeeee")
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
