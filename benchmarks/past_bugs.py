@@ -203,6 +203,12 @@ BUGS: tuple[Bug, ...] = (
         ("tests/test_speed.py",),
         "the timing side channel was judged on probes run several cases at a time, its interval "
         "clustered by case (coverage 0.34-0.51 in batches of 8)"),
+    Bug("load-plot-raw-mathtext", "a42a7a1", "kvaudit/reports/replay_report.py",
+        "        log_seconds(ax.yaxis)\n        ax.set_title(\"Time to first token against offered load",
+        "        ax.set_title(\"Time to first token against offered load",
+        ("tests/test_replay.py",),
+        "the replay page's TTFT-against-load plot labelled its log axis in mathtext, which the page's "
+        "text-as-text SVG showed as raw markup ($\\mathdefault{10^{5}}$)"),
     # Caught only where vLLM runs (.venv-vllm): a model, the engine, a `vllm serve`.
     Bug("tenant-salt-shared", "58b770e", "kvaudit/runners/engines/http/backend.py",
         "        self.reuse_salt = _salt()\n",
