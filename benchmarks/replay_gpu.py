@@ -50,7 +50,7 @@ from kvaudit.replay.serve import (  # noqa: E402
     replay,
     replay_scheduled,
 )
-from kvaudit.replay.summary import load_across_replications, summarise  # noqa: E402
+from kvaudit.replay.summary import load_across_replications, served_here, summarise  # noqa: E402
 from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases  # noqa: E402
 from kvaudit.simulator.kv_bytes import parse_capacity, resolve_model  # noqa: E402
 from kvaudit.stats.saturation import highest_sustained  # noqa: E402
@@ -132,6 +132,7 @@ def at_rate(backend, policy: str, rate: float, seed: int, todo: list, requests: 
     replay_scheduled(backend, policy, todo, out, schedule=args.schedule, arrivals=arrivals,
                      concurrency=args.concurrency, template_len=template_len, head_block=head_block)
     s = summarise(out.read_requests(), c, {**engine, "wall_s": time.perf_counter() - t0})
+    s["served"] = served_here()
     out.write_summary(s)  # what kvaudit replay writes: the folder opens in kvaudit compare
     s = {**s, "rate": rate, "seed": seed, "schedule": args.schedule, "dir": out.path.name}
     t, h, co = s["ttft_s"], s["hit_rate"], s.get("client_overhead_s") or {}

@@ -10,9 +10,7 @@ TTFT percentiles and the measured hit rate beside the simulator's. docs/replay.m
 from __future__ import annotations
 
 import argparse
-import platform
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -314,7 +312,7 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, see
         replay_scheduled,
         request_kv,
     )
-    from kvaudit.replay.summary import summarise
+    from kvaudit.replay.summary import served_here, summarise
     from kvaudit.replay.workload_text import request_cases
 
     arrivals_spec, arrivals = _arrivals(args, requests, rate, seed)
@@ -357,10 +355,7 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, see
         bar.close()
         facts["wall_s_last_session"] = time.perf_counter() - t0
         summary = summarise(out.read_requests(), config, facts)
-        # where and when it was served: a comparison of replays made on other machines or hours
-        # apart says so (their latencies met different conditions)
-        summary["served"] = {"host": platform.node(),
-                             "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        summary["served"] = served_here()
         out.write_summary(summary)
     _print_summary(summary, out_dir)
     return summary

@@ -21,6 +21,8 @@ block cached until it needs the space).
 from __future__ import annotations
 
 import math
+import platform
+from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
@@ -283,3 +285,9 @@ def load_across_replications(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                 "slope": float(np.median([g["slope"] for g in growths])),
                 "largest": max(g["slope"] for g in growths),
                 "past_saturation": any(g["past_saturation"] for g in growths)}}
+
+
+def served_here() -> dict[str, str]:
+    """``replay.json``'s ``served``: this machine and the time the replay finished. A comparison of
+    replays made on other machines or hours apart says so (their latencies met different conditions)."""
+    return {"host": platform.node(), "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
