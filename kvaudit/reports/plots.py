@@ -17,6 +17,7 @@ same data gives the same bytes). Figures:
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -287,8 +288,14 @@ def log_seconds(axis: Any) -> None:
     default labels are mathtext, which ``svg.fonttype = none`` leaves as raw markup in the page."""
     from matplotlib.ticker import FuncFormatter, LogLocator
 
+    def label(x: float, _: int) -> str:
+        lo, hi = sorted(axis.get_view_interval())
+        if lo > 0 and hi / lo > 1e3 and not math.isclose(10 ** round(math.log10(x)), x, rel_tol=1e-6):
+            return ""  # over more than three decades "50 ms" and "100 ms" collide: label the decades only
+        return _secs(x)
+
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda x, _: _secs(x)))
+    axis.set_major_formatter(FuncFormatter(label))
     axis.set_minor_formatter(FuncFormatter(lambda x, _: ""))
 
 
