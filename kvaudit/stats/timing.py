@@ -185,29 +185,28 @@ def _psi(miss: np.ndarray, hit: np.ndarray) -> np.ndarray:
     return (miss > hit) + 0.5 * (miss == hit)
 
 
-def _cluster_index(clusters: Sequence[object] | None, n: int) -> np.ndarray:
-    """Each case's cluster as 0..K-1 (every case its own cluster when ``clusters`` is None)."""
-    if clusters is None:
-        return np.arange(n)
-    if len(clusters) != n:
-        raise ValueError(f"need one batch per case, got {len(clusters)} for {n} cases")
-    if any(c is None for c in clusters):
+def cluster_index(labels: Sequence[object], n: int) -> np.ndarray:
+    """Each of n cases' cluster label (its batch) as 0..K-1; ValueError unless every case has one
+    and there are at least two clusters."""
+    if len(labels) != n:
+        raise ValueError(f"need one batch per case, got {len(labels)} for {n} cases")
+    if any(c is None for c in labels):
         raise ValueError("every case needs its batch (None given)")
-    _, idx = np.unique(np.asarray([str(c) for c in clusters]), return_inverse=True)
+    _, idx = np.unique(np.asarray([str(c) for c in labels]), return_inverse=True)
     if idx.max() < 1:
         raise ValueError("the AUC needs at least two batches (it compares cases of different batches)")
     return idx
 
 
 def structural_components(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.ndarray,
-                          clusters: Sequence[object] | None = None) -> tuple[float, np.ndarray, np.ndarray]:
+                          clusters: np.ndarray | None = None) -> tuple[float, np.ndarray, np.ndarray]:
     """``(auc, V10, V01)`` over pairs of cases in different clusters (each case its own cluster by
-    default; with ``--concurrent-cases`` the batch): ``V10_i`` is the mean of ``psi(miss_i, hit_j)``
+    default; with ``--concurrent-cases`` the batch, as :func:`cluster_index` numbers them): ``V10_i`` is the mean of ``psi(miss_i, hit_j)``
     over the cases j outside i's cluster, ``V01_i`` the mean of ``psi(miss_j, hit_i)``. The AUC is the
     mean over all those pairs. O(n log n + sum of squared cluster sizes)."""
     h, m = _pairs(hit, miss)
     n = len(h)
-    c = _cluster_index(clusters, n)
+    c = np.arange(n) if clusters is None else clusters
     hs, ms = np.sort(h), np.sort(m)
     h_lo, h_hi = np.searchsorted(hs, m, "left"), np.searchsorted(hs, m, "right")
     m_lo, m_hi = np.searchsorted(ms, h, "left"), np.searchsorted(ms, h, "right")
@@ -320,9 +319,13 @@ def auc_interval(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.n
     """``(auc, lower, upper, clustered se, deff)``: the module's interval. With ``clusters`` (each
     case's batch) the AUC compares cases of different batches, the variance clusters by batch and
     the interval's shape, t quantile and separation cap take the K batches as its K units."""
+    return _interval(hit, miss, confidence, None if clusters is None else cluster_index(clusters, len(hit)))
+
+
+def _interval(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.ndarray, confidence: float,
+              idx: np.ndarray | None) -> tuple[float, float, float, float, float]:
     check_confidence(confidence)
-    auc, v10, v01 = structural_components(hit, miss, clusters)
-    idx = None if clusters is None else _cluster_index(clusters, len(v10))
+    auc, v10, v01 = structural_components(hit, miss, idx)
     var, naive = clustered_variance(auc, v10, v01, idx)
     deff = var / naive if naive > 0 else 1.0
     units = len(v10) if idx is None else int(idx.max()) + 1
@@ -385,10 +388,11 @@ def timing_auc(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.nda
     batch ("Cases run together" in the module docstring). ``unjudged`` says why the gate must not
     judge it (the decision then cannot judge)."""
     h, m = _pairs(hit, miss)
-    auc, lo, hi, se, deff = auc_interval(h, m, confidence, batches)
     n = len(h)
+    idx = None if batches is None else cluster_index(batches, n)
+    auc, lo, hi, se, deff = _interval(h, m, confidence, idx)
     k = float(_psi(m, h).sum())
-    units = n if batches is None else int(_cluster_index(batches, n).max()) + 1
+    units = n if idx is None else int(idx.max()) + 1
     p_lo, p_hi = _wilson(k * units / n, units, confidence)  # a batch's share in [0, 1]: Bernoulli bounds its variance
     mh, mm = float(np.median(h)), float(np.median(m))
     return TimingAUC(n=n, auc=auc, lower=lo, upper=hi, confidence=float(confidence), se=se,
