@@ -125,6 +125,20 @@ class PairRecord:
     batch: str | None = None
 
 
+def case_batches(batches: list[str | None], concurrent_cases: int) -> tuple[list[str] | None, str | None]:
+    """How a run's cases group for their timings, from each case's ``PairRecord.batch`` and how many
+    ran at a time (the manifest's ``backend.batching``): ``(labels, None)`` where batches are recorded
+    (a case without one in a run of one case at a time is a batch of its own), ``(None, None)`` for
+    cases run one at a time, ``(None, why)`` where cases ran together but which did is not recorded
+    (their timings are not independent, and no grouping is known)."""
+    if concurrent_cases > 1 and None in batches:
+        return None, (f"the cases ran {concurrent_cases} at a time and which ran together is not recorded (a run "
+                      "made before kvaudit recorded batches, or an edited record)")
+    if any(k is not None for k in batches):
+        return [k if k is not None else f"alone.{i}" for i, k in enumerate(batches)], None
+    return None, None
+
+
 def flipped(arm: ArmResult, reference: ArmResult) -> bool:
     """The one definition of a *flip*, used by the runner, audit and report: the arm's answer
     text differs from the reference's, byte for byte (greedy decoding from the same ids must

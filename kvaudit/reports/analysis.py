@@ -38,7 +38,7 @@ from kvaudit.core.errors import DatasetError
 from kvaudit.core.jsonio import file_sha256, iter_jsonl
 from kvaudit.core.manifest import Manifest, run_dataset_dir
 from kvaudit.core.run_dir import RunDir, RunRecords
-from kvaudit.core.run_format import PairRecord
+from kvaudit.core.run_format import PairRecord, case_batches
 from kvaudit.core.typed_json import json_type
 from kvaudit.reports import scoring
 from kvaudit.stats import paired as stats
@@ -445,14 +445,12 @@ class Analysis:
         (:func:`~kvaudit.stats.speed.median_ratio_by_batch`: cases of one batch are not independent).
         A run whose cases ran several at a time without recording which gets no interval."""
         a, b, batch = self._times(arm, metric)
-        if any(k is not None for k in batch) and not (self.concurrent_cases > 1 and None in batch):
-            return median_ratio_by_batch(a, b, [k if k is not None else f"alone.{i}" for i, k in enumerate(batch)],
-                                         self.confidence)
+        labels, unrecorded = case_batches(batch, self.concurrent_cases)
+        if labels is not None:
+            return median_ratio_by_batch(a, b, labels, self.confidence)
         iv = median_ratio(a, b, self.confidence)
-        if iv is not None and self.concurrent_cases > 1:  # written before kvaudit recorded batches, or some lost
-            return RatioInterval(iv.n, iv.median, None, None, iv.confidence,
-                                 unjudged=f"the cases ran {self.concurrent_cases} at a time and which ran together "
-                                          "is not recorded")
+        if iv is not None and unrecorded:
+            return RatioInterval(iv.n, iv.median, None, None, iv.confidence, unjudged=unrecorded)
         return iv
 
     @property
@@ -492,7 +490,7 @@ class Analysis:
         (:func:`kvaudit.reports.security.security_summary`)."""
         from kvaudit.reports.security import security_summary
 
-        # cases run together: the timing AUC's interval takes them as independent (it is not)
+        # cases run together: the report says the timing interval clusters by batch
         return {**security_summary(self.run.pairs, self.timing), "concurrent_cases": self.concurrent_cases}
 
     @property

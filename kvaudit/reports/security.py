@@ -18,7 +18,7 @@ from typing import Any
 
 from kvaudit.audit.checks.server import isolation_results, probe_arms
 from kvaudit.core.arms import arm_for, arms_where
-from kvaudit.core.run_format import PairRecord, flipped
+from kvaudit.core.run_format import PairRecord, case_batches, flipped
 from kvaudit.stats.timing import TimingAUC, timing_auc
 
 
@@ -37,28 +37,23 @@ def probe_ttfts(pairs: list[PairRecord], what: str) -> tuple[list[float], list[f
     return hit, miss, batch
 
 
-UNRECORDED_BATCHES = ("the probes ran {} cases at a time and which ran together is not recorded (a run made "
-                      "before kvaudit recorded batches, or an edited record): cases of one batch share its timing")
-
-
 def timing_probes(pairs: list[PairRecord], confidence: float, concurrent_cases: int = 1) -> dict[str, TimingAUC]:
     """``{what: TimingAUC}`` of hit against miss TTFT for each tenant probe that ran. Where the
-    cases ran ``concurrent_cases`` at a time the interval clusters by batch; without every case's
-    batch it is marked unjudged."""
+    cases ran together the interval clusters by batch (:func:`~kvaudit.core.run_format.case_batches`);
+    without every case's batch, or with one batch only, it is marked unjudged."""
     out = {}
     for what, _, _ in probe_arms(pairs):
         hit, miss, batch = probe_ttfts(pairs, what)
         if len(hit) < 2:
             continue
-        if concurrent_cases > 1 and None in batch:
-            out[what] = timing_auc(hit, miss, confidence, unjudged=UNRECORDED_BATCHES.format(concurrent_cases))
-        elif concurrent_cases > 1 and len(set(batch)) >= 2:
-            out[what] = timing_auc(hit, miss, confidence, batches=batch)
-        elif concurrent_cases > 1:
+        labels, unrecorded = case_batches(batch, concurrent_cases)
+        if unrecorded:
+            out[what] = timing_auc(hit, miss, confidence, unjudged=unrecorded)
+        elif labels is not None and len(set(labels)) < 2:
             out[what] = timing_auc(hit, miss, confidence, unjudged="every case ran in one batch: nothing to "
                                                                    "compare it with")
         else:
-            out[what] = timing_auc(hit, miss, confidence)
+            out[what] = timing_auc(hit, miss, confidence, batches=labels)
     return out
 
 
