@@ -80,9 +80,8 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
                                 kv_cache_bytes=kv, cache_bytes=args.budget, enforce_eager=args.eager,
                                 concurrent_cases=args.concurrency, **opts)
     open_s = time.perf_counter() - t0
-    if args.ask_logprobs:  # what replays asked before 8677ace, for a side-by-side measure of its cost
-        plain = backend._params
-        backend._params = lambda **kw: plain(**{**kw, "logprobs": args.ask_logprobs})
+    # replays ask no log-probabilities; --ask-logprobs 20: as they did before 8677ace, side by side
+    backend.asks_logprobs = bool(args.ask_logprobs)
     try:
         out = ReplayDir(work / policy)
         cfg = ReplayConfig(workload=str(wl), workload_hash="bench", policy=policy, budget_bytes=args.budget,
@@ -175,9 +174,9 @@ def main() -> None:
     ap.add_argument("--schedule", choices=("arrivals", "waves"), default="arrivals",
                     help="with --rates: each request joins the running batch at its arrival (default), or "
                          "served in waves of --concurrency (an arrival waits for the running wave)")
-    ap.add_argument("--ask-logprobs", type=int, default=0, metavar="N",
-                    help="every request asks the sampler for its top-N log-probabilities (replays ask none): the cost "
-                         "of asking, measured side by side")
+    ap.add_argument("--ask-logprobs", type=int, default=0, choices=(0, 20),
+                    help="20: every request asks the sampler for its top-20 log-probabilities, as an audit's requests "
+                         "do (replays ask none): the cost of asking, measured side by side")
     ap.add_argument("--slo-ttft", type=float, default=None, help="seconds: the highest load whose p95 TTFT is within")
     ap.add_argument("--json", type=Path, help="the summaries, rewritten after each offered load")
     ap.add_argument("--work", type=Path, default=None,

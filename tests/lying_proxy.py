@@ -12,7 +12,8 @@ ids (``choices[].token_ids``) from every response, leaving the text and the log-
 ``no_echo`` strips the echoed prompt ids; ``shared_salt`` drops ``cache_salt`` from every
 request, so salts do not isolate (one cache for everyone, as llama.cpp has); ``text_logprobs``
 keys the top log-probabilities by text, as SGLang's OpenAI server does. For the negative tests
-only: the positive path uses the real server.
+only: the positive path uses the real server. ``record`` changes nothing: with ``seen``, every
+completion request's body is appended to it as it arrives (what kvaudit asked the server for).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _rewrite(obj: dict, mode: str, lie: bool) -> None:
     _strip(obj, mode)
 
 
-def make_handler(upstream: str, mode: str) -> type[BaseHTTPRequestHandler]:
+def make_handler(upstream: str, mode: str, seen: list[dict] | None = None) -> type[BaseHTTPRequestHandler]:
     client = httpx.Client(base_url=upstream, timeout=300)
 
     class Handler(BaseHTTPRequestHandler):
@@ -75,6 +76,8 @@ def make_handler(upstream: str, mode: str) -> type[BaseHTTPRequestHandler]:
                 self._reply(r.status_code, r.content)
                 return
             body = json.loads(raw)
+            if seen is not None:
+                seen.append(dict(body))
             if (mode == "drop" and not body.get("kv_transfer_params") and isinstance(body.get("prompt"), list)
                     and len(body["prompt"]) > 2):
                 body["prompt"] = body["prompt"][1:]
@@ -104,7 +107,7 @@ def make_handler(upstream: str, mode: str) -> type[BaseHTTPRequestHandler]:
 
 
 @contextlib.contextmanager
-def lying_proxy(upstream: str, mode: str) -> Iterator[str]:
+def lying_proxy(upstream: str, mode: str, seen: list[dict] | None = None) -> Iterator[str]:
     """Serve the lie on 127.0.0.1 (a free port); yields its base URL."""
-    with in_thread(make_handler(upstream, mode)) as url:
+    with in_thread(make_handler(upstream, mode, seen)) as url:
         yield url

@@ -206,6 +206,28 @@ def test_an_open_loop_replay_sends_each_request_at_its_arrival_and_sweeps_loads(
     assert all(r.decode_tokens >= 1 and r.ttft_s >= r.client_request_ttft_s for r in recs)
 
 
+def test_a_replay_asks_the_server_for_no_log_probabilities(server, tmp_path):
+    """A replay reads tokens and times only: its requests ask for no log-probabilities (asking
+    costs a loaded server requests a second), while the backend's own probes at open still ask
+    the audit's top-20; the answers' tokens are still read."""
+    from kvaudit.core.replay_format import ReplayDir
+
+    wl = tmp_path / "w.jsonl"
+    assert main(["generate", "workload", "--out", str(wl), "--requests", "3", "--documents", "3", "--queries", "2",
+                 "--docs-per-request", "2", "--doc-tokens", "uniform:30:50", "--no-progress"]) == 0
+    seen: list[dict] = []
+    with lying_proxy(server, "record", seen) as url:
+        assert main(["replay", "--backend", "openai", "--base-url", url, "--workload", str(wl), "--cache-policy",
+                     "recompute", "--cache-budget", "1MB", "--rate", "20", "--max-new-tokens", "4",
+                     "--out", str(tmp_path / "replay"), "--no-progress"]) == 0
+    recs = ReplayDir(tmp_path / "replay").read_requests()
+    lengths = {r.n_prompt_tokens for r in recs}
+    replayed = [b for b in seen if len(b["prompt"]) in lengths and b["max_tokens"] == 4]
+    assert len(replayed) == 3 and not any("logprobs" in b for b in replayed)
+    assert any(b.get("logprobs") == 20 for b in seen[: len(seen) - 3])  # the probes at open ask
+    assert sum(r.decode_tokens for r in recs) >= 1  # answers' ids read without log-probabilities
+
+
 def test_replications_serve_each_load_again_with_new_arrivals_and_bound_its_percentiles(server, tmp_path, capsys):
     """--replications 6 at one load on the server: six replays with arrival seeds 0-5, each into
     its own folder; the load's percentiles are the median over them with an interval both of whose

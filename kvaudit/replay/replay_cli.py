@@ -286,6 +286,7 @@ class _Engine:
             fit = -(-(longest + args.max_new_tokens) // block) * block
             opts["max_model_len"] = min(int(opts.get("max_model_len", fit)), fit)
         self.backend = BACKENDS[args.backend].open(args.model, **common, **opts)
+        self.backend.asks_logprobs = False  # a replay reads tokens and times only
         from kvaudit.core.dataset_format import DEFAULT_SYSTEM
         from kvaudit.replay.workload_text import SyntheticText
 

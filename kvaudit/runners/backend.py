@@ -136,6 +136,11 @@ class Backend(ABC):
     # in-process: the head goes in that request's engine step and is saved at its end), not before.
     heads_saved_after_load: bool = False
     prefix_cache_name: str = "the engine's own prefix cache"  # what the engine-prefix arms measure, in its words
+    # False for an engine opened for a replay: its requests ask for tokens and times only, no
+    # first-token log-probabilities (a replay reads none; asking costs a loaded server requests a
+    # second and puts the sampler's work between its first-token stamp and the client's). Arms
+    # then carry no top-k and no margin: never set it on an engine an audit runs on.
+    asks_logprobs: bool = True
 
     def arm_reason(self, spec: ArmSpec) -> str:
         """Why an arm runs, as the manifest records it: its spec's reason, and for the arms that

@@ -361,7 +361,7 @@ class OpenAIBackend(Backend):
               bypass: bool = False) -> Completion:
         out = client.complete(ids, max_tokens=max_tokens or self.decoding.max_new_tokens,
                               salt=salt or _salt(), kv_transfer_params=transfer, stop_token_ids=sorted(self.eos),
-                              stream=stream, bypass_cache=bypass)
+                              stream=stream, bypass_cache=bypass, top_logprobs=LOGPROBS if self.asks_logprobs else 0)
         self.system_fingerprint = out.extra.get("system_fingerprint", self.system_fingerprint)
         return out
 
@@ -626,7 +626,7 @@ class OpenAIBackend(Backend):
             "finish_reason": run.finish_reason,
         })
         top = sorted(run.first_lp.items(), key=lambda kv: -kv[1])[: self.decoding.top_k_logits]
-        if len(top) < 2:
+        if len(top) < 2 and self.asks_logprobs:
             raise KvauditError(f"server {served.base_url} returned {len(top)} first-token log-probabilities "
                                "(kvaudit needs the top-k: logprobs and return_tokens_as_token_ids)")
         res = build_arm_result(spec, prompt, self.tok, self.decoding, answer_ids=cut_at_eos(run.token_ids, self.eos),

@@ -163,14 +163,18 @@ class ServerClient:
     def complete(self, ids: list[int], *, max_tokens: int, salt: str | None = None,
                  kv_transfer_params: dict[str, Any] | None = None,
                  stop_token_ids: list[int] | None = None, stream: bool = True,
-                 logprob_token_ids: list[int] | None = None, bypass_cache: bool = False) -> Completion:
+                 logprob_token_ids: list[int] | None = None, bypass_cache: bool = False,
+                 top_logprobs: int = LOGPROBS) -> Completion:
         """One greedy completion of the prompt ``ids``, timed. Streamed (time to first token is
         the first token's chunk) unless ``stream`` is false; servers return ``kv_transfer_params``
         only in a whole response, so warm-ups that need them are sent unstreamed. ``bypass_cache``:
-        the dialect's per-request cache bypass, where it has one (llama.cpp's ``cache_prompt``)."""
+        the dialect's per-request cache bypass, where it has one (llama.cpp's ``cache_prompt``).
+        ``top_logprobs``: the first token's best log-probabilities asked for (0: none, as far as the
+        engine shows the generated ids without them)."""
         body = self.dialect.request(self.model, ids, max_tokens=max_tokens, salt=salt if self.namespaces else None,
                                     kv_transfer_params=kv_transfer_params, stop_token_ids=stop_token_ids,
-                                    stream=stream, logprob_token_ids=logprob_token_ids, bypass_cache=bypass_cache)
+                                    stream=stream, logprob_token_ids=logprob_token_ids, bypass_cache=bypass_cache,
+                                    top_logprobs=top_logprobs)
         path = self.dialect.path
         t0 = time.perf_counter()
         acc = _Response(t0, self.dialect)

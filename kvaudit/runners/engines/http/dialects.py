@@ -63,17 +63,22 @@ class Dialect:
     cache_flags = "prefix caching on, cached tokens reported in usage.prompt_tokens_details"
     reset_how: str | None = None  # how the whole cache is emptied; None: no way known
     bypass_how: str | None = None  # how one request bypasses the cache; None: a fresh cache_salt only
+    logprobs_for_ids = 0  # top log-probabilities a request must ask for its generated ids to be shown
 
     def request(self, model: str, ids: list[int], *, max_tokens: int, salt: str | None,
                 kv_transfer_params: dict[str, Any] | None, stop_token_ids: list[int] | None, stream: bool,
-                logprob_token_ids: list[int] | None, bypass_cache: bool) -> dict[str, Any]:
-        """The body of one greedy completion of ``ids``: the first token's top log-probabilities by
-        id, the generated and prompt ids shown, cached tokens reported."""
+                logprob_token_ids: list[int] | None, bypass_cache: bool, top_logprobs: int = LOGPROBS) -> dict[str, Any]:
+        """The body of one greedy completion of ``ids``: the first token's ``top_logprobs`` best
+        log-probabilities by id (none asked where 0, a replay's requests), the generated and prompt
+        ids shown, cached tokens reported."""
         body: dict[str, Any] = {
             "model": model, "prompt": list(ids), "max_tokens": max_tokens, "temperature": 0.0,
-            "logprobs": LOGPROBS, "return_token_ids": True, "return_tokens_as_token_ids": True,
-            "skip_special_tokens": True, "stream": stream,
+            "return_token_ids": True, "return_tokens_as_token_ids": True, "skip_special_tokens": True,
+            "stream": stream,
         }
+        top_logprobs = max(top_logprobs, self.logprobs_for_ids)
+        if top_logprobs:
+            body["logprobs"] = top_logprobs
         if stream:
             body["stream_options"] = {"include_usage": True}
         if logprob_token_ids:  # vLLM: the log-probabilities of exactly these ids at the first position
@@ -158,6 +163,7 @@ class LlamaCppDialect(Dialect):
     reset_how = ("erase every slot (GET /slots, POST /slots/ID?action=erase: start llama-server with "
                  "--slot-save-path DIR, and --cache-ram 0 or its RAM prompt cache refills the slots)")
     bypass_how = "cache_prompt: false on the request"
+    logprobs_for_ids = 1  # llama.cpp shows generated ids only in logprobs.content[].id
 
     def body(self, body: dict[str, Any], *, bypass_cache: bool) -> dict[str, Any]:
         body["cache_prompt"] = not bypass_cache
@@ -201,14 +207,15 @@ class SglangDialect(Dialect):
 
     def request(self, model: str, ids: list[int], *, max_tokens: int, salt: str | None,
                 kv_transfer_params: dict[str, Any] | None, stop_token_ids: list[int] | None, stream: bool,
-                logprob_token_ids: list[int] | None, bypass_cache: bool) -> dict[str, Any]:
+                logprob_token_ids: list[int] | None, bypass_cache: bool, top_logprobs: int = LOGPROBS) -> dict[str, Any]:
         if kv_transfer_params is not None:
             raise KvauditError("SGLang has no kv_transfer_params: kvaudit's connector protocol needs vLLM")
         sampling: dict[str, Any] = {"max_new_tokens": max_tokens, "temperature": 0.0, "skip_special_tokens": True}
         if stop_token_ids:
             sampling["stop_token_ids"] = sorted(stop_token_ids)
-        body: dict[str, Any] = {"input_ids": list(ids), "sampling_params": sampling, "stream": stream,
-                                "return_logprob": True, "top_logprobs_num": LOGPROBS}
+        body: dict[str, Any] = {"input_ids": list(ids), "sampling_params": sampling, "stream": stream}
+        if top_logprobs or logprob_token_ids or bypass_cache:  # output_ids come without
+            body.update(return_logprob=True, top_logprobs_num=top_logprobs)
         if logprob_token_ids:
             body["token_ids_logprob"] = sorted(set(logprob_token_ids))
         if salt is not None:

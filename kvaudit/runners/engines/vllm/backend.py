@@ -223,7 +223,7 @@ class VllmBackend(Backend):
                                "cache budget (--cache-budget)")
 
     def _params(self, *, max_tokens: int, transfer: dict[str, Any] | None = None,
-                prompt_logprobs: int | None = None, logprobs: int | None = LOGPROBS) -> Any:
+                prompt_logprobs: int | None = None) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -239,6 +239,7 @@ class VllmBackend(Backend):
         # measure_decode: every answer decodes max_tokens (an answer is still cut at its first EOS,
         # so it is the same answer), so the time per output token rests on as many tokens as asked.
         decode_all = bool(self.engine_opts.get("measure_decode")) and max_tokens > 1
+        logprobs = LOGPROBS if self.asks_logprobs else None
         sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=logprobs, ignore_eos=decode_all,
                             prompt_logprobs=prompt_logprobs, stop_token_ids=None if decode_all else sorted(self.eos),
                             skip_special_tokens=True, output_kind=RequestOutputKind.CUMULATIVE,

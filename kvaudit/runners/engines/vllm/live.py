@@ -159,7 +159,7 @@ class _Server:
             unit = p.ids[start:end]
             ids, save = self.b.neutral_head + unit, [[key, n, n + len(unit)]]
         # pinned as it is stored: the warm-ups of one request must not evict each other
-        rid = self.b._submit(ids, self.b._params(max_tokens=1, transfer={"save": save, "pin": True}, logprobs=None))
+        rid = self.b._submit(ids, self.b._params(max_tokens=1, transfer={"save": save, "pin": True}))
         self.warmups[rid] = key
         self.waiters[key] = [live]
 
@@ -210,9 +210,7 @@ class _Server:
                     live.hit += e - s
             if plan:
                 transfer = {"n_load": live.n_load, "plan": plan, "drop": []}
-        # no log-probabilities: a replay reads tokens and times only, and a served workload does not
-        # ask the sampler for the top-20 of every token of every running request
-        params = b._params(max_tokens=b.decoding.max_new_tokens, transfer=transfer, logprobs=None)
+        params = b._params(max_tokens=b.decoding.max_new_tokens, transfer=transfer)
         live.submitted_s, live.submitted_wall = self.now(), time.time()
         live.rid = b._submit(p.ids, params, salt)
         self.main[live.rid] = live
