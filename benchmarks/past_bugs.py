@@ -216,6 +216,14 @@ BUGS: tuple[Bug, ...] = (
         ("tests/test_http_prefix_server.py",),
         "the server's reuse path and the cold prefix arm share one tenant salt (cold found warm)",
         tier="vllm"),
+    Bug("replay-asks-logprobs-over-http", "848953f", "kvaudit/replay/replay_cli.py",
+        "        self.backend.asks_logprobs = False  # a replay reads tokens and times only\n",
+        "",
+        ("tests/test_http_prefix_server.py::test_a_replay_asks_the_server_for_no_log_probabilities",),
+        "a replay over HTTP asked the server for every token's top-20 log-probabilities, which it never "
+        "reads and which cost a loaded server throughput (the peer comparison with vllm bench serve "
+        "carried the difference)",
+        tier="vllm"),
     Bug("leak-candidates-on-recomputed-kv", "ee7211b", "kvaudit/runners/engines/vllm/backend.py",
         "skip_reading_prefix_cache=False if scoring else None",
         "skip_reading_prefix_cache=None",
