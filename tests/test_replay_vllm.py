@@ -126,6 +126,8 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
     assert main(["report", str(out)]) == 0  # the sweep's page shows what the client adds, per load
     page = (out / "replays.html").read_text()
     assert "client over engine (p95)" in page and page.count("after vLLM's stamp") == 2
+    # the page says what the store could not hold, per load (a budget small for the load)
+    assert f"{s['hit_rate']['overflow_tokens']:,} tokens not held" in page
     # requests that queue: the intervals claim no level; 16 requests are too few to tell saturation
     assert "too narrow there" in page and "TTFT growth" in proc.stdout and s["ttft_growth"] is None
     # at the lighter load the store still serves what it holds
