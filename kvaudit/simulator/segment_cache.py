@@ -184,6 +184,14 @@ class _StoreInFlight:
         self.warming.pop(c, None)
         self.waiters.pop(c, None)
 
+    def load(self, r: int, pieces: list[int]) -> None:
+        """Request ``r``'s load: the pieces it loads (up to the first it does not hold) are read
+        from the store, most recently used again."""
+        for c in pieces:
+            if c not in self.held[r]:
+                break
+            self.lru.move_to_end(c)
+
     def release(self, r: int, pieces: list[int], tokens: list[int]) -> int:
         """Request ``r``'s first token: its hit tokens (loaded up to the first piece not held, not
         warmed by itself), and its pins go."""
@@ -206,8 +214,10 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
     request's held pieces are marked used and pinned, pieces another request is warming are waited
     for, the others are warmed by it; at its ``ready`` time (its warm-ups done) the pieces it
     warmed are stored in prompt order, each evicting unpinned least recently used entries, refused
-    when only pinned ones could make room; it loads its pieces up to the first one not held, and
-    its pins go at ``released`` (its first token). A hit is a loaded piece it did not warm itself.
+    when only pinned ones could make room; it loads its pieces up to the first one not held, which
+    marks them used again (the engine's load reads them from the store after the admissions
+    before its step), and its pins go at ``released`` (its first token). A hit is a loaded piece
+    it did not warm itself.
     ``stored`` (per request, per trace piece): when each piece it warmed was offered to the store,
     where known (the engine stores or refuses each warm-up's entry as that warm-up finishes); else
     at ``ready``."""
@@ -219,9 +229,11 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
     store = _StoreInFlight(capacity_tokens, trace.n_requests)
     hits = np.zeros(trace.n_requests, np.int64)
     # events in time order; at one time (an engine step): stores first (prompt order: the step's
-    # saves), then releases (the pins of the requests the step gave a first token), then admissions
+    # saves), then releases (the pins of the requests the step gave a first token), then
+    # admissions, then loads (the next step's)
     events = [(float(released[r]), 1, r, 0) for r in range(trace.n_requests)]
     events += [(float(admitted[r]), 2, r, 0) for r in range(trace.n_requests)]
+    events += [(float(ready[r]), 3, r, 0) for r in range(trace.n_requests)]
     for r in range(trace.n_requests):
         for j, i in enumerate(range(offs[r], offs[r + 1])):
             if kind[i] in wanted:
@@ -231,6 +243,8 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
     for _, what, r, i in events:
         if what == 2:
             store.admit(r, [content[i] for i in mine[r]])
+        elif what == 3:
+            store.load(r, [content[i] for i in mine[r]])
         elif what == 0:
             store.store(r, content[i], tokens[i])
         else:
