@@ -214,7 +214,9 @@ class SglangDialect(Dialect):
         if stop_token_ids:
             sampling["stop_token_ids"] = sorted(stop_token_ids)
         body: dict[str, Any] = {"input_ids": list(ids), "sampling_params": sampling, "stream": stream}
-        if top_logprobs or logprob_token_ids or bypass_cache:  # output_ids come without
+        # SGLang shows output_ids without log-probabilities: asked only where wanted, or where the
+        # cache bypass below needs them (logprob_start_len counts only with return_logprob)
+        if top_logprobs or logprob_token_ids or bypass_cache:
             body.update(return_logprob=True, top_logprobs_num=top_logprobs)
         if logprob_token_ids:
             body["token_ids_logprob"] = sorted(set(logprob_token_ids))
