@@ -184,23 +184,20 @@ class _StoreInFlight:
         self.warming.pop(c, None)
         self.waiters.pop(c, None)
 
+    def loaded(self, r: int, pieces: list[int]) -> int:
+        """How many of request ``r``'s pieces (prompt order) it loads: up to the first it does not hold."""
+        return next((k for k, c in enumerate(pieces) if c not in self.held[r]), len(pieces))
+
     def load(self, r: int, pieces: list[int]) -> None:
-        """Request ``r``'s load: the pieces it loads (up to the first it does not hold) are read
-        from the store, most recently used again."""
-        for c in pieces:
-            if c not in self.held[r]:
-                break
+        """Request ``r``'s load: the pieces it loads are read from the store, most recently used again."""
+        for c in pieces[: self.loaded(r, pieces)]:
             self.lru.move_to_end(c)
 
     def release(self, r: int, pieces: list[int], tokens: list[int]) -> int:
-        """Request ``r``'s first token: its hit tokens (loaded up to the first piece not held, not
-        warmed by itself), and its pins go."""
-        hit = 0
-        for c, t in zip(pieces, tokens, strict=True):
-            if c not in self.held[r]:
-                break
-            if c not in self.warmed_by[r]:
-                hit += t
+        """Request ``r``'s first token: its hit tokens (the pieces it loaded that it did not warm
+        itself), and its pins go."""
+        n = self.loaded(r, pieces)
+        hit = sum(t for c, t in zip(pieces[:n], tokens[:n], strict=True) if c not in self.warmed_by[r])
         for c in self.held[r]:
             self.pins[c] -= 1
         return hit
