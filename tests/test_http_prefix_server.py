@@ -20,7 +20,7 @@ from kvaudit.cli import main  # noqa: E402
 from kvaudit.core.run_format import read_pairs  # noqa: E402
 from kvaudit.reports.gate import judge  # noqa: E402
 
-from .http_runs import checks, run  # noqa: E402
+from .http_runs import checks, recorded_replay, run  # noqa: E402
 from .lying_proxy import lying_proxy  # noqa: E402
 from .sglang_standin import STANDIN_VERSION, sglang_standin  # noqa: E402
 
@@ -210,19 +210,7 @@ def test_a_replay_asks_the_server_for_no_log_probabilities(server, tmp_path):
     """A replay reads tokens and times only: its requests ask for no log-probabilities (asking
     costs a loaded server requests a second), while the backend's own probes at open still ask
     the audit's top-20; the answers' tokens are still read."""
-    from kvaudit.core.replay_format import ReplayDir
-
-    wl = tmp_path / "w.jsonl"
-    assert main(["generate", "workload", "--out", str(wl), "--requests", "3", "--documents", "3", "--queries", "2",
-                 "--docs-per-request", "2", "--doc-tokens", "uniform:30:50", "--no-progress"]) == 0
-    seen: list[dict] = []
-    with lying_proxy(server, "record", seen) as url:
-        assert main(["replay", "--backend", "openai", "--base-url", url, "--workload", str(wl), "--cache-policy",
-                     "recompute", "--cache-budget", "1MB", "--rate", "20", "--max-new-tokens", "4",
-                     "--out", str(tmp_path / "replay"), "--no-progress"]) == 0
-    recs = ReplayDir(tmp_path / "replay").read_requests()
-    lengths = {r.n_prompt_tokens for r in recs}
-    replayed = [b for b in seen if len(b["prompt"]) in lengths and b["max_tokens"] == 4]
+    recs, replayed, seen = recorded_replay(server, tmp_path)
     assert len(replayed) == 3 and not any("logprobs" in b for b in replayed)
     assert any(b.get("logprobs") == 20 for b in seen[: len(seen) - 3])  # the probes at open ask
     assert sum(r.decode_tokens for r in recs) >= 1  # answers' ids read without log-probabilities

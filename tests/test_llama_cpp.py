@@ -18,9 +18,8 @@ import pytest
 from kvaudit.cli import main
 from kvaudit.core.run_format import read_pairs
 
-from .http_runs import checks, run
+from .http_runs import checks, recorded_replay, run
 from .llama_server import llama_server
-from .lying_proxy import lying_proxy
 
 ARMS = "recompute,prefix_cache_cold,prefix_cache_flushed,prefix_cache,prefix_cache_other_tenant,recompute_again"
 
@@ -109,18 +108,6 @@ def test_a_replay_asks_llama_cpp_for_one_log_probability_and_reads_its_ids(serve
     """A replay reads tokens and times only: llama-server shows the generated ids only inside its
     log-probabilities, so each replayed request asks for one (vLLM and SGLang requests ask none),
     and the answers' ids are read from it."""
-    from kvaudit.core.replay_format import ReplayDir
-
-    wl = tmp_path / "w.jsonl"
-    assert main(["generate", "workload", "--out", str(wl), "--requests", "3", "--documents", "3", "--queries", "2",
-                 "--docs-per-request", "2", "--doc-tokens", "uniform:30:50", "--no-progress"]) == 0
-    seen: list[dict] = []
-    with lying_proxy(server, "record", seen) as url:
-        assert main(["replay", "--backend", "openai", "--base-url", url, "--workload", str(wl), "--cache-policy",
-                     "recompute", "--cache-budget", "1MB", "--rate", "20", "--max-new-tokens", "4",
-                     "--out", str(tmp_path / "replay"), "--no-progress"]) == 0
-    recs = ReplayDir(tmp_path / "replay").read_requests()
-    lengths = {r.n_prompt_tokens for r in recs}
-    replayed = [b for b in seen if len(b["prompt"]) in lengths and b["max_tokens"] == 4]
+    recs, replayed, _ = recorded_replay(server, tmp_path)
     assert len(replayed) == 3 and all(b["logprobs"] == 1 for b in replayed)
     assert sum(r.decode_tokens for r in recs) >= 1
