@@ -181,6 +181,23 @@ def test_prefix_policy_needs_the_in_process_vllm_engine(workload, tmp_path, caps
     assert not (tmp_path / "p").exists()
 
 
+def test_a_request_longer_than_the_model_is_refused_before_any_is_served(tmp_path, capsys):
+    # The audit drops trailing documents to fit the model (one decision for every arm); a replay
+    # must not: its numbers would describe shorter prompts than the workload's, under its name.
+    wl = tmp_path / "long.jsonl"
+    assert main(["generate", "workload", "--out", str(wl), "--requests", "3", "--documents", "6",
+                 "--docs-per-request", "6", "--doc-tokens", "uniform:1500:1600", "--prefix-tokens", "12",
+                 "--question-tokens", "fixed:6", "--no-progress"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "r"
+    assert main(["replay", "--workload", str(wl), "--cache-policy", "segment", "--cache-budget", "10MB",
+                 "--out", str(out), "--no-progress", "--limit", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{wl}: 2 request(s) need more prompt tokens than the engine takes (8,191: the model's context" in err
+    assert "r0000000 (" in err and "r0000001 (" in err and "never dropping documents" in err
+    assert not (out / "requests.jsonl").exists()
+
+
 def test_a_bad_workload_is_named_by_line(tmp_path, capsys):
     bad = tmp_path / "w.jsonl"
     bad.write_text('{"id": "a", "pieces": [{"kind": "document", "id": "d", "tokens": 3}]}\n'

@@ -28,6 +28,7 @@ ARRIVALS_BACKENDS = ("vllm", "openai")
 # The most requests in flight under the arrivals schedule unless --concurrency says: vLLM's
 # max_num_seqs in process; over HTTP, enough that the client never holds back a server's load.
 ARRIVALS_CONCURRENCY = {"vllm": 8, "openai": 256}
+DEFAULT_VLLM_KV_BYTES = 1 << 30  # open_vllm_backend's: the least KV space a replay opens vLLM with
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -262,7 +263,6 @@ class _Engine:
         self.served = False
 
     def get(self) -> Any:
-        from kvaudit.replay.serve import engine_kv_bytes
         from kvaudit.runners.registry import BACKENDS
 
         args = self.args
@@ -273,18 +273,8 @@ class _Engine:
         common: dict[str, Any] = {"dtype": args.dtype, "max_new_tokens": args.max_new_tokens,
                                   "cache_bytes": args.cache_budget}
         opts = dict(self.opts)
-        if args.cache_policy == "prefix":
-            from kvaudit.models import resolve_model_dir
-            from kvaudit.simulator.kv_bytes import resolve_model
-
-            bpt = resolve_model(str(resolve_model_dir(args.model)), args.dtype).bytes_per_token
-            longest = max(sum(p.tokens for p in r.pieces) for r in self.requests) + 64  # + the chat template
-            block = int(opts.get("block_size", 32))
-            opts["kv_cache_bytes"] = engine_kv_bytes(args.cache_budget, args.concurrency, longest, bpt, block)
-            # vLLM refuses a KV space smaller than one request of max_model_len: the replay's longest
-            # request (and its answer) is what it must fit, so the engine is opened for that.
-            fit = -(-(longest + args.max_new_tokens) // block) * block
-            opts["max_model_len"] = min(int(opts.get("max_model_len", fit)), fit)
+        if args.backend == "vllm":
+            opts.update(self._vllm_sizes(opts))
         self.backend = BACKENDS[args.backend].open(args.model, **common, **opts)
         self.backend.asks_logprobs = False  # a replay reads tokens and times only
         from kvaudit.core.dataset_format import DEFAULT_SYSTEM
@@ -296,9 +286,69 @@ class _Engine:
         self.synth = None if texts else SyntheticText(self.backend.tok.tok)
         return self.backend
 
+    def _vllm_sizes(self, opts: dict[str, Any]) -> dict[str, Any]:
+        """max_model_len and KV space for in-process vLLM. Without ``--max-model-len`` the engine
+        is opened for the workload's longest request whole and its answer (by the workload's token
+        counts; up to the model's context), never the option's default, which would make a longer
+        request one the replay refuses. The KV space holds ``--concurrency`` such requests in flight
+        (the engine runs at most that many, a segment warm-up among them), and for the prefix policy
+        the budget on top, so what the engine keeps cached between requests is the budget."""
+        import json
+
+        from kvaudit.models import resolve_model_dir
+        from kvaudit.replay.serve import engine_kv_bytes
+        from kvaudit.runners.registry import given_option
+        from kvaudit.simulator.kv_bytes import resolve_model
+
+        args = self.args
+        path = resolve_model_dir(args.model)
+        bpt = resolve_model(str(path), args.dtype).bytes_per_token
+        # + a delimiter per piece and the chat template around them
+        longest = max(sum(p.tokens + 1 for p in r.pieces) for r in self.requests) + 64
+        block = int(opts.get("block_size", 32))
+        fit = -(-(longest + args.max_new_tokens) // block) * block
+        given = given_option(args, "--max-model-len")
+        if given is None:
+            context = json.loads((path / "config.json").read_text()).get("max_position_embeddings")
+            max_len = min(fit, int(context)) if isinstance(context, int) else fit
+        else:  # the user's, or less where every request fits in less
+            max_len = min(int(given), fit)
+        budget = args.cache_budget if args.cache_policy == "prefix" else 0
+        kv = engine_kv_bytes(budget, args.concurrency, min(longest, max_len), bpt, block)
+        # vLLM refuses a KV space smaller than one request of max_model_len: what it must fit
+        return {"max_model_len": max_len,
+                "kv_cache_bytes": kv if args.cache_policy == "prefix" else max(kv, DEFAULT_VLLM_KV_BYTES)}
+
     def close(self) -> None:
         if self.backend is not None:
             self.backend.close()
+
+
+def check_requests_fit(args: argparse.Namespace, backend: Any, needs: dict[str, int]) -> None:
+    """Refuse a replay whose requests (id -> prompt tokens with every document) do not fit the
+    engine whole: a replay serves the workload's requests as they are; dropping documents to fit
+    would measure other prompts than the workload's, under the workload's name."""
+    from kvaudit.runners.registry import given_option
+
+    limit = backend.max_prompt_tokens
+    over = {rid: n for rid, n in needs.items() if n > limit}
+    if not over:
+        return
+    shown = ", ".join(f"{rid} ({n:,} tokens)" for rid, n in list(over.items())[:5])
+    more = f" and {len(over) - 5:,} more" if len(over) > 5 else ""
+    given = given_option(args, "--max-model-len")
+    if args.backend == "vllm" and given is not None:
+        why = (f"--max-model-len {given} less {args.max_new_tokens} answer token(s)",
+               "raise --max-model-len, up to the model's context")
+    elif args.backend == "vllm":
+        why = ("the engine opened for the workload's longest request by its token counts, up to the model's "
+               "context", "if the workload's token counts are another tokenizer's, give --max-model-len; "
+               "otherwise the requests are longer than the model's context")
+    else:
+        why = ("the model's context less the answer tokens", "replay them on a model with a longer context")
+    raise KvauditError(f"{args.workload}: {len(over):,} request(s) need more prompt tokens than the engine takes "
+                       f"({limit:,}: {why[0]}): {shown}{more}. A replay serves each request whole, never dropping "
+                       f"documents; {why[1]}, or replay a workload of shorter requests (fewer or shorter documents).")
 
 
 def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, seed: int, out_dir: Path,
@@ -315,6 +365,7 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, see
     )
     from kvaudit.replay.summary import served_here, summarise
     from kvaudit.replay.workload_text import request_cases
+    from kvaudit.runners.prompt import full_prompt_tokens
 
     arrivals_spec, arrivals = _arrivals(args, requests, rate, seed)
     config = ReplayConfig(workload=str(args.workload), workload_hash=file_sha256(args.workload), policy=args.cache_policy,
@@ -332,8 +383,9 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, see
             return summary
         backend = engine.get()
         facts = dict(engine.facts)
-        todo = [(r.index, r.id, prompt_maker(case, segs, backend))
-                for r, (case, segs) in zip(todo_requests, request_cases(todo_requests, engine.synth), strict=True)]
+        cases = list(zip(todo_requests, request_cases(todo_requests, engine.synth), strict=True))
+        check_requests_fit(args, backend, {r.id: full_prompt_tokens(c, segs, backend.tok) for r, (c, segs) in cases})
+        todo = [(r.index, r.id, prompt_maker(case, segs, backend)) for r, (case, segs) in cases]
         if args.cache_policy == "segment" and schedule == "waves":  # every wave must fit: refused now, not mid-replay
             check_waves_fit([request_kv(make(), facts["stores_heads"]) for _, _, make in todo],
                             [rid for _, rid, _ in todo], concurrency=args.concurrency,

@@ -136,6 +136,13 @@ def shortest_prompt_tokens(case: Case, segments: dict[str, Segment], tok: Tokeni
     return len(head) + len(first) + len(tok.tail_ids(case.system, case.question))
 
 
+def full_prompt_tokens(case: Case, segments: dict[str, Segment], tok: Tokenizer) -> int:
+    """Tokens of ``case``'s prompt with every document (what :func:`assemble` makes when nothing
+    has to be dropped): tokenization only."""
+    units = sum(len(tok.unit_ids(segments[sid].text)) for sid in case.segment_ids)
+    return len(tok.head_ids(case.system, case.prefix)) + units + len(tok.tail_ids(case.system, case.question))
+
+
 def neutral_head_ids(tok: Tokenizer) -> list[int]:
     """The fixed head every neutral warm-up puts before a segment."""
     return tok.head_ids(NEUTRAL_SYSTEM, "")

@@ -152,6 +152,11 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def given_option(args: argparse.Namespace, flag: str) -> Any:
+    """The value of backend option ``flag`` as given on the command line; None where left out."""
+    return getattr(args, Option(flag, "", None, "").dest, None)
+
+
 def open_from_args(args: argparse.Namespace, **common: Any) -> Backend:
     """Open the backend ``args.backend`` names with ``common`` (:data:`COMMON`) and its own options."""
     missing = [k for k in COMMON if k not in common]
