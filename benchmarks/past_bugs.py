@@ -210,6 +210,13 @@ BUGS: tuple[Bug, ...] = (
         "the simulation of the segment store under overlap marked a request's pieces used only at its "
         "admission, not when its load read them after later admissions: a CI replay measured one "
         "document more than simulated (2.3 points)"),
+    Bug("replay-drops-documents", "495cdf1", "kvaudit/replay/replay_cli.py",
+        "        check_requests_fit(args, backend, {r.id: full_prompt_tokens(c, segs, backend.tok) for r, (c, segs) in cases})\n",
+        "",
+        ("tests/test_replay.py",),
+        "a replay dropped a request's trailing documents to fit the engine, silently: its TTFT and hit rate "
+        "described shorter prompts than the workload's (a 5K-token workload served as 3.3K-token prompts)",
+        tier="vllm"),
     Bug("load-plot-raw-mathtext", "a42a7a1", "kvaudit/reports/replay_report.py",
         "        log_seconds(ax.yaxis)\n        ax.set_title(\"Time to first token against offered load",
         "        ax.set_title(\"Time to first token against offered load",
@@ -223,6 +230,12 @@ BUGS: tuple[Bug, ...] = (
         ("tests/test_http_prefix_server.py",),
         "the server's reuse path and the cold prefix arm share one tenant salt (cold found warm)",
         tier="vllm"),
+    Bug("replay-opens-vllm-at-the-default-length", "495cdf1", "kvaudit/replay/replay_cli.py",
+        "            max_len = min(fit, int(context)) if isinstance(context, int) else fit\n",
+        "            max_len = min(fit, 4096)  # --max-model-len's default\n",
+        ("tests/test_replay_vllm.py",),
+        "`kvaudit replay --backend vllm` opened the engine at --max-model-len's default (4096) whatever the "
+        "workload: a longer request could not be served whole", tier="vllm"),
     Bug("replay-asks-logprobs-over-http", "848953f", "kvaudit/replay/replay_cli.py",
         "        self.backend.asks_logprobs = False  # a replay reads tokens and times only\n",
         "",
