@@ -137,3 +137,19 @@ def test_store_stats_merge_to_the_fullest_worker():
     assert stats["workers"] == 2 and len(stats["per_worker"]) == 2
     one = merge_worker_replies("stats", [stores[0].stats()])
     assert one["bytes"] == stores[0].bytes_now and one["workers"] == 1
+
+
+def test_a_store_budget_past_the_free_memory_is_refused_naming_what_fits():
+    from kvaudit.runners.engines.vllm.engine_setup import STORE_HEADROOM_BYTES, check_store_room
+
+    free = 30 * 10**9
+    check_store_room([("cuda:0", free)], free - STORE_HEADROOM_BYTES)  # fits, headroom kept
+    with pytest.raises(KvauditError) as e:
+        check_store_room([("cuda:0", free)], free - STORE_HEADROOM_BYTES + 1)
+    assert "--cache-budget 28.9 GB: the segment store keeps its KV in cuda:0, where 30.0 GB is free" in str(e.value)
+    assert "a budget of at most 28.9 GB fits there" in str(e.value)
+    # per worker: the fullest device decides, the budget is the workers' total
+    with pytest.raises(KvauditError) as e:
+        check_store_room([("cuda:0", 50 * 10**9), ("cuda:1", free)], 40 * 10**9, workers=2)
+    assert "--cache-budget 80.0 GB, 40.0 GB of it on each of 2 workers" in str(e.value)
+    assert "in cuda:1, where 30.0 GB is free" in str(e.value) and "at most 57.9 GB fits" in str(e.value)

@@ -156,3 +156,14 @@ def test_a_request_longer_than_the_default_max_model_len_is_served_whole(tmp_pat
     assert f"{wl}: 1 request(s) need more prompt tokens than the engine takes (4,095: --max-model-len 4096" in err
     assert f"r0000000 ({rec.n_prompt_tokens:,} tokens)" in err and "never dropping documents" in err
     assert not (tmp_path / "short" / "requests.jsonl").exists()
+
+
+def test_a_store_budget_the_machine_cannot_hold_is_refused_before_any_request(workload, tmp_path):
+    # The store allocates as documents arrive: a budget past the free memory used to stop a run out
+    # of memory midway (on an H100, 40 GB beside an 8B model's weights and KV space).
+    proc = subprocess.run(_cmd(workload, tmp_path / "r", "segment", "100TB", "--limit", "2"),
+                          capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert "--cache-budget 100000.0 GB: the segment store keeps its KV in host memory, where" in err
+    assert "Lower --cache-budget" in err and not (tmp_path / "r" / "requests.jsonl").exists()

@@ -67,6 +67,7 @@ from kvaudit.runners.backend import (
 from kvaudit.runners.engines.vllm.engine_setup import (
     SegmentIndex,
     check_parallelism,
+    check_store_room,
     merge_worker_replies,
 )
 from kvaudit.runners.prompt import Prompt, Tokenizer, neutral_head_ids
@@ -705,6 +706,15 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
                           decoding=Decoding(max_new_tokens=max_new_tokens), cache_bytes=cache_bytes,
                           engine_opts=opts, store=store, store_bytes=store_bytes,
                           concurrent_cases=concurrent_cases)
+    if segment_connector:
+        from kvaudit.runners.engines.vllm.connector import store_rpc
+
+        try:
+            check_store_room(llm.collective_rpc(store_rpc, args=(store, "room")), store_bytes,
+                             workers=tensor_parallel_size * pipeline_parallel_size)
+        except KvauditError:
+            backend.close()
+            raise
     if warmup:  # the first requests pay one-off costs that would otherwise land in a TTFT
         backend._one(backend.neutral_head + backend.neutral_head, max_tokens=2)
     return backend

@@ -59,7 +59,7 @@ from kvaudit.core.errors import KvauditError
 from kvaudit.runners.engines.vllm.cpu_layout import CpuLayout, slots_for
 from kvaudit.runners.engines.vllm.engine_setup import combined_fingerprint
 from kvaudit.runners.engines.vllm.gpu_paged_kv import PagedKV, Piece
-from kvaudit.runners.engines.vllm.store import SegmentStore, StoredKV
+from kvaudit.runners.engines.vllm.store import SegmentStore, StoredKV, free_bytes
 from kvaudit.runners.rope import RopeSpec
 
 try:
@@ -129,7 +129,9 @@ def store_rpc(worker: Any, store: str, op: str, keys: list[str] | None = None, v
     ``get`` (the entries themselves, for tests), ``capacity`` (set the budget to ``value`` bytes,
     evicting to fit; the peak restarts from there), ``pin`` (``unpin`` from ``value``, then mark
     ``keys`` used and hold them against eviction; returns the info of those held: a request in
-    flight loads them later)."""
+    flight loads them later), ``room`` (where the store's KV lives and the bytes free there)."""
+    if op == "room":
+        return free_bytes(getattr(worker, "device", None))
     st = worker_store(store)
     if op == "info":
         return st.info(keys)

@@ -4,7 +4,8 @@ stores, the merge of the workers' store replies, and the checks run before an en
 :class:`SegmentIndex` is the frontend's view of the neutral segment entries (hit statistics and
 what is present); the tensors and the byte budget live in the workers' stores
 (:mod:`kvaudit.runners.engines.vllm.store`). :func:`check_parallelism` refuses a tensor or pipeline split
-the model cannot take, with a message, before vLLM is asked to start.
+the model cannot take, with a message, before vLLM is asked to start; :func:`check_store_room` a
+segment-store budget the device cannot hold beside the engine, once it has started.
 """
 
 from __future__ import annotations
@@ -107,6 +108,28 @@ def merge_worker_replies(op: str, replies: list[Any]) -> Any:
     if op == "drop":
         return max(replies)
     return replies[0]
+
+
+STORE_HEADROOM_BYTES = 1 << 30  # kept free beside the store: the allocator's rounding, the run's own needs
+
+
+def check_store_room(rooms: list[tuple[str, int]], store_bytes: int, workers: int = 1) -> None:
+    """Refuse a segment-store budget (``store_bytes`` per worker) that the device the store lives
+    on cannot hold: ``rooms`` is each worker's (where, bytes free) once the engine holds its weights
+    and KV space. The store allocates as documents arrive, so without this a budget past the free
+    memory would stop a run out of memory midway, after part of its work."""
+    where, free = min(rooms, key=lambda r: r[1])
+    fits = free - STORE_HEADROOM_BYTES
+    if store_bytes <= fits:
+        return
+    share = f", {store_bytes / 1e9:.1f} GB of it on each of {workers} workers" if workers > 1 else ""
+    raise KvauditError(
+        f"--cache-budget {store_bytes * workers / 1e9:.1f} GB{share}: the segment store keeps its KV in {where}, "
+        f"where {free / 1e9:.1f} GB is free once the engine holds its weights and KV space; a budget of at most "
+        f"{max(fits, 0) * workers / 1e9:.1f} GB fits there, {STORE_HEADROOM_BYTES >> 30} GiB kept free. Lower "
+        "--cache-budget, or the engine's KV space (a replay sizes it for --concurrency requests of the "
+        "workload's longest). The store fills as documents arrive: past the free memory the run would stop, "
+        "out of memory, midway.")
 
 
 def check_parallelism(model_dir: Path, tensor_parallel_size: int, pipeline_parallel_size: int) -> None:

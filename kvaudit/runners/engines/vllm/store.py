@@ -7,7 +7,9 @@ are one contiguous row in the store and in vLLM's paged cache alike.
 
 The budget is the store's own: :meth:`SegmentStore.put` evicts least recently used entries until
 the new one fits and refuses an entry larger than the whole budget, so ``bytes_now`` never exceeds
-``capacity_bytes`` (not even while one prompt's segments are being saved). Evicted keys are queued
+``capacity_bytes`` (not even while one prompt's segments are being saved). The engine checks at
+its start that the device has the budget free (:func:`free_bytes`): the store allocates as it fills,
+so a budget the device cannot hold would otherwise fail mid-run, out of memory. Evicted keys are queued
 for the frontend (:meth:`drain_evicted`) so its index forgets them too. The LRU is
 :class:`~kvaudit.runners.kvstore.ByteLRU`, the one the transformers backend's cache uses. No vLLM
 import here.
@@ -47,6 +49,17 @@ class StoredKV:
         if not self._fingerprint:
             self._fingerprint = kv_fingerprint(self.keys, self.values)
         return self._fingerprint
+
+
+def free_bytes(device: Any) -> tuple[str, int]:
+    """Where the store's KV lives and the bytes free there now: the GPU's free memory under CUDA,
+    the host's available memory otherwise (vLLM's CPU build keeps the KV cache in host memory)."""
+    if device is not None and torch.device(device).type == "cuda":
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return str(device), int(free)
+    import psutil  # a dependency of vLLM, which this module runs under
+
+    return "host memory", int(psutil.virtual_memory().available)
 
 
 class SegmentStore:
