@@ -236,6 +236,14 @@ BUGS: tuple[Bug, ...] = (
         ("tests/test_replay_vllm.py",),
         "`kvaudit replay --backend vllm` opened the engine at --max-model-len's default (4096) whatever the "
         "workload: a longer request could not be served whole", tier="vllm"),
+    Bug("store-budget-past-free-memory", "76b545d", "kvaudit/runners/engines/vllm/backend.py",
+        "            check_store_room(llm.collective_rpc(store_rpc, args=(store, \"room\")), store_bytes,\n"
+        "                             workers=tensor_parallel_size * pipeline_parallel_size)\n",
+        "            pass\n",
+        ("tests/test_replay_vllm.py",),
+        "a segment-store budget past the memory free where the store lives was taken: the store filled as "
+        "documents came and the run stopped out of memory midway (an H100, 40 GB beside an 8B model)",
+        tier="vllm"),
     Bug("replay-asks-logprobs-over-http", "848953f", "kvaudit/replay/replay_cli.py",
         "        self.backend.asks_logprobs = False  # a replay reads tokens and times only\n",
         "",
