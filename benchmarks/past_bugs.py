@@ -211,7 +211,8 @@ BUGS: tuple[Bug, ...] = (
         "admission, not when its load read them after later admissions: a CI replay measured one "
         "document more than simulated (2.3 points)"),
     Bug("replay-drops-documents", "495cdf1", "kvaudit/replay/replay_cli.py",
-        "        check_requests_fit(args, backend, {r.id: full_prompt_tokens(c, segs, backend.tok) for r, (c, segs) in cases})\n",
+        "        check_requests_fit(args, backend.max_prompt_tokens,\n"
+        "                           {r.id: full_prompt_tokens(c, segs, backend.tok) for r, (c, segs) in cases})\n",
         "",
         ("tests/test_replay.py",),
         "a replay dropped a request's trailing documents to fit the engine, silently: its TTFT and hit rate "

@@ -206,6 +206,22 @@ def test_an_open_loop_replay_sends_each_request_at_its_arrival_and_sweeps_loads(
     assert all(r.decode_tokens >= 1 and r.ttft_s >= r.client_request_ttft_s for r in recs)
 
 
+def test_a_request_longer_than_the_servers_context_refuses_the_replay(server, tmp_path, capsys):
+    """The server holds 4,096 tokens (its --max-model-len): a 4.4K-token request is not served with
+    a document dropped, the replay is refused before any request, naming it."""
+    wl = tmp_path / "long.jsonl"
+    assert main(["generate", "workload", "--out", str(wl), "--requests", "2", "--documents", "3",
+                 "--docs-per-request", "3", "--doc-tokens", "uniform:1450:1500", "--no-progress"]) == 0
+    capsys.readouterr()
+    out = tmp_path / "replay"
+    assert main(["replay", "--backend", "openai", "--base-url", server, "--workload", str(wl), "--cache-policy",
+                 "recompute", "--cache-budget", "1MB", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{wl}: 2 request(s) need more prompt tokens than the engine takes" in err
+    assert "the server's context length less the answer tokens" in err and "r0000001 (" in err
+    assert not (out / "requests.jsonl").exists()
+
+
 def test_a_replay_asks_the_server_for_no_log_probabilities(server, tmp_path):
     """A replay reads tokens and times only: its requests ask for no log-probabilities (asking
     costs a loaded server requests a second), while the backend's own probes at open still ask

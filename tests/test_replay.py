@@ -198,6 +198,26 @@ def test_a_request_longer_than_the_model_is_refused_before_any_is_served(tmp_pat
     assert not (out / "requests.jsonl").exists()
 
 
+@pytest.mark.parametrize("backend, flags, says", [
+    ("vllm", ["--max-model-len", "4096"], "(4,095: --max-model-len 4096 less 1 answer token(s)): r7 (5,003 tokens). "
+     "A replay serves each request whole, never dropping documents; raise --max-model-len"),
+    ("vllm", [], "opened for the workload's longest request by its token counts"),
+    ("openai", ["--base-url", "http://127.0.0.1:1"], "the server's context length less the answer tokens"),
+])
+def test_requests_that_do_not_fit_are_named_with_the_fix_for_the_backend(tmp_path, backend, flags, says):
+    from kvaudit.cli import build_parser
+    from kvaudit.replay.replay_cli import check_requests_fit
+
+    argv = ["replay", "--workload", "w.jsonl", "--cache-policy", "recompute", "--cache-budget", "1MB",
+            "--out", str(tmp_path), "--backend", backend, *flags]
+    args = build_parser(argv).parse_args(argv)
+    check_requests_fit(args, 4095, {"r6": 4095})  # fits exactly
+    with pytest.raises(KvauditError) as e:
+        check_requests_fit(args, 4095, {"r6": 4095, "r7": 5003})
+    assert str(e.value).startswith("w.jsonl: 1 request(s) need more prompt tokens than the engine takes")
+    assert says in str(e.value)
+
+
 def test_a_bad_workload_is_named_by_line(tmp_path, capsys):
     bad = tmp_path / "w.jsonl"
     bad.write_text('{"id": "a", "pieces": [{"kind": "document", "id": "d", "tokens": 3}]}\n'
@@ -236,7 +256,7 @@ def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
 
 
 def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: float | None = None,
-                      growth: float = 0.0, wave_size: int = 1) -> None:
+                      growth: float = 0.0, wave_size: int = 1, truncated: int = 0) -> None:
     from kvaudit.replay.summary import summarise
 
     rng = np.random.default_rng(seed)
@@ -256,7 +276,7 @@ def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: flo
                                 queue_s=0.0, prefix_cache_tokens=0, segment_hit_tokens=hit, warmup_tokens=80 - hit,
                                 tokens_computed=100 + i - hit, evictions=0.0, wall_s=ttft, ids_hash=f"h{i}",
                                 piece_ids=["tmpl:x", f"seg:{i % 4}", f"tail:{i}"], piece_tokens=[10, 80, 10 + i],
-                                piece_kinds=["prefix", "document", "question"])
+                                piece_kinds=["prefix", "document", "question"], truncated=i < truncated)
             app.append(rec)
             recs.append(rec)
     d.write_summary(summarise(recs, cfg, {"block_size": 16, "bytes_per_token": 1, "kv_tokens": 1000,
@@ -274,6 +294,15 @@ def test_requests_that_shared_a_wave_claim_no_interval_level(tmp_path):
     assert [r["summary"]["ttft_intervals_claimed"] for r in got["rows"]] == [True, False]
     page = (tmp_path / "cmp" / "replays.html").read_text()
     assert page.count("] †</span>") == 3 and "or shared a wave" in page
+
+
+def test_a_replay_that_dropped_documents_says_so_on_its_page(tmp_path):
+    # replays before 2026-12-05 served long requests with trailing documents dropped, silently
+    _synthetic_replay(tmp_path / "old", "segment", 0.05, 0, truncated=3)
+    _synthetic_replay(tmp_path / "new", "segment", 0.05, 1)
+    assert main(["compare", str(tmp_path / "old"), str(tmp_path / "new"), "--out", str(tmp_path / "cmp")]) == 0
+    page = (tmp_path / "cmp" / "replays.html").read_text()
+    assert page.count("3 with documents dropped</span>") == 1 and page.count("with documents dropped</span>") == 1
 
 
 def test_compare_puts_replays_side_by_side_and_refuses_a_mix(tmp_path, capsys):

@@ -10,6 +10,7 @@ TTFT percentiles and the measured hit rate beside the simulator's. docs/replay.m
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,6 +159,10 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
     t = s["ttft_s"]
     hr = s["hit_rate"]
     c = s["config"]
+    if s.get("truncated_requests"):
+        print(f"warning: {s['truncated_requests']:,} of this replay's requests were served with trailing documents "
+              "dropped (a replay before 2026-12-05): its numbers describe shorter prompts than the workload's",
+              file=sys.stderr)
     how = ("each request joining the running batch at its arrival" if c.get("schedule") == "arrivals"
            else f"in waves of up to {c['concurrency']}")
     print(f"\nreplay {c['policy']} at budget {c['budget_bytes']:,} B: {s['requests']} requests "
@@ -324,13 +329,13 @@ class _Engine:
             self.backend.close()
 
 
-def check_requests_fit(args: argparse.Namespace, backend: Any, needs: dict[str, int]) -> None:
+def check_requests_fit(args: argparse.Namespace, limit: int, needs: dict[str, int]) -> None:
     """Refuse a replay whose requests (id -> prompt tokens with every document) do not fit the
-    engine whole: a replay serves the workload's requests as they are; dropping documents to fit
-    would measure other prompts than the workload's, under the workload's name."""
+    engine whole (``limit``: the backend's ``max_prompt_tokens``): a replay serves the workload's
+    requests as they are; dropping documents to fit would measure other prompts than the
+    workload's, under the workload's name."""
     from kvaudit.runners.registry import given_option
 
-    limit = backend.max_prompt_tokens
     over = {rid: n for rid, n in needs.items() if n > limit}
     if not over:
         return
@@ -344,6 +349,9 @@ def check_requests_fit(args: argparse.Namespace, backend: Any, needs: dict[str, 
         why = ("the engine opened for the workload's longest request by its token counts, up to the model's "
                "context", "if the workload's token counts are another tokenizer's, give --max-model-len; "
                "otherwise the requests are longer than the model's context")
+    elif args.backend == "openai":
+        why = ("the server's context length less the answer tokens", "serve them from a server started with a "
+               "longer context (vLLM's --max-model-len), on a model that has one")
     else:
         why = ("the model's context less the answer tokens", "replay them on a model with a longer context")
     raise KvauditError(f"{args.workload}: {len(over):,} request(s) need more prompt tokens than the engine takes "
@@ -384,7 +392,8 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, see
         backend = engine.get()
         facts = dict(engine.facts)
         cases = list(zip(todo_requests, request_cases(todo_requests, engine.synth), strict=True))
-        check_requests_fit(args, backend, {r.id: full_prompt_tokens(c, segs, backend.tok) for r, (c, segs) in cases})
+        check_requests_fit(args, backend.max_prompt_tokens,
+                           {r.id: full_prompt_tokens(c, segs, backend.tok) for r, (c, segs) in cases})
         todo = [(r.index, r.id, prompt_maker(case, segs, backend)) for r, (case, segs) in cases]
         if args.cache_policy == "segment" and schedule == "waves":  # every wave must fit: refused now, not mid-replay
             check_waves_fit([request_kv(make(), facts["stores_heads"]) for _, _, make in todo],
