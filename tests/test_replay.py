@@ -256,7 +256,7 @@ def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
 
 
 def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: float | None = None,
-                      growth: float = 0.0, wave_size: int = 1, truncated: int = 0) -> None:
+                      growth: float = 0.0, wave_size: int = 1, truncated: int = 0, **engine: int) -> None:
     from kvaudit.replay.summary import summarise
 
     rng = np.random.default_rng(seed)
@@ -280,7 +280,7 @@ def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: flo
             app.append(rec)
             recs.append(rec)
     d.write_summary(summarise(recs, cfg, {"block_size": 16, "bytes_per_token": 1, "kv_tokens": 1000,
-                                           "stores_heads": False}))
+                                           "stores_heads": False, **engine}))
 
 
 def test_requests_that_shared_a_wave_claim_no_interval_level(tmp_path):
@@ -303,6 +303,22 @@ def test_a_replay_that_dropped_documents_says_so_on_its_page(tmp_path):
     assert main(["compare", str(tmp_path / "old"), str(tmp_path / "new"), "--out", str(tmp_path / "cmp")]) == 0
     page = (tmp_path / "cmp" / "replays.html").read_text()
     assert page.count("3 with documents dropped</span>") == 1 and page.count("with documents dropped</span>") == 1
+
+
+def test_compare_names_what_replays_differ_in_beyond_the_policy(tmp_path):
+    # Before 2026-12-05 a segment replay's vLLM engine opened at max_model_len 4,096 and prefix
+    # caching's at the workload's longest request: their prefill chunks differed, under the policy's name.
+    _synthetic_replay(tmp_path / "seg", "segment", 0.05, 0, max_prompt_tokens=4095)
+    _synthetic_replay(tmp_path / "pre", "prefix", 0.2, 1, max_prompt_tokens=560, kv_tokens=5000)
+    _synthetic_replay(tmp_path / "rec", "recompute", 0.2, 2, max_prompt_tokens=560)
+    assert main(["compare", str(tmp_path / "pre"), str(tmp_path / "seg"), "--out", str(tmp_path / "c1")]) == 0
+    page = (tmp_path / "c1" / "replays.html").read_text()
+    assert 'id="differences"' in page
+    assert "the engine&#39;s prompt limit" in page and "560 in prefix @ 0 MB; 4,095 in segment @ 0 MB" in page
+    assert json.loads((tmp_path / "c1" / "replays.json").read_text())["differences"][0].startswith("the engine's")
+    # the policy's own KV space (prefix: the budget on top) is not a difference
+    assert main(["compare", str(tmp_path / "pre"), str(tmp_path / "rec"), "--out", str(tmp_path / "c2")]) == 0
+    assert 'id="differences"' not in (tmp_path / "c2" / "replays.html").read_text()
 
 
 def test_compare_puts_replays_side_by_side_and_refuses_a_mix(tmp_path, capsys):

@@ -135,7 +135,7 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             "same_workload": len(workloads) == 1, "sweeps": sweeps, "slo_ttft_s": slo_ttft_s,
             "any_past_saturation": any(x["past_saturation"] for sw in sweeps for x in sw["loads"]),
             "unclaimed_intervals": any(not r["summary"].get("ttft_intervals_claimed", True) for r in rows),
-            "against": _against(sweeps), "apart": _apart(rows)}
+            "against": _against(sweeps), "apart": _apart(rows), "differences": _differences(rows)}
 
 
 BASELINES = ("prefix", "recompute")  # what another policy's sweep is read against, first found
@@ -196,6 +196,32 @@ def _load(replays: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
             "replications": x["replications"], "intervals_claimed": x["intervals_claimed"],
             "growth": g["slope"] if g else None, "past_saturation": bool(g and g["past_saturation"]),
             **x["ttft_s"]}
+
+
+# What replays set side by side must share: everything but the cache policy, its budget and the
+# arrivals. (config or engine, key, what the page calls it)
+_SHARED = (("config", "model", "model"), ("config", "backend", "backend"), ("config", "max_new_tokens", "answer tokens"),
+           ("config", "concurrency", "concurrency"), ("config", "schedule", "schedule"),
+           ("engine", "device", "device"), ("engine", "dtype", "dtype"), ("engine", "block_size", "KV block size"),
+           ("engine", "max_prompt_tokens", "the engine's prompt limit (its max_model_len less the answer; vLLM "
+                                           "chunks prefills by it)"))
+
+
+def _differences(rows: list[dict[str, Any]]) -> list[str]:
+    """Each setting the rows differ in beyond the policy, budget and arrivals, with its values and
+    the rows that had each (a TTFT difference between them is then not the policy's alone)."""
+    out = []
+    for part, key, name in _SHARED:
+        by_value: dict[str, list[str]] = {}
+        for r in rows:
+            v = (r["summary"].get(part) or {}).get(key)
+            by_value.setdefault("not recorded" if v is None else f"{v:,}" if isinstance(v, int) else str(v),
+                                []).append(r["label"])
+        if len(by_value) > 1:
+            out.append(f"{name}: " + "; ".join(
+                f"{v} in {', '.join(labels[:3])}" + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")
+                for v, labels in by_value.items()))
+    return out
 
 
 def _apart(rows: list[dict[str, Any]]) -> str | None:
@@ -309,6 +335,7 @@ def write(paths: Sequence[str | Path], out_dir: str | Path, slo_ttft_s: float | 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, html_path = out / REPLAYS_JSON, out / REPLAYS_HTML
-    write_json(json_path, {k: comparison[k] for k in ("rows", "same_workload", "sweeps", "slo_ttft_s", "against")})
+    write_json(json_path, {k: comparison[k] for k in ("rows", "same_workload", "differences", "sweeps", "slo_ttft_s",
+                                                        "against")})
     write_atomic(html_path, render(comparison))
     return json_path, html_path
