@@ -29,7 +29,6 @@ ARRIVALS_BACKENDS = ("vllm", "openai")
 # The most requests in flight under the arrivals schedule unless --concurrency says: vLLM's
 # max_num_seqs in process; over HTTP, enough that the client never holds back a server's load.
 ARRIVALS_CONCURRENCY = {"vllm": 8, "openai": 256}
-DEFAULT_VLLM_KV_BYTES = 1 << 30  # open_vllm_backend's: the least KV space a replay opens vLLM with
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -298,10 +297,10 @@ class _Engine:
         request one the replay refuses. The KV space holds ``--concurrency`` such requests in flight
         (the engine runs at most that many, a segment warm-up among them), and for the prefix policy
         the budget on top, so what the engine keeps cached between requests is the budget."""
-        import json
-
+        from kvaudit.core.jsonio import read_json
         from kvaudit.models import resolve_model_dir
         from kvaudit.replay.serve import engine_kv_bytes
+        from kvaudit.runners.engines.vllm.engine_setup import DEFAULT_KV_CACHE_BYTES
         from kvaudit.runners.registry import given_option
         from kvaudit.simulator.kv_bytes import resolve_model
 
@@ -314,7 +313,7 @@ class _Engine:
         fit = -(-(longest + args.max_new_tokens) // block) * block
         given = given_option(args, "--max-model-len")
         if given is None:
-            context = json.loads((path / "config.json").read_text()).get("max_position_embeddings")
+            context = read_json(path / "config.json").get("max_position_embeddings")
             max_len = min(fit, int(context)) if isinstance(context, int) else fit
         else:  # the user's, or less where every request fits in less
             max_len = min(int(given), fit)
@@ -322,7 +321,7 @@ class _Engine:
         kv = engine_kv_bytes(budget, args.concurrency, min(longest, max_len), bpt, block)
         # vLLM refuses a KV space smaller than one request of max_model_len: what it must fit
         return {"max_model_len": max_len,
-                "kv_cache_bytes": kv if args.cache_policy == "prefix" else max(kv, DEFAULT_VLLM_KV_BYTES)}
+                "kv_cache_bytes": kv if args.cache_policy == "prefix" else max(kv, DEFAULT_KV_CACHE_BYTES)}
 
     def close(self) -> None:
         if self.backend is not None:

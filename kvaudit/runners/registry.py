@@ -24,6 +24,11 @@ from kvaudit.runners.backend import Backend, check_concurrent_cases
 COMMON = ("dtype", "max_new_tokens", "cache_bytes")
 
 
+def option_dest(flag: str) -> str:
+    """Where argparse keeps a backend option's value (``--max-model-len`` -> ``opt_max_model_len``)."""
+    return "opt_" + flag.lstrip("-").replace("-", "_")
+
+
 @dataclass(frozen=True)
 class Option:
     """One backend-specific CLI option. ``param`` is the opener's keyword; ``value`` set means a
@@ -39,7 +44,7 @@ class Option:
 
     @property
     def dest(self) -> str:
-        return "opt_" + self.flag.lstrip("-").replace("-", "_")
+        return option_dest(self.flag)
 
 
 @dataclass(frozen=True)
@@ -154,7 +159,7 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def given_option(args: argparse.Namespace, flag: str) -> Any:
     """The value of backend option ``flag`` as given on the command line; None where left out."""
-    return getattr(args, Option(flag, "", None, "").dest, None)
+    return getattr(args, option_dest(flag), None)
 
 
 def open_from_args(args: argparse.Namespace, **common: Any) -> Backend:

@@ -65,6 +65,7 @@ from kvaudit.runners.backend import (
     noise_filler_ids,
 )
 from kvaudit.runners.engines.vllm.engine_setup import (
+    DEFAULT_KV_CACHE_BYTES,
     SegmentIndex,
     check_parallelism,
     check_store_room,
@@ -646,7 +647,7 @@ def _prepare_vllm(dtype: str, batch_invariant: bool) -> None:
 def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new_tokens: int = 24,
                       cache_bytes: int = 2 << 30, max_model_len: int = 4096, enforce_eager: bool = True,
                       tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
-                      batch_invariant: bool = False, kv_cache_bytes: int = 1 << 30, block_size: int = 32,
+                      batch_invariant: bool = False, kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, block_size: int = 32,
                       seed: int = 0, warmup: bool = True, concurrent_cases: int = 1,
                       measure_decode: bool = False, segment_connector: bool = True,
                       **engine_opts: Any) -> VllmBackend:

@@ -110,6 +110,7 @@ def merge_worker_replies(op: str, replies: list[Any]) -> Any:
     return replies[0]
 
 
+DEFAULT_KV_CACHE_BYTES = 1 << 30  # the engine's KV space unless the caller sizes it
 STORE_HEADROOM_BYTES = 1 << 30  # kept free beside the store: the allocator's rounding, the run's own needs
 
 
