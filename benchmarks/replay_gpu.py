@@ -44,10 +44,10 @@ from kvaudit.core.replay_format import ReplayConfig, ReplayDir, poisson_spec  # 
 from kvaudit.generators.workload import WorkloadParams, generate, write_workload  # noqa: E402
 from kvaudit.replay.replay_cli import write_sweep  # noqa: E402
 from kvaudit.replay.serve import (  # noqa: E402
-    engine_kv_bytes,
     poisson_arrivals,
     prompt_maker,
     replay,
+    replay_kv_bytes,
     replay_scheduled,
 )
 from kvaudit.replay.summary import load_across_replications, served_here, summarise  # noqa: E402
@@ -65,8 +65,9 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
     longest = max(sum(p.tokens for p in r.pieces) for r in requests) + 64
     block = args.block_size
     fit = -(-(longest + args.max_new_tokens) // block) * block
-    kv = engine_kv_bytes(args.budget, args.concurrency, longest, bpt, block) if policy == "prefix" \
-        else max(fit * bpt * args.concurrency * 2, 8 << 30)
+    # sized as kvaudit replay sizes it (before 2026-12-06 segment reuse got twice the requests in flight
+    # and at least 8 GiB: 68 GB at the default shape, more than an H100 holds beside its store)
+    kv = replay_kv_bytes(policy, args.budget, args.concurrency, longest, bpt, block)
     opts = {"load_format": "dummy", "block_size": block, "gpu_memory_utilization": 0.92,
             "disable_log_stats": False}  # vLLM's request stats: its own first-token time beside the client's
     if not args.eager:

@@ -299,8 +299,7 @@ class _Engine:
         the budget on top, so what the engine keeps cached between requests is the budget."""
         from kvaudit.core.jsonio import read_json
         from kvaudit.models import resolve_model_dir
-        from kvaudit.replay.serve import engine_kv_bytes
-        from kvaudit.runners.engines.vllm.engine_setup import DEFAULT_KV_CACHE_BYTES
+        from kvaudit.replay.serve import replay_kv_bytes
         from kvaudit.runners.registry import given_option
         from kvaudit.simulator.kv_bytes import resolve_model
 
@@ -317,11 +316,9 @@ class _Engine:
             max_len = min(fit, int(context)) if isinstance(context, int) else fit
         else:  # the user's, or less where every request fits in less
             max_len = min(int(given), fit)
-        budget = args.cache_budget if args.cache_policy == "prefix" else 0
-        kv = engine_kv_bytes(budget, args.concurrency, min(longest, max_len), bpt, block)
-        # vLLM refuses a KV space smaller than one request of max_model_len: what it must fit
         return {"max_model_len": max_len,
-                "kv_cache_bytes": kv if args.cache_policy == "prefix" else max(kv, DEFAULT_KV_CACHE_BYTES)}
+                "kv_cache_bytes": replay_kv_bytes(args.cache_policy, args.cache_budget, args.concurrency,
+                                                  min(longest, max_len), bpt, block)}
 
     def close(self) -> None:
         if self.backend is not None:

@@ -51,6 +51,21 @@ def engine_kv_bytes(budget_bytes: int, concurrency: int, max_request_tokens: int
     return budget_bytes + concurrency * blocks * block_size * bytes_per_token
 
 
+def replay_kv_bytes(policy: str, budget_bytes: int, concurrency: int, max_request_tokens: int,
+                    bytes_per_token: int, block_size: int) -> int:
+    """KV space for a replay's in-process vLLM engine, every policy: ``concurrency`` requests of
+    ``max_request_tokens`` in flight (the engine runs at most that many, a segment warm-up among
+    them), and for ``prefix`` the budget on top, so what the engine keeps between requests is the
+    budget; other policies get at least the engine's default space. ``kvaudit replay`` and the GPU
+    benchmark size their engines with this one rule, so their numbers describe the same engine."""
+    from kvaudit.runners.engines.vllm.engine_setup import DEFAULT_KV_CACHE_BYTES
+
+    if policy == "prefix":
+        return engine_kv_bytes(budget_bytes, concurrency, max_request_tokens, bytes_per_token, block_size)
+    return max(engine_kv_bytes(0, concurrency, max_request_tokens, bytes_per_token, block_size),
+               DEFAULT_KV_CACHE_BYTES)
+
+
 @dataclass(frozen=True)
 class RequestKV:
     """What one request keeps in the segment store while its wave is served: its document units
