@@ -49,6 +49,7 @@ from kvaudit.replay.serve import (  # noqa: E402
     replay,
     replay_kv_bytes,
     replay_scheduled,
+    store_budget,
 )
 from kvaudit.replay.summary import load_across_replications, served_here, summarise  # noqa: E402
 from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases  # noqa: E402
@@ -65,7 +66,7 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
     longest = max(sum(p.tokens for p in r.pieces) for r in requests) + 64
     block = args.block_size
     fit = -(-(longest + args.max_new_tokens) // block) * block
-    # sized as kvaudit replay sizes it (before 2026-12-06 segment reuse got twice the requests in flight
+    # sized as kvaudit replay sizes it (until 2026-12-05 segment reuse got twice the requests in flight
     # and at least 8 GiB: 68 GB at the default shape, more than an H100 holds beside its store)
     kv = replay_kv_bytes(policy, args.budget, args.concurrency, longest, bpt, block)
     opts = {"load_format": "dummy", "block_size": block, "gpu_memory_utilization": 0.92,
@@ -78,7 +79,7 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
         opts["measure_decode"] = True  # dummy weights: decode every token asked, EOS or not
     t0 = time.perf_counter()
     backend = open_vllm_backend(str(folder), dtype=args.dtype, max_new_tokens=args.max_new_tokens, max_model_len=fit,
-                                kv_cache_bytes=kv, cache_bytes=args.budget, enforce_eager=args.eager,
+                                kv_cache_bytes=kv, cache_bytes=store_budget(policy, args.budget), enforce_eager=args.eager,
                                 concurrent_cases=args.concurrency, **opts)
     open_s = time.perf_counter() - t0
     # replays ask no log-probabilities; --ask-logprobs 20: as they did before 8677ace, side by side

@@ -43,9 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path, help="replay directory (rerun the same command to resume)")
     p.add_argument("--concurrency", type=positive_int, default=None,
                    help="waves: the most requests served together in one wave (default 1); arrivals: the most "
-                        "requests the engine runs at once, vLLM's max_num_seqs (default 8; later arrivals queue "
-                        "in the engine, as on a server), or on a server the most in flight from kvaudit (default "
-                        "256; a later arrival waits on the client, its wait in its TTFT)")
+                        "requests the engine runs at once, vLLM's max_num_seqs (default 8; later arrivals wait for "
+                        "a slot holding nothing, as in a server's queue), or on a server the most in flight "
+                        "from kvaudit (default 256; a later arrival waits on the client, its wait in its TTFT)")
     p.add_argument("--schedule", choices=("arrivals", "waves"), default=None,
                    help="arrivals: each request joins the engine's running batch when it arrives (open loop on "
                         "--backend vllm or openai, the default there); waves: requests go in waves, arrivals during a wave "
@@ -267,6 +267,7 @@ class _Engine:
         self.served = False
 
     def get(self) -> Any:
+        from kvaudit.replay.serve import store_budget
         from kvaudit.runners.registry import BACKENDS
 
         args = self.args
@@ -275,7 +276,7 @@ class _Engine:
                 self.backend.reset_caches()
             return self.backend
         common: dict[str, Any] = {"dtype": args.dtype, "max_new_tokens": args.max_new_tokens,
-                                  "cache_bytes": args.cache_budget}
+                                  "cache_bytes": store_budget(args.cache_policy, args.cache_budget)}
         opts = dict(self.opts)
         if args.backend == "vllm":
             opts.update(self._vllm_sizes(opts))

@@ -51,6 +51,14 @@ def engine_kv_bytes(budget_bytes: int, concurrency: int, max_request_tokens: int
     return budget_bytes + concurrency * blocks * block_size * bytes_per_token
 
 
+def store_budget(policy: str, budget_bytes: int) -> int:
+    """The segment store's budget for a replay of ``policy``: the cache budget where the policy
+    keeps segments (``segment``), none otherwise (prefix caching's budget is the engine's own KV
+    space), so the engine's check that the store fits the device never refuses a replay that
+    keeps nothing there (an H100's prefix replay at 20 GB was refused: 13.9 GB free beside it)."""
+    return budget_bytes if policy == "segment" else 0
+
+
 def replay_kv_bytes(policy: str, budget_bytes: int, concurrency: int, max_request_tokens: int,
                     bytes_per_token: int, block_size: int) -> int:
     """KV space for a replay's in-process vLLM engine, every policy: ``concurrency`` requests of

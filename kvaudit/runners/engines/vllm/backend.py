@@ -674,7 +674,8 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
     store = uuid.uuid4().hex[:8]
     # Each worker keeps its share of the segment KV (its heads under tensor parallelism, its
     # layers under pipeline parallelism) within its share of the budget.
-    store_bytes = max(1, cache_bytes // (tensor_parallel_size * pipeline_parallel_size))
+    # cache_bytes 0: a caller that keeps nothing in the store (a prefix or recompute replay)
+    store_bytes = cache_bytes and max(1, cache_bytes // (tensor_parallel_size * pipeline_parallel_size))
     opts: dict[str, Any] = {
         "dtype": dtype, "max_model_len": max_model_len, "enforce_eager": enforce_eager,
         "tensor_parallel_size": tensor_parallel_size, "pipeline_parallel_size": pipeline_parallel_size,
@@ -707,7 +708,7 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
                           decoding=Decoding(max_new_tokens=max_new_tokens), cache_bytes=cache_bytes,
                           engine_opts=opts, store=store, store_bytes=store_bytes,
                           concurrent_cases=concurrent_cases)
-    if segment_connector:
+    if segment_connector and store_bytes:
         from kvaudit.runners.engines.vllm.connector import store_rpc
 
         try:
