@@ -245,6 +245,19 @@ BUGS: tuple[Bug, ...] = (
         "a segment-store budget past the memory free where the store lives was taken: the store filled as "
         "documents came and the run stopped out of memory midway (an H100, 40 GB beside an 8B model)",
         tier="vllm"),
+    Bug("arrivals-admit-at-arrival", "f598657", "kvaudit/runners/engines/vllm/live.py",
+        "        while queue and queue[0].arrival_s <= now and srv.in_flight < limit:\n",
+        "        while queue and queue[0].arrival_s <= now:\n",
+        ("tests/test_replay_vllm.py::test_requests_past_the_engines_slots_wait_holding_nothing",),
+        "an arrivals replay admitted each request at its arrival: past saturation the queue pinned the "
+        "whole segment store and every later document overflowed (the H100 at 2.5/s: hit 29.9% to 7.7%, "
+        "served load below the lighter load's)", tier="vllm"),
+    Bug("store-budget-for-every-policy", "f598657", "kvaudit/replay/serve.py",
+        "    return budget_bytes if policy == \"segment\" else 0\n",
+        "    return budget_bytes\n",
+        ("tests/test_replay_vllm.py::test_a_policy_that_keeps_nothing_in_the_store_is_not_held_to_its_room",),
+        "a prefix or recompute replay passed its cache budget as the segment store's, so the store's room "
+        "check refused replays that keep nothing there (an H100's prefix caching at 20 GB)", tier="vllm"),
     Bug("replay-asks-logprobs-over-http", "848953f", "kvaudit/replay/replay_cli.py",
         "        self.backend.asks_logprobs = False  # a replay reads tokens and times only\n",
         "",
