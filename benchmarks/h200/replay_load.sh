@@ -9,9 +9,9 @@
 # REPS (replications: each load served that many times with new arrival seeds; 6 bounds each p95's interval),
 # RESULTS (where the summaries and each load's requests go; default $OUT). A sweep longer than one call:
 #   bash benchmarks/h200/bg.sh start /tmp/r500 'RESULTS=/tmp/r500 REQUESTS=500 bash benchmarks/h200/replay_load.sh prefix'
-# On an H100 (80 GB) the default 40 GB budget does not fit beside the 8B shape (2026-12-05): prefix caching
-# runs with BUDGET=20GB; segment reuse's engine (its store on the card, and KV space for twice 8 running
-# requests of 32K tokens, 68 GB) does not fit at this shape on that card: the engine refuses at start.
+# On an H100 (80 GB) the default 40 GB budget does not fit beside the 8B shape (2026-12-05): run both
+# policies with BUDGET=20GB (prefix caching: 16 GB of weights, 20 GB + 34 GB of KV; segment reuse: 34 GB of
+# KV space for 8 running requests of 32K tokens, its 20 GB store beside it, 31.6 GB fitting there).
 # Before spending device time on a change to replay_gpu.py, run it on a CPU (.venv-vllm) with the tiny shape:
 #   python benchmarks/replay_gpu.py --shape tiny --dtype float32 --eager --block-size 32 --requests 10 \
 #     --doc-tokens lognormal:60:0.5 --rates 20 --replications 2 --concurrency 4 --policies prefix,segment --cache-budget 20MB
