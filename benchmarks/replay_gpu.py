@@ -248,4 +248,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from kvaudit.core.errors import KvauditError
+
+    try:
+        main()
+    except KvauditError as e:  # a refusal (the store's room, a request that does not fit): exit 2, as the CLI
+        print(f"replay_gpu.py: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -67,7 +67,8 @@ class RequestRecord:
     ``ttft_s`` is the time to first token as the request's client saw it, including everything
     kvaudit did on the request path for it: neutral warm-ups of missed documents (``warmup_s``,
     segment policy), the head's own prefill (``head_s``) and queueing behind the other requests of
-    its wave (``queue_s``: submitted together, served by one engine). ``prefix_cache_tokens`` are
+    its wave (``queue_s``: submitted together, served by one engine; under arrivals, its wait from
+    arrival until it was admitted, a slot free among the engine's running requests). ``prefix_cache_tokens`` are
     prompt tokens the engine's own prefix cache served; ``segment_hit_tokens`` those the segment
     store served that were already held before this request (the simulator's hit definition:
     a document warmed up for this request is a miss, ``warmup_tokens``); ``tokens_computed`` the
