@@ -283,15 +283,15 @@ class _Server:
 
 def serve_arrivals(backend: VllmBackend, policy: str, jobs: list[LiveJob], done: Callable[[LiveOutcome], None], *,
                    clock: Callable[[], float] = time.perf_counter,
-                   sleep: Callable[[float], None] = time.sleep, max_in_flight: int | None = None) -> None:
-    """Serve ``jobs`` (in arrival order) at their arrival times, at most ``max_in_flight`` admitted
-    at once (default: the engine's ``max_num_seqs``); ``done`` gets each request's outcome as it
-    finishes. Returns when every request has finished."""
+                   sleep: Callable[[float], None] = time.sleep) -> None:
+    """Serve ``jobs`` (in arrival order) at their arrival times, at most the engine's
+    ``max_num_seqs`` admitted at once; ``done`` gets each request's outcome as it finishes.
+    Returns when every request has finished."""
     if policy not in POLICIES:
         raise KvauditError(f"--cache-policy must be one of {', '.join(POLICIES)}, got {policy!r}")
     if backend.engine.has_unfinished_requests():
         raise KvauditError("the vLLM engine has requests in flight; serving arrivals needs it idle")
-    limit = max_in_flight or backend.engine.vllm_config.scheduler_config.max_num_seqs
+    limit = backend.engine.vllm_config.scheduler_config.max_num_seqs
     srv = _Server(backend, policy, clock)
     queue = deque(jobs)
     while queue or srv.main or srv.warmups:
