@@ -101,6 +101,10 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
         for r in recs:
             assert r.segment_hit_tokens + r.warmup_tokens + r.overflow_tokens == r.head_tokens + r.segment_tokens
             assert r.ttft_s >= r.queue_s + r.warmup_s
+            # the store's room is planned at admission: every entry a request warmed, it loaded
+            # (until 2026-12-05 a warm-up was built and then refused, its tokens prefilled twice)
+            warmed = sum(t for t, w in zip(r.piece_tokens, r.piece_warmed_s, strict=True) if w is not None)
+            assert warmed == r.warmup_tokens, (r.index, r.piece_tokens, r.piece_warmed_s, r.warmup_tokens)
         assert min(recs, key=lambda r: r.arrival_s).segment_hit_tokens == 0  # each load starts cold
         # the store's rules (pins, waits, refusals, loads up to the first miss) replayed at the
         # engine steps the requests were served in predict every hit (measured here: 0.0 points at

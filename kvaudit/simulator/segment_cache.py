@@ -143,12 +143,14 @@ class _StoreInFlight:
         self.pins: dict[int, int] = {}
         self.used = 0
         self.warming: dict[int, int] = {}  # piece -> request warming it
+        self.reserved: dict[int, int] = {}  # piece being warmed -> its tokens, room kept for it
         self.waiters: dict[int, list[int]] = {}
         self.held: list[set[int]] = [set() for _ in range(n_requests)]
         self.warmed_by: list[set[int]] = [set() for _ in range(n_requests)]
 
-    def pin(self, r: int, c: int) -> None:
-        self.lru.move_to_end(c)
+    def pin(self, r: int, c: int, touch: bool = True) -> None:
+        if touch:
+            self.lru.move_to_end(c)
         self.pins[c] = self.pins.get(c, 0) + 1
         self.held[r].add(c)
 
@@ -163,21 +165,40 @@ class _StoreInFlight:
         self.used += t
         return True
 
-    def admit(self, r: int, pieces: list[int]) -> None:
-        """Request ``r`` arrives: held pieces pinned, pieces being warmed waited for, the rest warmed by it."""
-        for c in dict.fromkeys(pieces):
+    def admit(self, r: int, pieces: list[int], tokens: list[int]) -> None:
+        """Request ``r`` is admitted and plans its load in prompt order: pieces being warmed are
+        waited for, held pieces pinned, missing ones warmed by it, each that a pin or a warm-up adds
+        to the store's pinned and reserved tokens only while they stay within the budget. At the
+        first piece without room it stops: that piece and the rest are its own prefill, with no
+        warm-up built only to be refused (so a warm-up's entry is always stored)."""
+        room = (self.capacity - sum(self.lru[p] for p, n in self.pins.items() if n > 0)
+                - sum(self.reserved.values()))
+        first = dict(zip(reversed(pieces), reversed(tokens), strict=True))  # piece -> its tokens
+        order = list(dict.fromkeys(pieces))
+        for c in order:  # the store is asked for all of them at once: each held one marked used
+            if c not in self.warming and c in self.lru:
+                self.lru.move_to_end(c)
+        for c in order:
+            t = first[c]
             if c in self.warming:
                 self.waiters.setdefault(c, []).append(r)
-            elif c in self.lru:
-                self.pin(r, c)
+                continue
+            need = t if c not in self.lru or not self.pins.get(c) else 0
+            if need > room:
+                return
+            room -= need
+            if c in self.lru:
+                self.pin(r, c, touch=False)
             else:
                 self.warming[c] = r
+                self.reserved[c] = t
                 self.warmed_by[r].add(c)
 
     def store(self, r: int, c: int, tokens: int) -> None:
         """Request ``r``'s warm-up of ``c`` offered to the store; if kept, it and its waiters pin it."""
         if c not in self.warmed_by[r] or self.warming.get(c) != r:
             return  # not its warm-up, or a repeat of a piece already stored
+        self.reserved.pop(c, None)
         if self.put(c, tokens):
             for w in [r, *self.waiters.get(c, [])]:
                 self.pin(w, c)
@@ -208,10 +229,13 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
                                        stored: list[list[float | None]] | None = None) -> np.ndarray:
     """Hit tokens per request when requests overlap in flight, under the rules of
     :mod:`kvaudit.runners.engines.vllm.live`, at the times they were served: at ``admitted`` a
-    request's held pieces are marked used and pinned, pieces another request is warming are waited
-    for, the others are warmed by it; at its ``ready`` time (its warm-ups done) the pieces it
-    warmed are stored in prompt order, each evicting unpinned least recently used entries, refused
-    when only pinned ones could make room; it loads its pieces up to the first one not held, which
+    request walks its pieces in prompt order: pieces another request is warming are waited for,
+    held pieces marked used and pinned, the others warmed by it, each pin of an unpinned piece and
+    each warm-up taking room from the budget (less the pinned pieces and those being warmed), up
+    to the first piece without room, where it stops; at its ``ready`` time (its warm-ups done) the
+    pieces it warmed are stored in prompt order, each evicting unpinned least recently used
+    entries (refused when only pinned ones could make room: with the room kept at admission, never);
+    it loads its pieces up to the first one not held, which
     marks them used again (the engine's load reads them from the store after the admissions
     before its step), and its pins go at ``released`` (its first token). A hit is a loaded piece
     it did not warm itself.
@@ -239,7 +263,7 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
     events.sort()
     for _, what, r, i in events:
         if what == 2:
-            store.admit(r, [content[i] for i in mine[r]])
+            store.admit(r, [content[i] for i in mine[r]], [tokens[i] for i in mine[r]])
         elif what == 3:
             store.load(r, [content[i] for i in mine[r]])
         elif what == 0:

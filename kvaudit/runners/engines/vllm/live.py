@@ -12,16 +12,18 @@ lookup waits for vLLM's scheduler.) Three policies:
 
 ``recompute``  every request a full prefill under a fresh cache salt (nothing shared).
 ``prefix``     every request under the backend's one prefix-cache salt: vLLM's own prefix cache.
-``segment``    kvaudit's segment store: at arrival, the request's head and documents held in the
-               store are pinned (a request in flight never has an entry evicted from under it);
-               each missing one is built by a warm-up request (the head alone, or the neutral head
-               and the document) in the same engine, sharing its batches; an entry another
-               request is already warming is waited for, not built twice. When its warm-ups are
-               done the request goes to the engine loading [head][documents] up to the first entry
-               the store could not hold (the budget full of pinned entries refuses a save): that
-               entry and everything after it are prefilled by the request itself and counted as
-               misses (``overflow_tokens``), never an error. Pins are released once the request's
-               first token shows its load is done.
+``segment``    kvaudit's segment store. Once admitted, a request plans its load in prompt order:
+               its head and documents held in the store are pinned (a request in flight never
+               has an entry evicted from under it); each missing one is built by a warm-up
+               request (the head alone, or the neutral head and the document) in the same engine,
+               sharing its batches; an entry another request is already warming is waited for,
+               not built twice. Each pin of an entry no one pins and each warm-up takes room from
+               the budget (less what is pinned and being warmed); at the first entry without room
+               the plan stops: that entry and everything after it are prefilled by the request
+               itself and counted as misses (``overflow_tokens``), never an error, and no warm-up
+               is built only for the store to refuse it. When its warm-ups are done the request
+               goes to the engine loading [head][documents] up to the first entry not held. Pins
+               are released once the request's first token shows its load is done.
 
 No kvaudit module above the engines is imported here; :mod:`kvaudit.replay.serve` turns the
 outcomes into replay records.
@@ -117,6 +119,12 @@ class _Server:
         self.unpin: list[str] = []
         self.fp = backend.fingerprint[:16]
         self.in_flight = 0  # requests admitted and not finished
+        # the store's budget in tokens, and what of it is spoken for: entries pinned by requests
+        # in flight (key -> pins) and entries being warmed (key -> tokens kept for them)
+        self.capacity = backend.store_bytes // backend.bytes_per_token() if policy == "segment" else 0
+        self.pins: dict[str, int] = {}
+        self.tokens: dict[str, int] = {}
+        self.reserved: dict[str, int] = {}
 
     def now(self) -> float:
         return self.clock() - self.t0
@@ -135,22 +143,50 @@ class _Server:
             live.entries.append((f"head:{self.fp}:{ids_hash(p.ids[:h])}", 0, h, False))
         for (s, e), uh in zip(p.spans, p.segment_hashes, strict=True):
             live.entries.append((self.b._neutral_key(uh), s, e, True))
+        for k, s, e, _ in live.entries:
+            self.tokens.setdefault(k, e - s)
         keys = list(dict.fromkeys(k for k, *_ in live.entries))
         free = [k for k in keys if k not in self.waiters]
         held = self.pin(free) if free else {}
-        live.held.update(held)
-        live.pinned += list(held)
+        # its load, planned in prompt order: a pin of an entry no one pins and a warm-up each take
+        # room; at the first entry without room it stops (that entry and the rest are its own
+        # prefill), so no warm-up is built only to be refused and no entry is pinned unloaded
+        room = (self.capacity - sum(self.tokens[k] for k, n in self.pins.items() if n)
+                - sum(self.reserved.values()))
+        planned: list[str] = []
         for k in keys:
-            if k in held:
-                continue
             if k in self.waiters:  # another request is warming it: wait, do not build it twice
                 self.waiters[k].append(live)
+                live.waiting.add(k)
+                continue
+            need = 0 if k in held and self.pins.get(k) else self.tokens[k]
+            if need > room:
+                break
+            room -= need
+            if k in held:
+                planned.append(k)
             else:
                 self.warm_up(k, live)
                 live.warmed_here.add(k)
-            live.waiting.add(k)
+                live.waiting.add(k)
+        for k in planned:
+            self._hold(live, k)
+        if len(planned) < len(held):  # pinned by the call above, not loaded: given back now
+            self.unpin += [k for k in held if k not in planned]
+            self.pin([])
         if not live.waiting:
             self.submit(live)
+
+    def _hold(self, live: _Live, key: str) -> None:
+        live.held.add(key)
+        live.pinned.append(key)
+        self.pins[key] = self.pins.get(key, 0) + 1
+
+    def _release(self, live: _Live) -> None:
+        for k in live.pinned:
+            self.pins[k] -= 1
+        self.unpin += live.pinned
+        live.pinned = []
 
     def pin(self, keys: list[str]) -> dict[str, Any]:
         unpin, self.unpin = self.unpin, []
@@ -169,11 +205,14 @@ class _Server:
         rid = self.b._submit(ids, self.b._params(max_tokens=1, transfer={"save": save, "pin": True}))
         self.warmups[rid] = key
         self.waiters[key] = [live]
+        self.reserved[key] = self.tokens[key]
 
     def warmed(self, keys: list[str], now: float) -> None:
         """Warm-ups of ``keys`` finished: the store pinned each entry it could hold for the request
         that warmed it; every other waiting request pins it too."""
         waiting = [(k, live) for k in keys for live in self.waiters.pop(k)]
+        for k in keys:
+            self.reserved.pop(k, None)
         others = [k for k, live in waiting if k not in live.warmed_here]
         held = self.pin(others) if others else {}
         saved = self.b.store_rpc("info", keys)
@@ -187,8 +226,7 @@ class _Server:
             if k in live.warmed_here:
                 live.warmed_at[k] = now  # stored or refused: the simulation decides again which
             if k in held:
-                live.held.add(k)
-                live.pinned.append(k)
+                self._hold(live, k)
             if not live.waiting:
                 self.submit(live)
 
@@ -241,8 +279,7 @@ class _Server:
                 continue
             if live.first_s is None and out.outputs and out.outputs[0].token_ids:
                 live.first_s, live.first_wall = now, wall
-                self.unpin += live.pinned  # its load is done
-                live.pinned = []
+                self._release(live)  # its load is done
             if out.finished:
                 self._check(out, f"request {live.job.tag}")
                 del self.main[rid]
