@@ -173,13 +173,13 @@ class _StoreInFlight:
         warm-up built only to be refused (so a warm-up's entry is always stored)."""
         room = (self.capacity - sum(self.lru[p] for p, n in self.pins.items() if n > 0)
                 - sum(self.reserved.values()))
-        first = dict(zip(reversed(pieces), reversed(tokens), strict=True))  # piece -> its tokens
-        order = list(dict.fromkeys(pieces))
-        for c in order:  # the store is asked for all of them at once: each held one marked used
+        first: dict[int, int] = {}  # piece -> its tokens, in prompt order
+        for c, t in zip(pieces, tokens, strict=True):
+            first.setdefault(c, t)
+        for c in first:  # the store is asked for all of them at once: each held one marked used
             if c not in self.warming and c in self.lru:
                 self.lru.move_to_end(c)
-        for c in order:
-            t = first[c]
+        for c, t in first.items():
             if c in self.warming:
                 self.waiters.setdefault(c, []).append(r)
                 continue
