@@ -120,7 +120,7 @@ class _Server:
         self.fp = backend.fingerprint[:16]
         self.in_flight = 0  # requests admitted and not finished
         # the store's budget in tokens, and what of it is spoken for: entries pinned by requests
-        # in flight (key -> pins) and entries being warmed (key -> tokens kept for them)
+        # in flight (key -> pins, none at 0) and entries being warmed (key -> tokens kept for them)
         self.capacity = backend.store_bytes // backend.bytes_per_token() if policy == "segment" else 0
         self.pins: dict[str, int] = {}
         self.tokens: dict[str, int] = {}
@@ -151,15 +151,14 @@ class _Server:
         # its load, planned in prompt order: a pin of an entry no one pins and a warm-up each take
         # room; at the first entry without room it stops (that entry and the rest are its own
         # prefill), so no warm-up is built only to be refused and no entry is pinned unloaded
-        room = (self.capacity - sum(self.tokens[k] for k, n in self.pins.items() if n)
-                - sum(self.reserved.values()))
+        room = self.capacity - sum(self.tokens[k] for k in self.pins) - sum(self.reserved.values())
         planned: list[str] = []
         for k in keys:
             if k in self.waiters:  # another request is warming it: wait, do not build it twice
                 self.waiters[k].append(live)
                 live.waiting.add(k)
                 continue
-            need = 0 if k in held and self.pins.get(k) else self.tokens[k]
+            need = 0 if k in held and k in self.pins else self.tokens[k]
             if need > room:
                 break
             room -= need
@@ -185,6 +184,8 @@ class _Server:
     def _release(self, live: _Live) -> None:
         for k in live.pinned:
             self.pins[k] -= 1
+            if not self.pins[k]:  # only entries pinned now: the admission's sum stays short
+                del self.pins[k]
         self.unpin += live.pinned
         live.pinned = []
 
