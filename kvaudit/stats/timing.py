@@ -322,13 +322,18 @@ def auc_interval(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.n
     return _interval(hit, miss, confidence, None if clusters is None else cluster_index(clusters, len(hit)))
 
 
+def _unit_count(n: int, idx: np.ndarray | None) -> int:
+    """The interval's independent units: the batches ``idx`` numbers 0..K-1, else the n cases."""
+    return n if idx is None else int(idx.max()) + 1
+
+
 def _interval(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.ndarray, confidence: float,
               idx: np.ndarray | None) -> tuple[float, float, float, float, float]:
     check_confidence(confidence)
     auc, v10, v01 = structural_components(hit, miss, idx)
     var, naive = clustered_variance(auc, v10, v01, idx)
     deff = var / naive if naive > 0 else 1.0
-    units = len(v10) if idx is None else int(idx.max()) + 1
+    units = _unit_count(len(v10), idx)
     lo, hi = score_bounds(auc, variance_scale(auc, var, units), units, t_quantile(units, confidence))
     return auc, float(lo), float(hi), float(np.sqrt(var)), float(deff)
 
@@ -392,7 +397,7 @@ def timing_auc(hit: Sequence[float] | np.ndarray, miss: Sequence[float] | np.nda
     idx = None if batches is None else cluster_index(batches, n)
     auc, lo, hi, se, deff = _interval(h, m, confidence, idx)
     k = float(_psi(m, h).sum())
-    units = n if idx is None else int(idx.max()) + 1
+    units = _unit_count(n, idx)
     p_lo, p_hi = _wilson(k * units / n, units, confidence)  # a batch's share in [0, 1]: Bernoulli bounds its variance
     mh, mm = float(np.median(h)), float(np.median(m))
     return TimingAUC(n=n, auc=auc, lower=lo, upper=hi, confidence=float(confidence), se=se,
