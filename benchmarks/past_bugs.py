@@ -255,7 +255,7 @@ BUGS: tuple[Bug, ...] = (
     Bug("store-budget-for-every-policy", "f598657", "kvaudit/replay/serve.py",
         "    return budget_bytes if policy == \"segment\" else 0\n",
         "    return budget_bytes\n",
-        ("tests/test_replay_vllm.py::test_a_policy_that_keeps_nothing_in_the_store_is_not_held_to_its_room",),
+        ("tests/test_replay_vllm.py::test_a_recompute_replay_opens_for_its_longest_request_and_is_not_held_to_the_stores_room",),
         "a prefix or recompute replay passed its cache budget as the segment store's, so the store's room "
         "check refused replays that keep nothing there (an H100's prefix caching at 20 GB)", tier="vllm"),
     Bug("warm-ups-built-to-be-refused", "73444aa", "kvaudit/runners/engines/vllm/live.py",

@@ -138,21 +138,25 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
     assert ReplayDir(out / "rate-2").read_summary()["hit_rate"]["segment_hit_tokens"] > 0
 
 
-def test_a_request_longer_than_the_default_max_model_len_is_served_whole(tmp_path):
+def test_a_recompute_replay_opens_for_its_longest_request_and_is_not_held_to_the_stores_room(tmp_path):
     # vLLM's option --max-model-len defaults to 4096; a replay left without it used to open the
     # engine there and drop a longer request's trailing documents, silently (a 5K-token workload
     # served as 3.3K-token prompts). Now the engine opens for the longest request (a --max-model-len
     # the requests do not fit is refused: tests/test_replay.py).
+    # The budget is the segment store's only under --cache-policy segment (prefix caching's is the
+    # engine's KV space, recompute keeps nothing): the store's room check refused an H100's prefix
+    # replay at 20 GB (13.9 GB free beside its KV space) that would never have put a byte there.
+    # One replay checks both (each engine start costs a vLLM import and open, about 20 s here).
     wl = tmp_path / "long.jsonl"
     assert main(["generate", "workload", "--out", str(wl), "--requests", "1", "--documents", "3",
                  "--docs-per-request", "3", "--doc-tokens", "uniform:1400:1450", "--prefix-tokens", "20",
                  "--question-tokens", "fixed:8", "--no-progress"]) == 0
     need = sum(p["tokens"] for p in json.loads(wl.read_text().splitlines()[0])["pieces"])
     assert need > 4096
-    s = _replay(wl, tmp_path / "whole", "recompute", "1MB")
+    s = _replay(wl, tmp_path / "whole", "recompute", "100TB")
     (rec,) = ReplayDir(tmp_path / "whole").read_requests()
     assert not rec.truncated and rec.piece_kinds.count("document") == 3
-    assert rec.n_prompt_tokens > need and s["truncated_requests"] == 0
+    assert rec.n_prompt_tokens > need and s["truncated_requests"] == 0 and s["requests"] == 1
 
 
 def test_a_store_budget_the_machine_cannot_hold_is_refused_before_any_request(workload, tmp_path):
@@ -186,11 +190,3 @@ def test_requests_past_the_engines_slots_wait_holding_nothing(workload, tmp_path
     assert all(r.ttft_s >= r.queue_s for r in recs)
     assert s["hit_rate"]["measured"]["token_hit_rate"] > 0.2
     assert abs(s["hit_rate"]["gap_points_engine_order"]) <= 2.0
-
-
-def test_a_policy_that_keeps_nothing_in_the_store_is_not_held_to_its_room(workload, tmp_path):
-    # The budget is the segment store's only under --cache-policy segment (prefix caching's is the
-    # engine's KV space, recompute keeps nothing): the store's room check refused an H100's prefix
-    # replay at 20 GB (13.9 GB free beside its KV space) that would never have put a byte there.
-    s = _replay(workload, tmp_path / "r", "recompute", "100TB", "--limit", "2")
-    assert s["requests"] == 2
