@@ -258,9 +258,9 @@ BUGS: tuple[Bug, ...] = (
         ("tests/test_replay_vllm.py::test_a_recompute_replay_opens_for_its_longest_request_and_is_not_held_to_the_stores_room",),
         "a prefix or recompute replay passed its cache budget as the segment store's, so the store's room "
         "check refused replays that keep nothing there (an H100's prefix caching at 20 GB)", tier="vllm"),
-    Bug("warm-ups-built-to-be-refused", "73444aa", "kvaudit/runners/engines/vllm/live.py",
-        "            if need > room:\n                break\n",
-        "            if need > room and False:\n                break\n",
+    Bug("warm-ups-built-to-be-refused", "73444aa", "kvaudit/core/store_plan.py",
+        "        if need > room:\n            break\n",
+        "        if need > room and False:\n            break\n",
         ("tests/test_replay_vllm.py::test_arrivals_join_the_running_batch_and_a_full_store_serves_misses",),
         "under arrivals a segment request sent a warm-up for every missing entry whatever the store's room: "
         "a warm-up the store then refused was prefilled again by the request (the 20 MB CPU example at "

@@ -21,6 +21,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from kvaudit.core.store_plan import plan_store_load
 from kvaudit.core.trace import KINDS, Trace
 
 CAPTURE_MODES = ("neutral", "first-user")
@@ -166,33 +167,27 @@ class _StoreInFlight:
         return True
 
     def admit(self, r: int, pieces: list[int], tokens: list[int]) -> None:
-        """Request ``r`` is admitted and plans its load in prompt order: pieces being warmed are
-        waited for, held pieces pinned, missing ones warmed by it, each that a pin or a warm-up adds
-        to the store's pinned and reserved tokens only while they stay within the budget. At the
-        first piece without room it stops: that piece and the rest are its own prefill, with no
-        warm-up built only to be refused (so a warm-up's entry is always stored)."""
-        room = (self.capacity - sum(self.lru[p] for p, n in self.pins.items() if n > 0)
-                - sum(self.reserved.values()))
+        """Request ``r`` is admitted: the held pieces it asks for are marked used, then its plan
+        (:func:`kvaudit.core.store_plan.plan_store_load`, the live server's own) is carried out:
+        pieces being warmed waited for, held ones pinned, missing ones warmed by it, up to the first
+        piece without room (so a warm-up's entry is always stored)."""
+        pinned = {p for p, n in self.pins.items() if n > 0}
+        room = self.capacity - sum(self.lru[p] for p in pinned) - sum(self.reserved.values())
         first: dict[int, int] = {}  # piece -> its tokens, in prompt order
         for c, t in zip(pieces, tokens, strict=True):
             first.setdefault(c, t)
         for c in first:  # the store is asked for all of them at once: each held one marked used
             if c not in self.warming and c in self.lru:
                 self.lru.move_to_end(c)
-        for c, t in first.items():
-            if c in self.warming:
-                self.waiters.setdefault(c, []).append(r)
-                continue
-            need = t if c not in self.lru or not self.pins.get(c) else 0
-            if need > room:
-                return
-            room -= need
-            if c in self.lru:
-                self.pin(r, c, touch=False)
-            else:
-                self.warming[c] = r
-                self.reserved[c] = t
-                self.warmed_by[r].add(c)
+        plan = plan_store_load(first.items(), room, warming=self.warming, held=self.lru, pinned=pinned)
+        for c in plan.wait:
+            self.waiters.setdefault(c, []).append(r)
+        for c in plan.pin:
+            self.pin(r, c, touch=False)
+        for c in plan.warm:
+            self.warming[c] = r
+            self.reserved[c] = first[c]
+            self.warmed_by[r].add(c)
 
     def store(self, r: int, c: int, tokens: int) -> None:
         """Request ``r``'s warm-up of ``c`` offered to the store; if kept, it and its waiters pin it."""

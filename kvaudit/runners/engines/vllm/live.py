@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.jsonio import ids_hash
 from kvaudit.core.replay_format import POLICIES
+from kvaudit.core.store_plan import plan_store_load
 
 if TYPE_CHECKING:
     from kvaudit.runners.engines.vllm.backend import VllmBackend
@@ -148,30 +149,20 @@ class _Server:
         keys = list(dict.fromkeys(k for k, *_ in live.entries))
         free = [k for k in keys if k not in self.waiters]
         held = self.pin(free) if free else {}
-        # its load, planned in prompt order: a pin of an entry no one pins and a warm-up each take
-        # room; at the first entry without room it stops (that entry and the rest are its own
-        # prefill), so no warm-up is built only to be refused and no entry is pinned unloaded
         room = self.capacity - sum(self.tokens[k] for k in self.pins) - sum(self.reserved.values())
-        planned: list[str] = []
-        for k in keys:
-            if k in self.waiters:  # another request is warming it: wait, do not build it twice
-                self.waiters[k].append(live)
-                live.waiting.add(k)
-                continue
-            need = 0 if k in held and k in self.pins else self.tokens[k]
-            if need > room:
-                break
-            room -= need
-            if k in held:
-                planned.append(k)
-            else:
-                self.warm_up(k, live)
-                live.warmed_here.add(k)
-                live.waiting.add(k)
-        for k in planned:
+        plan = plan_store_load(((k, self.tokens[k]) for k in keys), room, warming=self.waiters, held=held,
+                               pinned=self.pins)
+        for k in plan.wait:
+            self.waiters[k].append(live)
+            live.waiting.add(k)
+        for k in plan.warm:
+            self.warm_up(k, live)
+            live.warmed_here.add(k)
+            live.waiting.add(k)
+        for k in plan.pin:
             self._hold(live, k)
-        if len(planned) < len(held):  # pinned by the call above, not loaded: given back now
-            self.unpin += [k for k in held if k not in planned]
+        if len(plan.pin) < len(held):  # pinned by the call above, not loaded: given back now
+            self.unpin += [k for k in held if k not in plan.pin]
             self.pin([])
         if not live.waiting:
             self.submit(live)
