@@ -83,7 +83,7 @@ COSTS: dict[str, set[str]] = {
 # Fixtures that cost something: a test that uses one (directly or through another) costs it too.
 FIXTURE_COSTS: dict[str, set[str]] = {
     "smollm2_backend": {"engine"}, "smollm2_run": {"engine"}, "run_copy": {"engine"},
-    "vllm_backend": {"engine", "vllm"}, "vllm_run": {"engine", "vllm"},
+    "vllm_backend": {"engine", "vllm"}, "vllm_run": {"engine", "vllm"}, "kvaudit_process": {"vllm"},
     "connector_server": {"server", "vllm"}, "stock_server": {"server", "vllm"},
     "contract_runs": {"engine"}, "transformers_run": {"engine"}, "change_run": {"engine"},
 }
@@ -188,6 +188,17 @@ def boxoffice5(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("boxoffice5") / "dataset"
     assert main(["generate", "boxoffice", "--out", str(out), *BOXOFFICE5, "--no-progress"]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def kvaudit_process():
+    """Runs ``python -m kvaudit.cli ARGV`` as a new process (its own engine, exit code and output),
+    forked from a parent that imported vLLM once for the session: about 12 s less per process
+    here (kvaudit/testing/prewarmed.py). Returns a ``subprocess.CompletedProcess`` with text output."""
+    from kvaudit.testing.prewarmed import Prewarmed
+
+    with Prewarmed() as p:
+        yield p.run
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,15 +35,15 @@ ARM_SAME = ("arm", "ids_hash", "segment_hashes", "truncation", "tokens_reused", 
 
 
 @pytest.fixture(scope="module")
-def contract_runs(transformers_run, boxoffice5, tmp_path_factory) -> dict[str, Path]:
+def contract_runs(transformers_run, boxoffice5, tmp_path_factory, request) -> dict[str, Path]:
     """Each backend's run of the session's first cases: transformers in process (conftest's
-    ``transformers_run``), vLLM in its own process, so its engine never shares one with the
-    session's in-process engine."""
+    ``transformers_run``), vLLM in its own process (conftest's ``kvaudit_process``), so its engine
+    never shares one with the session's in-process engine."""
     runs = {"transformers": transformers_run}
     if HAVE_VLLM:
         out = tmp_path_factory.mktemp("contract") / "vllm"
-        proc = subprocess.run([sys.executable, "-m", "kvaudit.cli", *contract_run_args("vllm", boxoffice5, out)],
-                              cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        proc = request.getfixturevalue("kvaudit_process")(contract_run_args("vllm", boxoffice5, out), cwd=ROOT,
+                                                           timeout=1200)
         assert proc.returncode == 0, proc.stderr[-4000:]
         runs["vllm"] = out
     return runs

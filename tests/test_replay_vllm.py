@@ -2,8 +2,9 @@
 to a budget and kvaudit's segment store on vLLM's connector, each held to the cache simulator.
 
 Run in .venv-vllm (skipped where vLLM is not importable). Each replay is a `kvaudit replay`
-process, as a user runs it, with its own engine. A replay killed and resumed is tested on the
-transformers backend (tests/test_replay.py), where a process starts in seconds.
+process, as a user runs it, with its own engine, forked from a parent that imported vLLM once
+(conftest's ``kvaudit_process``). A replay killed and resumed is tested on the transformers
+backend (tests/test_replay.py), where a process starts in seconds.
 """
 
 from __future__ import annotations
@@ -30,21 +31,28 @@ def workload(tmp_path_factory) -> Path:
     return out
 
 
-def _cmd(workload: Path, out: Path, policy: str, budget: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "kvaudit.cli", "replay", "--backend", "vllm", "--workload", str(workload),
-            "--policy", policy, "--cache-budget", budget, "--out", str(out), "--no-progress", *extra]
+@pytest.fixture
+def replay(kvaudit_process):
+    def run(workload: Path, out: Path, policy: str, budget: str, *extra: str) -> subprocess.CompletedProcess:
+        return kvaudit_process(["replay", "--backend", "vllm", "--workload", str(workload), "--policy", policy,
+                                "--cache-budget", budget, "--out", str(out), "--no-progress", *extra])
+    return run
 
 
-def _replay(workload: Path, out: Path, policy: str, budget: str, *extra: str) -> dict:
-    proc = subprocess.run(_cmd(workload, out, policy, budget, *extra), capture_output=True, text=True, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return ReplayDir(out).read_summary()
+@pytest.fixture
+def replayed(replay):
+    """A replay that must succeed: its summary."""
+    def run(workload: Path, out: Path, policy: str, budget: str, *extra: str) -> dict:
+        proc = replay(workload, out, policy, budget, *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return ReplayDir(out).read_summary()
+    return run
 
 
-def test_a_segment_replay_on_vllms_connector_is_held_to_the_simulator(workload, tmp_path):
+def test_a_segment_replay_on_vllms_connector_is_held_to_the_simulator(workload, tmp_path, replayed):
     # A kill and resume of a replay is tested on the transformers backend (tests/test_replay.py):
     # the code that records and resumes is the same; here the store is vLLM's connector.
-    s = _replay(workload, tmp_path / "seg", "segment", "20MB")  # 434 tokens of fp32 KV: it evicts
+    s = replayed(workload, tmp_path / "seg", "segment", "20MB")  # 434 tokens of fp32 KV: it evicts
     recs = ReplayDir(tmp_path / "seg").read_requests()
     assert sorted(r.index for r in recs) == list(range(48))
     # the first request found nothing held: its head and documents were prefilled, not hits
@@ -57,17 +65,17 @@ def test_a_segment_replay_on_vllms_connector_is_held_to_the_simulator(workload, 
     assert abs(hr["gap_points"]) <= 10  # simulate's once-per-request eviction: close, not exact
 
 
-def test_prefix_cache_under_a_budget_smaller_than_one_request_keeps_only_the_last_one(workload, tmp_path):
+def test_prefix_cache_under_a_budget_smaller_than_one_request_keeps_only_the_last_one(workload, tmp_path, replayed):
     # 1 MB holds 21 tokens: the engine has room for the request in flight and nothing more, so
     # what a request finds is what the request just before it left (vLLM frees blocks cached).
-    s = _replay(workload, tmp_path / "tiny", "prefix", "1MB", "--limit", "12")
+    s = replayed(workload, tmp_path / "tiny", "prefix", "1MB", "--limit", "12")
     hr = s["hit_rate"]
     assert abs(hr["gap_points"]) <= 2.0, hr
     assert hr["measured"]["token_hit_rate"] <= 0.05
 
 
-def test_prefix_cache_under_a_budget_is_held_to_the_simulator(workload, tmp_path):
-    s = _replay(workload, tmp_path / "prefix", "prefix", "20MB", "--limit", "20")
+def test_prefix_cache_under_a_budget_is_held_to_the_simulator(workload, tmp_path, replayed):
+    s = replayed(workload, tmp_path / "prefix", "prefix", "20MB", "--limit", "20")
     hr = s["hit_rate"]
     assert s["engine"]["kv_tokens"] == hr["simulator_capacity_tokens"] > 0
     assert abs(hr["gap_points"]) <= 2.0, hr
@@ -83,10 +91,13 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
     the engine at its arrival. A request that arrives while another decodes gets its first token
     before that one finishes (a wave would have held it back), and a segment store too small for
     the requests in flight together serves what it cannot hold as misses: the replay completes,
-    the overflow counted. Each load starts with empty caches."""
+    the overflow counted. Each load starts with empty caches. This replay is a process of its own,
+    not a prewarmed fork: vLLM imported after kvaudit names its log file, as for a user."""
     out = tmp_path / "arr"
-    proc = subprocess.run(_cmd(workload, out, "segment", "16MB", "--rate", "2,40", "--limit", "16",
-                               "--max-new-tokens", "8"), capture_output=True, text=True, timeout=500)
+    cmd = [sys.executable, "-m", "kvaudit.cli", "replay", "--backend", "vllm", "--workload", str(workload),
+           "--policy", "segment", "--cache-budget", "16MB", "--out", str(out), "--no-progress",
+           "--rate", "2,40", "--limit", "16", "--max-new-tokens", "8"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sweep of 2 loads" in proc.stdout
     # vLLM's own lines went to OUT/engine.log, not the terminal (issue 42)
@@ -138,7 +149,7 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
     assert ReplayDir(out / "rate-2").read_summary()["hit_rate"]["segment_hit_tokens"] > 0
 
 
-def test_a_recompute_replay_opens_for_its_longest_request_and_is_not_held_to_the_stores_room(tmp_path):
+def test_a_recompute_replay_opens_for_its_longest_request_and_is_not_held_to_the_stores_room(tmp_path, replayed):
     # vLLM's option --max-model-len defaults to 4096; a replay left without it used to open the
     # engine there and drop a longer request's trailing documents, silently (a 5K-token workload
     # served as 3.3K-token prompts). Now the engine opens for the longest request (a --max-model-len
@@ -153,24 +164,23 @@ def test_a_recompute_replay_opens_for_its_longest_request_and_is_not_held_to_the
                  "--question-tokens", "fixed:8", "--no-progress"]) == 0
     need = sum(p["tokens"] for p in json.loads(wl.read_text().splitlines()[0])["pieces"])
     assert need > 4096
-    s = _replay(wl, tmp_path / "whole", "recompute", "100TB")
+    s = replayed(wl, tmp_path / "whole", "recompute", "100TB")
     (rec,) = ReplayDir(tmp_path / "whole").read_requests()
     assert not rec.truncated and rec.piece_kinds.count("document") == 3
     assert rec.n_prompt_tokens > need and s["truncated_requests"] == 0 and s["requests"] == 1
 
 
-def test_a_store_budget_the_machine_cannot_hold_is_refused_before_any_request(workload, tmp_path):
+def test_a_store_budget_the_machine_cannot_hold_is_refused_before_any_request(workload, tmp_path, replay):
     # The store allocates as documents arrive: a budget past the free memory used to stop a run out
     # of memory midway (on an H100, 40 GB beside an 8B model's weights and KV space).
-    proc = subprocess.run(_cmd(workload, tmp_path / "r", "segment", "100TB", "--limit", "2"),
-                          capture_output=True, text=True, timeout=500)
+    proc = replay(workload, tmp_path / "r", "segment", "100TB", "--limit", "2")
     assert proc.returncode == 2, proc.stderr[-2000:]
     err = proc.stderr.strip().splitlines()[-1]
     assert "--cache-budget 100000.0 GB: the segment store keeps its KV in host memory, where" in err
     assert "Lower --cache-budget" in err and not (tmp_path / "r" / "requests.jsonl").exists()
 
 
-def test_requests_past_the_engines_slots_wait_holding_nothing(workload, tmp_path):
+def test_requests_past_the_engines_slots_wait_holding_nothing(workload, tmp_path, replayed):
     """Sixteen requests arrive at once at an engine that runs two: the other fourteen wait for a
     slot as in a server's queue, pinning nothing and starting no warm-ups. A store that holds two
     requests' documents then serves every request, with no overflow. Admitted at arrival (until
@@ -178,7 +188,7 @@ def test_requests_past_the_engines_slots_wait_holding_nothing(workload, tmp_path
     29.9% to 7.7% as every later document overflowed, and served load fell with it."""
     out = tmp_path / "burst"
     # 40 MB holds 868 tokens: two requests' head and documents (about 300 each), not sixteen's
-    s = _replay(workload, out, "segment", "40MB", "--rate", "1000", "--limit", "16", "--concurrency", "2",
+    s = replayed(workload, out, "segment", "40MB", "--rate", "1000", "--limit", "16", "--concurrency", "2",
                 "--max-new-tokens", "4")
     recs = ReplayDir(out).read_requests()
     assert len(recs) == 16 and s["hit_rate"]["overflow_tokens"] == 0, s["hit_rate"]

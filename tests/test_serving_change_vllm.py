@@ -6,9 +6,9 @@ two `vllm serve` servers are compared by what they report."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
+
+import pytest
 
 from kvaudit.cli import main
 
@@ -37,17 +37,19 @@ def engines(tmp: Path, candidate_options: str = "") -> Path:
     return p
 
 
-def run(path: Path, out: Path, arms: str, limit: int) -> int:
+@pytest.fixture
+def run(kvaudit_process):
     # A `kvaudit run` process, as a user runs it: in-process vLLM engines share process-wide state (their
     # distributed groups), and closing them at the run's end would take it from the session's own engine.
-    cmd = [sys.executable, "-m", "kvaudit.cli", "run", "--dataset", str(EXAMPLE), "--engines", str(path),
-           "--out", str(out), "--arms", arms, "--limit", str(limit), "--no-progress"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.returncode
+    def go(path: Path, out: Path, arms: str, limit: int) -> int:
+        proc = kvaudit_process(["run", "--dataset", str(EXAMPLE), "--engines", str(path), "--out", str(out),
+                                "--arms", arms, "--limit", str(limit), "--no-progress"])
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.returncode
+    return go
 
 
-def test_an_undeclared_seed_fails_and_a_change_that_must_change_nothing_passes(tmp_path, capsys):
+def test_an_undeclared_seed_fails_and_a_change_that_must_change_nothing_passes(tmp_path, capsys, run):
     # One run, three engines in one process: the candidate halves the KV-cache budget (declared) and
     # sets another seed (not declared); candidate_off is the candidate with the budget put back.
     out = tmp_path / "kv"
@@ -76,7 +78,7 @@ def test_an_undeclared_seed_fails_and_a_change_that_must_change_nothing_passes(t
     assert "candidate flips 0 of 3" in noise and "candidate noise floor" in noise
 
 
-def test_two_servers_are_compared_by_what_they_report(stock_server, connector_server, tmp_path, capsys):
+def test_two_servers_are_compared_by_what_they_report(stock_server, connector_server, tmp_path, capsys, run):
     # the baseline is a stock `vllm serve`, the candidate one with kvaudit's connector and 32-token blocks:
     # what the servers report (model, limits, version) is recorded and compared; their URLs are declared
     table = """

@@ -1,0 +1,49 @@
+"""The vLLM tests' prewarmed processes (kvaudit/testing/prewarmed.py): each command is a new process
+with the exit status, output and working directory a `python -m kvaudit.cli` process would have,
+nothing carried from the command before, and a command past its time is killed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvaudit.testing.prewarmed import Prewarmed
+
+
+@pytest.fixture(scope="module")
+def prewarmed():
+    with Prewarmed(preload=("json",)) as p:  # the mechanism, without vLLM's 12 s import
+        yield p
+
+
+def test_each_command_is_a_process_with_its_own_status_output_and_directory(prewarmed, tmp_path):
+    ok = prewarmed.run(["--help"], cwd=tmp_path)
+    assert ok.returncode == 0 and "usage: kvaudit" in ok.stdout and ok.stderr == ""
+    bad = prewarmed.run(["audit", "no-such-run"], cwd=tmp_path)
+    direct = subprocess.run([sys.executable, "-m", "kvaudit.cli", "audit", "no-such-run"], cwd=tmp_path,
+                            capture_output=True, text=True)
+    assert (bad.returncode, bad.stdout, bad.stderr) == (direct.returncode, direct.stdout, direct.stderr)
+    assert bad.returncode == 2 and "no-such-run: run directory not found" in bad.stderr
+
+
+def test_a_command_leaves_nothing_to_the_next(prewarmed, tmp_path):
+    # a child that changes its process state (a module imported, an environment variable set)
+    # leaves the parent as it was: the next child starts from the prewarmed state
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os, sys\nprint(os.getpid(), 'kvaudit.cli' in sys.modules, os.environ.get('KV_PROBE'))\n"
+                     "os.environ['KV_PROBE'] = 'set'\n")
+    runs = [prewarmed.run_script(probe, cwd=tmp_path) for _ in range(2)]
+    first, second = (r.stdout.split() for r in runs)
+    assert first[1:] == second[1:] == ["False", "None"], (first, second)
+    assert len({first[0], second[0], str(os.getpid())}) == 3
+
+
+def test_a_command_past_its_time_is_killed_and_the_parent_serves_the_next(prewarmed, tmp_path):
+    slow = tmp_path / "slow.py"
+    slow.write_text("import time\ntime.sleep(60)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        prewarmed.run_script(slow, timeout=1.0)
+    assert prewarmed.run(["--help"], cwd=tmp_path).returncode == 0
