@@ -29,7 +29,7 @@ def test_each_command_is_a_process_with_its_own_status_output_and_directory(prew
     assert bad.returncode == 2 and "no-such-run: run directory not found" in bad.stderr
 
 
-def test_a_command_leaves_nothing_to_the_next(prewarmed, tmp_path):
+def test_a_command_leaves_nothing_to_the_next(prewarmed, tmp_path, monkeypatch):
     # a child that changes its process state (a module imported, an environment variable set)
     # leaves the parent as it was: the next child starts from the prewarmed state
     probe = tmp_path / "probe.py"
@@ -39,6 +39,9 @@ def test_a_command_leaves_nothing_to_the_next(prewarmed, tmp_path):
     first, second = (r.stdout.split() for r in runs)
     assert first[1:] == second[1:] == ["False", "None"], (first, second)
     assert len({first[0], second[0], str(os.getpid())}) == 3
+    # the caller's environment at the call is the child's, as with subprocess.run
+    monkeypatch.setenv("KV_PROBE", "caller")
+    assert prewarmed.run_script(probe, cwd=tmp_path).stdout.split()[1:] == ["False", "caller"]
 
 
 def test_a_command_past_its_time_is_killed_and_the_parent_serves_the_next(prewarmed, tmp_path):
@@ -47,3 +50,10 @@ def test_a_command_past_its_time_is_killed_and_the_parent_serves_the_next(prewar
     with pytest.raises(subprocess.TimeoutExpired):
         prewarmed.run_script(slow, timeout=1.0)
     assert prewarmed.run(["--help"], cwd=tmp_path).returncode == 0
+
+
+def test_a_command_that_raises_exits_1_with_its_traceback(prewarmed, tmp_path):
+    boom = tmp_path / "boom.py"
+    boom.write_text("raise ValueError('boom from the child')\n")
+    done = prewarmed.run_script(boom, cwd=tmp_path)
+    assert done.returncode == 1 and "ValueError: boom from the child" in done.stderr

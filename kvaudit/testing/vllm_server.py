@@ -40,9 +40,13 @@ def vllm_server(model_dir: Path, log: Path, *, connector: bool, prefix_caching: 
     """Start the server, wait for /health, yield its base URL, stop it (its whole process group)."""
     port = free_port()
     # The server's threads are the in-process engine's (`make test` gives both 2): greedy answers
-    # compared across the two then come from the same kernels' reductions.
+    # compared across the two then come from the same kernels' reductions. vLLM's CPU worker keeps
+    # one core for its scheduler unless told otherwise (a connector server reserves none: it would
+    # keep both of this machine's two), binding its threads to the others: the stock server's two
+    # threads then shared one core (tests/test_http_prefix_server.py alone: 354 s, 245 s with none
+    # reserved; within the whole vLLM tier 227 s and 225 s).
     env = dict(os.environ, VLLM_SERVER_DEV_MODE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-               VLLM_CPU_OMP_THREADS_BIND="auto")
+               VLLM_CPU_OMP_THREADS_BIND="auto", VLLM_CPU_NUM_OF_RESERVED_CPU="0")
     cmd = server_command(model_dir, port, connector=connector, prefix_caching=prefix_caching, block_size=block_size)
     with served("vllm serve", cmd, port, log, env=env, startup_s=startup_s) as url:
         yield url
