@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from kvaudit.testing.prewarmed import Prewarmed
+from kvaudit.testing.prewarmed import Prewarmed, next_line
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +58,31 @@ def test_a_command_that_raises_exits_1_with_its_traceback(prewarmed, tmp_path):
     boom.write_text("raise ValueError('boom from the child')\n")
     done = prewarmed.run_script(boom, cwd=tmp_path)
     assert done.returncode == 1 and "ValueError: boom from the child" in done.stderr
+
+
+def test_two_lines_that_arrive_together_are_both_read_at_once():
+    # a command that ends at once sends its pid and status together: the second line must come from
+    # what already arrived, not be waited for until the timeout (a buffered readline after select did)
+    r, w = os.pipe()
+    try:
+        os.write(w, b'{"pid": 1}\n{"returncode": 0}\n')
+        first, rest = next_line(r, b"", 5.0)
+        start = time.monotonic()
+        second, rest = next_line(r, rest, 5.0)
+        assert (first, second, rest) == (b'{"pid": 1}', b'{"returncode": 0}', b"")
+        assert time.monotonic() - start < 1.0
+        assert next_line(r, rest, 0.2) == (None, b"")  # nothing more: no line, no hang
+        os.close(w)
+        w = -1
+        assert next_line(r, b"", 5.0) == (b"", b"")  # the writer gone: end of file
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+def test_quick_commands_back_to_back_are_never_taken_for_hung(prewarmed, tmp_path):
+    empty = tmp_path / "empty.py"
+    empty.write_text("")
+    for _ in range(30):
+        assert prewarmed.run_script(empty, cwd=tmp_path, timeout=10.0).returncode == 0

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,21 +36,20 @@ class Prewarmed:
     def __init__(self, python: str = sys.executable, *, preload: tuple[str, ...] = ("vllm",),
                  startup_s: float = 120.0) -> None:
         self._proc = subprocess.Popen([python, "-m", "kvaudit.testing.prewarmed", *preload],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self._pending = b""  # read from the parent, not yet a whole line
         reply = self._read(startup_s, what="the prewarmed parent's import")
         if reply.get("ready") is not True:
             raise RuntimeError(f"the prewarmed parent did not start: {reply}")
 
     def _read(self, timeout_s: float, *, what: str, child: int | None = None) -> dict[str, Any]:
-        out = self._proc.stdout
-        assert out is not None
-        ready, _, _ = select.select([out], [], [], timeout_s)
-        if not ready:
-            if child is not None:
+        assert self._proc.stdout is not None
+        line, self._pending = next_line(self._proc.stdout.fileno(), self._pending, timeout_s)
+        if line is None:
+            if child is not None:  # its status not yet sent: the parent has not reaped it
                 os.kill(child, signal.SIGKILL)
                 self._read(60.0, what="the killed child's status")
             raise subprocess.TimeoutExpired(what, timeout_s)
-        line = out.readline()
         if not line:
             raise RuntimeError(f"the prewarmed parent exited ({self._proc.wait()}) during {what}")
         return json.loads(line)
@@ -69,8 +69,8 @@ class Prewarmed:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             stdin = self._proc.stdin
             assert stdin is not None
-            stdin.write(json.dumps({**target, "argv": argv, "cwd": str(cwd or Path.cwd()), "env": dict(os.environ),
-                                    "stdout": str(out), "stderr": str(err)}) + "\n")
+            stdin.write((json.dumps({**target, "argv": argv, "cwd": str(cwd or Path.cwd()), "env": dict(os.environ),
+                                     "stdout": str(out), "stderr": str(err)}) + "\n").encode())
             stdin.flush()
             pid = int(self._read(30.0, what="forking the command")["pid"])
             what = " ".join([*target.values(), *argv])
@@ -93,6 +93,24 @@ class Prewarmed:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def next_line(fd: int, pending: bytes, timeout_s: float) -> tuple[bytes | None, bytes]:
+    """The next line from ``fd`` (without its newline) and what was read past it; ``None`` when no
+    whole line came within ``timeout_s``, ``b""`` at end of file. Read unbuffered, with ``pending``
+    kept by the caller: two lines that arrive together (a quick command's pid and status) must not
+    leave the second in a buffer that ``select`` cannot see."""
+    deadline = time.monotonic() + timeout_s
+    while b"\n" not in pending:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None, pending
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"", pending
+        pending += chunk
+    line, rest = pending.split(b"\n", 1)
+    return line, rest
 
 
 def _child(cmd: dict[str, Any]) -> None:
