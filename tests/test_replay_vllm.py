@@ -31,11 +31,15 @@ def workload(tmp_path_factory) -> Path:
     return out
 
 
+def _args(workload: Path, out: Path, policy: str, budget: str, *extra: str) -> list[str]:
+    return ["replay", "--backend", "vllm", "--workload", str(workload), "--policy", policy,
+            "--cache-budget", budget, "--out", str(out), "--no-progress", *extra]
+
+
 @pytest.fixture
 def replay(kvaudit_process):
     def run(workload: Path, out: Path, policy: str, budget: str, *extra: str) -> subprocess.CompletedProcess:
-        return kvaudit_process(["replay", "--backend", "vllm", "--workload", str(workload), "--policy", policy,
-                                "--cache-budget", budget, "--out", str(out), "--no-progress", *extra])
+        return kvaudit_process(_args(workload, out, policy, budget, *extra))
     return run
 
 
@@ -94,9 +98,8 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
     the overflow counted. Each load starts with empty caches. This replay is a process of its own,
     not a prewarmed fork: vLLM imported after kvaudit names its log file, as for a user."""
     out = tmp_path / "arr"
-    cmd = [sys.executable, "-m", "kvaudit.cli", "replay", "--backend", "vllm", "--workload", str(workload),
-           "--policy", "segment", "--cache-budget", "16MB", "--out", str(out), "--no-progress",
-           "--rate", "2,40", "--limit", "16", "--max-new-tokens", "8"]
+    cmd = [sys.executable, "-m", "kvaudit.cli", *_args(workload, out, "segment", "16MB", "--rate", "2,40",
+                                                        "--limit", "16", "--max-new-tokens", "8")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sweep of 2 loads" in proc.stdout
