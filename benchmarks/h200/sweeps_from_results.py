@@ -1,11 +1,19 @@
-"""Rebuild `kvaudit replay --rate` sweep folders from a GPU run's saved results, so that
-`kvaudit compare` draws their page: replays of `replay_gpu.py --rates` made before it wrote
-sweeps itself (2026-12-05 and earlier) kept only each load's config, request records (gzipped) and
-the printed summaries. Each load is summarised again from its records with the current code (its
-p50 and p95 checked against the saved summary's), and each policy's loads written as a sweep.
+"""Rebuild `kvaudit replay --rate` sweep folders from GPU runs' saved results, so that
+`kvaudit compare` draws their page: each load a device job served is kept as its config, its request
+records (gzipped) and the printed summaries (`replay_load_<policy>_arrivals*.json`), and one policy's
+loads often come from several jobs (a load per device call). Each load is summarised again from its
+records with the current code (its p50 and p95 checked against the saved summary's), and each
+policy's loads, from every summary named, written as one sweep.
 
-    python benchmarks/h200/sweeps_from_results.py benchmarks/h200/results-2026-12-05/replay-500 /tmp/h200-sweeps
+    python benchmarks/h200/sweeps_from_results.py /tmp/h200-sweeps benchmarks/h200/results-2026-12-05/replay-500
+    python benchmarks/h200/sweeps_from_results.py /tmp/h100-sweeps \
+        benchmarks/h200/results-2026-12-05/prefix500-h100/replay_load_prefix_arrivals.json \
+        benchmarks/h200/results-2026-12-06/h100-20GB/replay_load_prefix_arrivals-rate-1.5.json ...
     kvaudit compare /tmp/h200-sweeps/prefix /tmp/h200-sweeps/segment --slo-ttft 2 --out /tmp/h200-sweeps/page
+
+A folder stands for every summary in it; a load's files lie beside its summary
+(`<policy>-rate-<R>-replay_config.json`, `<policy>-rate-<R>-requests.jsonl.gz`). Two summaries of one
+policy at one load are refused: a sweep has one replay per load and seed.
 """
 
 from __future__ import annotations
@@ -23,12 +31,22 @@ from kvaudit.replay.replay_cli import write_sweep  # noqa: E402
 from kvaudit.replay.summary import summarise  # noqa: E402
 
 
-def main(results: Path, out: Path) -> None:
-    for saved in sorted(results.glob("replay_load_*_arrivals.json")):
+def saved_summaries(named: list[Path]) -> list[Path]:
+    found: list[Path] = []
+    for p in named:
+        found += sorted(p.glob("replay_load_*_arrivals*.json")) if p.is_dir() else [p]
+    return found
+
+
+def main(out: Path, named: list[Path]) -> None:
+    loads: dict[str, dict[float, tuple[int, str, dict]]] = {}
+    for saved in saved_summaries(named):
+        results = saved.parent
         policy = saved.name.split("_")[2]
-        loads = []
         for s in json.loads(saved.read_text())[policy]:
             name = f"rate-{s['rate']:g}"
+            if s["rate"] in loads.get(policy, {}):
+                raise SystemExit(f"{saved}: {policy} at {name} is already given by another summary")
             d = ReplayDir(out / policy / name)
             d.path.mkdir(parents=True, exist_ok=False)
             shutil.copy(results / f"{policy}-{name}-replay_config.json", d.path / "replay_config.json")
@@ -39,12 +57,13 @@ def main(results: Path, out: Path) -> None:
                     raise SystemExit(f"{saved}: {name} {q} is {again['ttft_s'][q]['value']} from its records, "
                                      f"{s['ttft_s'][q]['value']} saved")
             d.write_summary(again)
-            loads.append((s["rate"], [(s.get("seed", 0), name, again)]))
-        write_sweep(out / policy, sorted(loads, key=lambda x: x[0]))
-        print(f"{policy}: {len(loads)} loads in {out / policy}")
+            loads.setdefault(policy, {})[s["rate"]] = (s.get("seed", 0), name, again)
+    for policy, by_rate in loads.items():
+        write_sweep(out / policy, [(rate, [by_rate[rate]]) for rate in sorted(by_rate)])
+        print(f"{policy}: {len(by_rate)} loads in {out / policy}")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: sweeps_from_results.py RESULTS_DIR OUT_DIR")
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    if len(sys.argv) < 3:
+        raise SystemExit("usage: sweeps_from_results.py OUT_DIR RESULTS_DIR_OR_SUMMARY...")
+    main(Path(sys.argv[1]), [Path(a) for a in sys.argv[2:]])
