@@ -45,6 +45,17 @@ def test_a_command_leaves_nothing_to_the_next(prewarmed, tmp_path, monkeypatch):
     assert prewarmed.run_script(probe, cwd=tmp_path).stdout.split()[1:] == ["False", "caller"]
 
 
+def test_a_command_runs_its_exit_handlers_as_a_process_does(prewarmed, tmp_path):
+    # kvaudit removes the engine log's configuration file at exit (atexit): a forked child that
+    # skipped its handlers left one in the temporary directory per vLLM command
+    mark = tmp_path / "at-exit"
+    script = tmp_path / "handler.py"
+    script.write_text(f"import atexit, pathlib, sys\natexit.register(pathlib.Path({str(mark)!r}).write_text, 'ran')\n"
+                      "sys.exit(3)\n")
+    done = prewarmed.run_script(script, cwd=tmp_path)
+    assert done.returncode == 3 and mark.read_text() == "ran"
+
+
 def test_a_command_past_its_time_is_killed_and_the_parent_serves_the_next(prewarmed, tmp_path):
     slow = tmp_path / "slow.py"
     slow.write_text("import time\ntime.sleep(60)\n")

@@ -38,9 +38,17 @@ class Prewarmed:
         self._proc = subprocess.Popen([python, "-m", "kvaudit.testing.prewarmed", *preload],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self._pending = b""  # read from the parent, not yet a whole line
-        reply = self._read(startup_s, what="the prewarmed parent's import")
+        self._startup_s, self._ready = startup_s, False
+
+    def wait_ready(self) -> None:
+        """Wait for the parent's import (the first command waits for it; a caller that started the
+        parent early, to import while other work runs, need not call this)."""
+        if self._ready:
+            return
+        reply = self._read(self._startup_s, what="the prewarmed parent's import")
         if reply.get("ready") is not True:
             raise RuntimeError(f"the prewarmed parent did not start: {reply}")
+        self._ready = True
 
     def _read(self, timeout_s: float, *, what: str, child: int | None = None) -> dict[str, Any]:
         assert self._proc.stdout is not None
@@ -65,6 +73,7 @@ class Prewarmed:
 
     def _fork(self, target: dict[str, str], argv: list[str], timeout: float,
               cwd: Path | None) -> subprocess.CompletedProcess[str]:
+        self.wait_ready()
         with tempfile.TemporaryDirectory(prefix="kvaudit-prewarmed-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             stdin = self._proc.stdin
@@ -115,6 +124,7 @@ def next_line(fd: int, pending: bytes, timeout_s: float) -> tuple[bytes | None, 
 
 def _child(cmd: dict[str, Any]) -> None:
     """In the forked child: become ``python -m MODULE ARGV`` (or ``python SCRIPT ARGV``) and exit with its status."""
+    import atexit
     import runpy
 
     code: Any = 0
@@ -141,6 +151,9 @@ def _child(cmd: dict[str, Any]) -> None:
         traceback.print_exc()
         code = 1
     finally:
+        # what a process does at its exit and os._exit skips: kvaudit's (the engine log's
+        # configuration file in the temporary directory is removed) and vLLM's own handlers
+        atexit._run_exitfuncs()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
