@@ -47,13 +47,21 @@ def test_a_command_leaves_nothing_to_the_next(prewarmed, tmp_path, monkeypatch):
 
 def test_a_command_runs_its_exit_handlers_as_a_process_does(prewarmed, tmp_path):
     # kvaudit removes the engine log's configuration file at exit (atexit): a forked child that
-    # skipped its handlers left one in the temporary directory per vLLM command
+    # skipped its handlers left one in the temporary directory per vLLM command. The handlers run
+    # where Python runs them: after sys.exit's message, before the output is flushed.
     mark = tmp_path / "at-exit"
     script = tmp_path / "handler.py"
-    script.write_text(f"import atexit, pathlib, sys\natexit.register(pathlib.Path({str(mark)!r}).write_text, 'ran')\n"
-                      "sys.exit(3)\n")
+    script.write_text("import atexit, pathlib, sys\n"
+                      f"atexit.register(pathlib.Path({str(mark)!r}).write_text, 'ran')\n"
+                      "atexit.register(print, 'handler output', file=sys.stderr)\n"
+                      "print('before exit')\nsys.exit('the message')\n")
     done = prewarmed.run_script(script, cwd=tmp_path)
-    assert done.returncode == 3 and mark.read_text() == "ran"
+    assert mark.read_text() == "ran"
+    mark.unlink()
+    direct = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True)
+    assert mark.read_text() == "ran"
+    assert (done.returncode, done.stdout, done.stderr) == (direct.returncode, direct.stdout, direct.stderr)
+    assert done.returncode == 1 and done.stderr == "the message\nhandler output\n"
 
 
 def test_a_command_past_its_time_is_killed_and_the_parent_serves_the_next(prewarmed, tmp_path):

@@ -150,20 +150,19 @@ def _child(cmd: dict[str, Any]) -> None:
 
         traceback.print_exc()
         code = 1
-    finally:
-        # what a process does at its exit and os._exit skips: kvaudit's (the engine log's
-        # configuration file in the temporary directory is removed) and vLLM's own handlers
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001, S110 - exiting regardless
-                pass
+    # then as Python ends a process: sys.exit's message, the exit handlers (os._exit skips them:
+    # kvaudit's removes the engine log's configuration file from the temporary directory), the flush
     if code is None:
         code = 0
-    elif not isinstance(code, int):  # sys.exit("message"): printed, status 1, as Python does
-        print(code, file=sys.stderr, flush=True)
+    elif not isinstance(code, int):  # sys.exit("message"): printed, status 1
+        print(code, file=sys.stderr)
         code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S110 - exiting regardless
+            pass
     os._exit(code)
 
 
