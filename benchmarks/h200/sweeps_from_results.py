@@ -23,6 +23,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -31,9 +32,17 @@ from kvaudit.replay.replay_cli import write_sweep  # noqa: E402
 from kvaudit.replay.summary import summarise  # noqa: E402
 
 
+def fail(message: str) -> NoReturn:
+    """A usage or data error: named on stderr, exit status 2 (the project's contract for anything but a verdict)."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
+
+
 def saved_summaries(named: list[Path]) -> list[Path]:
     found: list[Path] = []
     for p in named:
+        if not p.exists():  # the order before 2026-12-06 was RESULTS_DIR OUT_DIR: OUT_DIR now comes first
+            fail(f"{p}: no such results folder or summary (usage: sweeps_from_results.py OUT_DIR RESULTS...)")
         found += sorted(p.glob("replay_load_*_arrivals*.json")) if p.is_dir() else [p]
     return found
 
@@ -46,7 +55,7 @@ def main(out: Path, named: list[Path]) -> None:
         for s in json.loads(saved.read_text())[policy]:
             name = f"rate-{s['rate']:g}"
             if s["rate"] in loads.get(policy, {}):
-                raise SystemExit(f"{saved}: {policy} at {name} is already given by another summary")
+                fail(f"{saved}: {policy} at {name} is already given by another summary")
             d = ReplayDir(out / policy / name)
             d.path.mkdir(parents=True, exist_ok=False)
             shutil.copy(results / f"{policy}-{name}-replay_config.json", d.path / "replay_config.json")
@@ -54,7 +63,7 @@ def main(out: Path, named: list[Path]) -> None:
             again = summarise(d.read_requests(), d.read_config(), s["engine"])
             for q in ("p50", "p95"):
                 if abs(again["ttft_s"][q]["value"] - s["ttft_s"][q]["value"]) > 1e-9:
-                    raise SystemExit(f"{saved}: {name} {q} is {again['ttft_s'][q]['value']} from its records, "
+                    fail(f"{saved}: {name} {q} is {again['ttft_s'][q]['value']} from its records, "
                                      f"{s['ttft_s'][q]['value']} saved")
             d.write_summary(again)
             loads.setdefault(policy, {})[s["rate"]] = (s.get("seed", 0), name, again)
@@ -65,5 +74,5 @@ def main(out: Path, named: list[Path]) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) < 3:
-        raise SystemExit("usage: sweeps_from_results.py OUT_DIR RESULTS_DIR_OR_SUMMARY...")
+        fail("usage: sweeps_from_results.py OUT_DIR RESULTS_DIR_OR_SUMMARY...")
     main(Path(sys.argv[1]), [Path(a) for a in sys.argv[2:]])
