@@ -38,17 +38,9 @@ class Prewarmed:
         self._proc = subprocess.Popen([python, "-m", "kvaudit.testing.prewarmed", *preload],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
         self._pending = b""  # read from the parent, not yet a whole line
-        self._startup_s, self._ready = startup_s, False
-
-    def wait_ready(self) -> None:
-        """Wait for the parent's import (the first command waits for it; a caller that started the
-        parent early, to import while other work runs, need not call this)."""
-        if self._ready:
-            return
-        reply = self._read(self._startup_s, what="the prewarmed parent's import")
+        reply = self._read(startup_s, what="the prewarmed parent's import")
         if reply.get("ready") is not True:
             raise RuntimeError(f"the prewarmed parent did not start: {reply}")
-        self._ready = True
 
     def _read(self, timeout_s: float, *, what: str, child: int | None = None) -> dict[str, Any]:
         assert self._proc.stdout is not None
@@ -73,7 +65,6 @@ class Prewarmed:
 
     def _fork(self, target: dict[str, str], argv: list[str], timeout: float,
               cwd: Path | None) -> subprocess.CompletedProcess[str]:
-        self.wait_ready()
         with tempfile.TemporaryDirectory(prefix="kvaudit-prewarmed-") as tmp:
             out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
             stdin = self._proc.stdin
