@@ -29,7 +29,8 @@ cached segments    ``--reuse-protocol server`` (default): the server's own reuse
 Leak probes: vLLM recomputes every prompt that asks for *prompt* log-probabilities (it could not
 return them for cached tokens), so candidates are scored by generation instead: for each distinct
 candidate prefix, one request of the prompt plus that prefix asks for the log-probabilities of
-the candidates' next tokens at the first generated position (vLLM's ``logprob_token_ids``), on
+the candidates' next tokens at the first generated position (vLLM's ``logprob_token_ids``; the
+first request alone, the others ``SCORE_IN_FLIGHT`` at a time, for the server to batch), on
 the arm's own KV: under ``kvaudit`` the arm's prompt KV is saved by its request and loaded back
 by each scoring request; under ``server`` the scoring requests share the arm's salt, so the
 server reuses what the arm's request left in its cache. A server without ``logprob_token_ids``
@@ -80,6 +81,9 @@ REUSE_PROTOCOLS = ("server", "kvaudit")
 # server whose blocks are longer shows "nothing cached" and its cache arms are refused, never
 # judged on a probe that missed.
 PROBE_TOKENS = 640
+# Leak-probe scoring requests in flight at once after the first (a probe with 20 candidate names
+# asks about 27 prefixes an arm; one after another they were most of a 9-arm audit's requests).
+SCORE_IN_FLIGHT = 8
 
 
 @dataclass
@@ -441,29 +445,47 @@ class OpenAIBackend(Backend):
         # With it, each request loads the arm's KV through the connector under a salt of its own:
         # vLLM's prefix cache must not serve those tokens first.
         shared = salt or (_salt() if arm_key is None else None)
-        for i, prefix in enumerate(prefixes):
+
+        def ask(i: int) -> Completion:
             transfer = None
             if arm_key is not None:
                 transfer = {"kvaudit": "run", "n_load": n - 1, "plan": [[arm_key, 0, False]],
                             "drop": [arm_key] if i == len(prefixes) - 1 else []}
-            try:
-                c = self.client.complete(prompt.ids + list(prefix), max_tokens=1, salt=shared or _salt(),
-                                         kv_transfer_params=transfer, logprob_token_ids=sorted(need[prefix]),
-                                         stream=False)
-            except KvauditError as e:
-                if i == 0 and "logprob_token_ids" in str(e):
-                    self.candidate_scoring = f"unavailable: the server refused logprob_token_ids ({e})"
-                    return None
-                raise
+            return self.client.complete(prompt.ids + list(prefixes[i]), max_tokens=1, salt=shared or _salt(),
+                                        kv_transfer_params=transfer, logprob_token_ids=sorted(need[prefixes[i]]),
+                                        stream=False)
+
+        def scored(i: int, c: Completion) -> bool:
             if arm_key is not None and c.cached_tokens is not None and c.cached_tokens < n - 1:
                 raise KvauditError(f"the server loaded {c.cached_tokens} of the arm's {n - 1} prompt tokens when "
                                    "scoring leak-probe candidates: they would be scored on recomputed KV")
-            missing = need[prefix] - set(c.first_lp)
+            missing = need[prefixes[i]] - set(c.first_lp)
             if missing:
                 self.candidate_scoring = (f"unavailable: the server returned no log-probability for the requested "
                                           f"token ids {sorted(missing)[:3]} (logprob_token_ids unsupported?)")
+                return False
+            got[prefixes[i]] = c.first_lp
+            return True
+
+        try:
+            first = ask(0)
+        except KvauditError as e:
+            if "logprob_token_ids" in str(e):
+                self.candidate_scoring = f"unavailable: the server refused logprob_token_ids ({e})"
                 return None
-            got[prefix] = c.first_lp
+            raise
+        if not scored(0, first):
+            return None
+        # The first request has left the prompt in the server's cache and shown that the server
+        # scores; the others are independent, so they go SCORE_IN_FLIGHT at a time and the server
+        # batches them. The one that drops the arm's KV goes last, alone.
+        middle = range(1, len(prefixes) - 1)
+        with ThreadPoolExecutor(max_workers=SCORE_IN_FLIGHT, thread_name_prefix="kvaudit-score") as pool:
+            answers = list(zip(middle, pool.map(ask, middle)))
+        if len(prefixes) > 1:
+            answers.append((len(prefixes) - 1, ask(len(prefixes) - 1)))
+        if not all(scored(i, c) for i, c in answers):
+            return None
         return {c: sum(got[tuple(ids[:j])][t] for j, t in enumerate(ids)) for c, ids in cand_ids.items()}
 
     # ------------------------------------------------------------------ arms
