@@ -256,18 +256,18 @@ def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
 
 
 def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: float | None = None,
-                      growth: float = 0.0, wave_size: int = 1, truncated: int = 0, **engine: int) -> None:
+                      growth: float = 0.0, wave_size: int = 1, truncated: int = 0, n: int = 40, **engine: int) -> None:
     from kvaudit.replay.summary import summarise
 
     rng = np.random.default_rng(seed)
     d = ReplayDir(path)
-    cfg = _config(policy=policy, workload_hash="same", n_requests=40,
+    cfg = _config(policy=policy, workload_hash="same", n_requests=n,
                   **({"arrivals": f"poisson:{rate}:{seed}", "schedule": "arrivals"} if rate else {}))
     d.path.mkdir(parents=True)
     d.write_config(cfg)
     recs = []
     with d.appending() as app:
-        for i in range(40):
+        for i in range(n):
             hit = 60 if policy == "segment" and i % 2 else 0
             arrival = i / rate if rate else None  # open loop: TTFT grows by `growth` s per s of arrivals
             rec = RequestRecord(index=i, request_id=f"r{i}", wave=i // wave_size, session=0, n_prompt_tokens=100 + i, head_tokens=10,
@@ -470,10 +470,10 @@ def test_replications_need_a_rate_and_an_engine_whose_caches_empty(workload, tmp
 
 
 def _synthetic_sweep(path: Path, policy: str, p95_by_rate: dict[float, float],
-                     growth: dict[float, float] | None = None) -> None:
+                     growth: dict[float, float] | None = None, n: int = 40) -> None:
     rows = []
     for k, (rate, ttft) in enumerate(p95_by_rate.items()):
-        _synthetic_replay(path / f"rate-{rate:g}", policy, ttft, k, rate=rate, growth=(growth or {}).get(rate, 0.0))
+        _synthetic_replay(path / f"rate-{rate:g}", policy, ttft, k, rate=rate, growth=(growth or {}).get(rate, 0.0), n=n)
         rows.append({"rate": rate, "dir": f"rate-{rate:g}"})
     (path / "sweep.json").write_text(json.dumps({"policy": policy, "schedule": "arrivals", "loads": rows}))
 
@@ -507,6 +507,34 @@ def test_compare_draws_ttft_against_offered_load_and_the_load_an_slo_allows(tmp_
     # a sweep.json that names a folder outside it is refused naming the field
     (tmp_path / "seg" / "sweep.json").write_text(json.dumps({"loads": [{"rate": 1, "dir": "../pre"}]}))
     assert main(["compare", str(tmp_path / "seg"), "--out", str(tmp_path / "c3")]) == 2
+
+
+def test_a_sustained_load_whose_p95_interval_reaches_past_the_slo_is_marked_at_the_edge(tmp_path):
+    """The SLO reading uses the point p95; where the sustained load's interval reaches past the
+    SLO (or has no upper end at so few requests), more requests or replications could move the
+    reading, and the page says so beside it."""
+    _synthetic_sweep(tmp_path / "pre", "prefix", {1.0: 0.3, 2.0: 1.0, 4.0: 5.0}, n=120)
+    _synthetic_sweep(tmp_path / "few", "prefix", {1.0: 0.3, 2.0: 1.0}, n=40)
+
+    def compare(sweep: str, slo: float, out: str) -> tuple[dict, str]:
+        assert main(["compare", str(tmp_path / sweep), "--out", str(tmp_path / out), "--slo-ttft", str(slo)]) == 0
+        return (json.loads((tmp_path / out / "replays.json").read_text())["sweeps"][0],
+                (tmp_path / out / "replays.html").read_text())
+
+    sw, page = compare("pre", 0.8, "wide")
+    one = sw["loads"][0]["p95"]
+    assert one["value"] < one["high"] < 0.8 and sw["highest_within_slo"] == 1.0
+    assert sw["slo_edge"] is None and "at the edge" not in page  # the whole interval within the SLO
+    slo = (one["value"] + one["high"]) / 2  # the point within, the interval's top past it
+    sw, page = compare("pre", slo, "edge")
+    assert sw["highest_within_slo"] == 1.0 and sw["slo_edge"] == {"high_s": one["high"], "claimed": False}
+    assert f"at the edge: its p95 interval reaches {1000 * one['high']:.0f} ms (†: no level claimed)" in page
+    assert "--replications 6" in page
+    # 40 requests cannot bound a p95 from above (59 are needed at 95%): said, whatever the SLO
+    sw, page = compare("few", 0.8, "few-out")
+    assert sw["highest_within_slo"] == 1.0 and sw["loads"][0]["p95"]["high"] is None
+    assert sw["slo_edge"] == {"high_s": None, "claimed": False}
+    assert "too few requests for its p95 interval to have an upper end" in page
 
 
 def test_a_load_past_saturation_never_counts_as_within_the_slo(tmp_path, capsys):

@@ -127,6 +127,13 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
         if slo_ttft_s is not None:
             sw["highest_within_slo"] = highest_sustained(
                 [{**x, "p95_s": x["p95"]["value"]} for x in sw["loads"]], slo_ttft_s)
+            # the sustained load's p95 interval reaching past the SLO, or too few requests for it to
+            # have an upper end: more requests or replications could move the reading (a caution
+            # shown beside it; the reading itself uses the point)
+            held = next((x for x in sw["loads"] if x["rate"] == sw["highest_within_slo"]), None)
+            high = held["p95"]["high"] if held else None
+            sw["slo_edge"] = ({"high_s": high, "claimed": held["intervals_claimed"]}
+                              if held and (high is None or high > slo_ttft_s) else None)
             # a load that met the SLO only because its replay ended before the queue grew
             sw["met_past_saturation"] = [x["rate"] for x in sw["loads"]
                                          if x["past_saturation"] and x["p95"]["value"] <= slo_ttft_s]
