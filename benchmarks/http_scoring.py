@@ -3,7 +3,8 @@ time after the first, side by side.
 
 A leak probe's candidates (the true name and its 19 decoys) are scored by one request per distinct
 candidate prefix, about 27 per arm and case (:mod:`kvaudit.runners.engines.http.backend`). This
-script runs the same generated leak-probe cases under the two arms that score (``recompute``,
+script runs the same generated leak-probe cases (the HTTP benchmarks' Boxoffice set-up,
+``boxoffice_behind_server``) under the two arms that score (``recompute``,
 ``reuse``) with the in-flight count set to 1 and to the shipped value, alternating (1, N, 1, N, ...),
 against a running server with kvaudit's connector (``--base-url``) or one it starts on 127.0.0.1
 (SmolLM2 fp32, the tests' launcher). Printed per run: the runner's wall time; then the median
@@ -57,19 +58,11 @@ def main() -> None:
     args = ap.parse_args()
     shipped = http_backend.SCORE_IN_FLIGHT
     work = Path(tempfile.mkdtemp(prefix="kvaudit-http-scoring-"))
-    from kvaudit.testing.vllm_server import vllm_server
+    from kvaudit.testing.vllm_server import boxoffice_behind_server
 
-    ds = work / "dataset"
-    with contextlib.redirect_stdout(io.StringIO()):
-        kvaudit_main(["generate", "boxoffice", "--out", str(ds), "--cases", str(args.cases), "--seed", "3",
-                      "--families", "leak_probe=1", "--min-words", "30", "--max-words", "60", "--no-progress"])
-    with contextlib.ExitStack() as stack:
-        url = args.base_url
-        if url is None:
-            from kvaudit.models import resolve_model_dir
-            url = stack.enter_context(vllm_server(resolve_model_dir("smollm2"), work / "serve.log", connector=True))
-        walls: dict[int, list[float]] = {1: [], shipped: []}
-        runs: dict[int, Path] = {}
+    walls: dict[int, list[float]] = {1: [], shipped: []}
+    runs: dict[int, Path] = {}
+    with boxoffice_behind_server(args.base_url, work, args.cases, connector=True, families="leak_probe=1") as (ds, url):
         for r in range(args.repeats):
             for k in (1, shipped):
                 runs[k] = work / f"run-{k}-{r}"

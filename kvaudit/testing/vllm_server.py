@@ -53,15 +53,17 @@ def vllm_server(model_dir: Path, log: Path, *, connector: bool, prefix_caching: 
 
 
 @contextlib.contextmanager
-def boxoffice_behind_server(base_url: str | None, work: Path, cases: int, *, connector: bool) -> Iterator[tuple[Path, str]]:
-    """The HTTP benchmarks' setup: a generated Boxoffice dataset under ``work`` and a server's URL,
-    ``base_url`` when given, else a SmolLM2 ``vllm serve`` started here (and stopped after)."""
+def boxoffice_behind_server(base_url: str | None, work: Path, cases: int, *, connector: bool,
+                            families: str = "single_doc=2,multi_hop_bridge=1") -> Iterator[tuple[Path, str]]:
+    """The HTTP benchmarks' setup: a generated Boxoffice dataset under ``work`` (task families in
+    ``kvaudit generate boxoffice --families`` form) and a server's URL, ``base_url`` when given,
+    else a SmolLM2 ``vllm serve`` started here (and stopped after)."""
     from kvaudit.cli import main as kvaudit_main
     from kvaudit.models import resolve_model_dir
 
     ds = work / "dataset"
     kvaudit_main(["generate", "boxoffice", "--out", str(ds), "--cases", str(cases), "--seed", "5",
-                  "--families", "single_doc=2,multi_hop_bridge=1", "--no-progress"])
+                  "--families", families, "--no-progress"])
     if base_url is not None:
         yield ds, base_url
         return
