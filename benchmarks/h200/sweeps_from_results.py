@@ -64,7 +64,7 @@ def main(out: Path, named: list[Path]) -> None:
             for q in ("p50", "p95"):
                 if abs(again["ttft_s"][q]["value"] - s["ttft_s"][q]["value"]) > 1e-9:
                     fail(f"{saved}: {name} {q} is {again['ttft_s'][q]['value']} from its records, "
-                                     f"{s['ttft_s'][q]['value']} saved")
+                         f"{s['ttft_s'][q]['value']} saved")
             d.write_summary(again)
             loads.setdefault(policy, {})[s["rate"]] = (s.get("seed", 0), name, again)
     for policy, by_rate in loads.items():
