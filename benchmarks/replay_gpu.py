@@ -52,7 +52,12 @@ from kvaudit.replay.serve import (  # noqa: E402
     store_budget,
 )
 from kvaudit.replay.summary import load_across_replications, served_here, summarise  # noqa: E402
-from kvaudit.replay.workload_text import SyntheticText, read_workload, request_cases  # noqa: E402
+from kvaudit.replay.workload_text import (  # noqa: E402
+    SyntheticText,
+    longest_request_tokens,
+    read_workload,
+    request_cases,
+)
 from kvaudit.simulator.kv_bytes import parse_capacity, resolve_model  # noqa: E402
 from kvaudit.stats.saturation import highest_sustained  # noqa: E402
 
@@ -63,7 +68,7 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
 
     requests = read_workload(wl)
     bpt = resolve_model(str(folder), args.dtype).bytes_per_token
-    longest = max(sum(p.tokens for p in r.pieces) for r in requests) + 64
+    longest = longest_request_tokens(requests)
     block = args.block_size
     fit = -(-(longest + args.max_new_tokens) // block) * block
     # sized as kvaudit replay sizes it (until 2026-12-05 segment reuse got twice the requests in flight

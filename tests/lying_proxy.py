@@ -11,14 +11,17 @@ Features removed, as servers other than vLLM lack them: ``no_token_ids`` strips 
 ids (``choices[].token_ids``) from every response, leaving the text and the log-probabilities;
 ``no_echo`` strips the echoed prompt ids; ``shared_salt`` drops ``cache_salt`` from every
 request, so salts do not isolate (one cache for everyone, as llama.cpp has); ``text_logprobs``
-keys the top log-probabilities by text, as SGLang's OpenAI server does. For the negative tests
-only: the positive path uses the real server. ``record`` changes nothing: with ``seen``, every
+keys the top log-probabilities by text, as SGLang's OpenAI server does. ``fail_scoring``: the
+second request asking for chosen ids' log-probabilities (``logprob_token_ids``, a leak-probe
+scoring request) is answered 500 without reaching the server, as a server that falls over midway
+would. For the negative tests only: the positive path uses the real server. ``record`` changes nothing: with ``seen``, every
 completion request's body is appended to it as it arrives (what kvaudit asked the server for).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -53,6 +56,7 @@ def _rewrite(obj: dict, mode: str, lie: bool) -> None:
 
 def make_handler(upstream: str, mode: str, seen: list[dict] | None = None) -> type[BaseHTTPRequestHandler]:
     client = httpx.Client(base_url=upstream, timeout=300)
+    scoring = itertools.count(1)  # next() is atomic under the GIL: the handler's threads share it
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args) -> None:  # quiet
@@ -78,6 +82,9 @@ def make_handler(upstream: str, mode: str, seen: list[dict] | None = None) -> ty
             body = json.loads(raw)
             if seen is not None:
                 seen.append(dict(body))
+            if mode == "fail_scoring" and body.get("logprob_token_ids") and next(scoring) == 2:
+                self._reply(500, b'{"error": "the stand-in fell over"}')
+                return
             if (mode == "drop" and not body.get("kv_transfer_params") and isinstance(body.get("prompt"), list)
                     and len(body["prompt"]) > 2):
                 body["prompt"] = body["prompt"][1:]

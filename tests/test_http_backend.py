@@ -127,6 +127,29 @@ def test_arms_a_black_box_cannot_run_are_refused_before_any_case(server, dataset
     assert not (out / "pairs.jsonl").exists()
 
 
+def test_a_case_failing_while_its_candidates_are_scored_leaves_no_arm_kv_in_the_servers_store(
+        server, dataset, tmp_path, capsys):
+    from kvaudit.core.errors import KvauditError
+    from kvaudit.runners.engines.http.client import ServerClient
+
+    seen: list[dict] = []
+    with lying_proxy(server, "fail_scoring", seen) as url:
+        code = http_run(url, dataset, tmp_path / "run", "recompute")
+    assert code == 2
+    assert "answered 500" in capsys.readouterr().err
+    saved = [k for b in seen for k, _, _ in (b.get("kv_transfer_params") or {}).get("save", [])
+             if k.startswith("tmp:arm:")]
+    assert saved, "the leak-probe case's arm saved no KV to score on"
+    c = ServerClient(server)
+    for i, key in enumerate(saved):  # each arm's KV is gone: a plan that loads it fails
+        prompt = next(b["prompt"] for b in seen if [key, 0, len(b["prompt"]) - 1] in
+                      (b.get("kv_transfer_params") or {}).get("save", []))
+        with pytest.raises(KvauditError, match="failed on the server|answered 5|error in the response"):
+            c.complete(prompt, max_tokens=1, salt=f"probe-{i}", kv_transfer_params={
+                "kvaudit": "run", "n_load": len(prompt) - 1, "plan": [[key, 0, False]]})
+    c.close()
+
+
 def test_a_load_plan_naming_missing_kv_fails_that_request_not_the_server(server):
     from kvaudit.core.errors import KvauditError
     from kvaudit.runners.engines.http.client import ServerClient

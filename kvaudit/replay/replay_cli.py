@@ -301,14 +301,14 @@ class _Engine:
         from kvaudit.core.jsonio import read_json
         from kvaudit.models import resolve_model_dir
         from kvaudit.replay.serve import replay_kv_bytes
+        from kvaudit.replay.workload_text import longest_request_tokens
         from kvaudit.runners.registry import given_option
         from kvaudit.simulator.kv_bytes import resolve_model
 
         args = self.args
         path = resolve_model_dir(args.model)
         bpt = resolve_model(str(path), args.dtype).bytes_per_token
-        # + a delimiter per piece and the chat template around them
-        longest = max(sum(p.tokens + 1 for p in r.pieces) for r in self.requests) + 64
+        longest = longest_request_tokens(self.requests)
         block = int(opts.get("block_size", 32))
         fit = -(-(longest + args.max_new_tokens) // block) * block
         given = given_option(args, "--max-model-len")

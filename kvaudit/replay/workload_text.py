@@ -46,6 +46,13 @@ class WorkloadRequest:
     pieces: tuple[Piece, ...]
 
 
+def longest_request_tokens(requests: list[WorkloadRequest]) -> int:
+    """The most tokens a request of the workload may take as a prompt: its pieces, a delimiter per
+    piece, and 64 for the chat template around them. ``kvaudit replay`` and the GPU benchmark size
+    the engine's context and KV space by this."""
+    return max(sum(p.tokens + 1 for p in r.pieces) for r in requests) + 64
+
+
 def read_workload(path: str | Path) -> list[WorkloadRequest]:
     """The workload's requests in file order. The file is validated by the simulator's reader first
     (:func:`kvaudit.core.trace.read_trace`: errors name the file, line and field); a piece's

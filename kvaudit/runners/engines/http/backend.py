@@ -32,7 +32,9 @@ candidate prefix, one request of the prompt plus that prefix asks for the log-pr
 the candidates' next tokens at the first generated position (vLLM's ``logprob_token_ids``; the
 first request alone, the others ``SCORE_IN_FLIGHT`` at a time, for the server to batch), on
 the arm's own KV: under ``kvaudit`` the arm's prompt KV is saved by its request and loaded back
-by each scoring request; under ``server`` the scoring requests share the arm's salt, so the
+by each scoring request (the last one drops it from the store; where the arm fails before that
+request is answered, one more request loads and drops it, so a failed case leaves nothing in the
+server's budget); under ``server`` the scoring requests share the arm's salt, so the
 server reuses what the arm's request left in its cache. A server without ``logprob_token_ids``
 records no ``canary_logprobs`` (``info()["candidate_scoring"]`` says so) and the leak-exposure
 check says it cannot judge.
@@ -40,6 +42,7 @@ check says it cannot judge.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -84,6 +87,8 @@ PROBE_TOKENS = 640
 # Leak-probe scoring requests in flight at once after the first (a probe with 20 candidate names
 # asks about 27 prefixes an arm; one after another they were most of a 9-arm audit's requests).
 SCORE_IN_FLIGHT = 8
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -426,10 +431,11 @@ class OpenAIBackend(Backend):
         return head, run
 
     def _score(self, prompt: Prompt, candidates: list[str], *, salt: str | None,
-               arm_key: str | None) -> dict[str, float] | None:
+               arm_key: str | None, held: set[str] | None = None) -> dict[str, float] | None:
         """Teacher-forced log-probability of each candidate as the whole answer, on the arm's KV
-        (``arm_key``: the kvaudit connector entry of its prompt's first n-1 tokens). ``None``
-        where the server cannot return log-probabilities of chosen token ids."""
+        (``arm_key``: the kvaudit connector entry of its prompt's first n-1 tokens; the last
+        request drops it, and takes it out of ``held`` once answered). ``None`` where the server
+        cannot return log-probabilities of chosen token ids."""
         n = len(prompt.ids)
         cand_ids = {c: self.tok.encode(c) for c in dict.fromkeys(candidates)}
         need: dict[tuple[int, ...], set[int]] = defaultdict(set)
@@ -467,6 +473,10 @@ class OpenAIBackend(Backend):
             got[prefixes[i]] = c.first_lp
             return True
 
+        def dropped() -> None:
+            if held is not None and arm_key is not None:
+                held.discard(arm_key)
+
         try:
             first = ask(0)
         except KvauditError as e:
@@ -474,6 +484,8 @@ class OpenAIBackend(Backend):
                 self.candidate_scoring = f"unavailable: the server refused logprob_token_ids ({e})"
                 return None
             raise
+        if len(prefixes) == 1:
+            dropped()
         if not scored(0, first):
             return None
         # The first request has left the prompt in the server's cache and shown that the server
@@ -484,6 +496,7 @@ class OpenAIBackend(Backend):
             answers = list(zip(middle, pool.map(ask, middle)))
         if len(prefixes) > 1:
             answers.append((len(prefixes) - 1, ask(len(prefixes) - 1)))
+            dropped()
         if not all(scored(i, c) for i, c in answers):
             return None
         return {c: sum(got[tuple(ids[:j])][t] for j, t in enumerate(ids)) for c, ids in cand_ids.items()}
@@ -625,21 +638,19 @@ class OpenAIBackend(Backend):
         """One arm on one case; ``gate()`` is called once the case is prepared, right before its
         request (the barrier of a group, or nothing)."""
         n = len(prompt.ids)
-        kvaudit = self.reuse_protocol == "kvaudit"
         # Candidates are scored on the arm's own KV: under kvaudit its prompt KV is saved here.
-        arm_key = f"tmp:arm:{uuid.uuid4().hex[:12]}" if candidates and kvaudit else None
+        arm_key = f"tmp:arm:{uuid.uuid4().hex[:12]}" if candidates and self.reuse_protocol == "kvaudit" else None
         save = [[arm_key, 0, n - 1]] if arm_key else None
         engine: dict[str, Any] = {"salt": "fresh"}
-        if spec.source is None:
-            a = self._computed(prompt, spec, engine, save, gate)
-        elif spec.source == "engine_prefix":
-            a = self._prefix_cached(prompt, spec, engine, gate)
-        elif not kvaudit and spec.source in ("neutral", "first_user"):
-            a = self._server_reuse(prompt, spec, capture_prompt, engine, gate)
-        else:
-            a = self._connector_reuse(prompt, spec, capture_prompt, save, gate)
+        held = {arm_key} if arm_key else set()  # saved by the arm's request, until a scoring request drops it
+        try:
+            a = self._serve_arm(prompt, spec, capture_prompt, engine, save, gate)
+            canary = self._score(prompt, candidates, salt=a.score_salt, arm_key=arm_key, held=held) \
+                if candidates else None
+        finally:
+            for key in held:
+                self._drop_quietly(prompt, key)
         run, served = a.run, a.served or self.client
-        canary = self._score(prompt, candidates, salt=a.score_salt, arm_key=arm_key) if candidates else None
         engine.update({
             "prompt_ids_hash": ids_hash(run.prompt_ids) if run.prompt_ids is not None else None,
             "prompt_tokens": run.prompt_tokens,
@@ -657,6 +668,27 @@ class OpenAIBackend(Backend):
                                engine=engine)
         return ArmOutput(result=res, first_logits=logits_from_top(run.first_lp, self.vocab), build_s=a.build_s,
                          head_s=a.head_s, head_prefilled=a.head_s > 0)
+
+    def _serve_arm(self, prompt: Prompt, spec: ArmSpec, capture_prompt: Prompt | None, engine: dict[str, Any],
+                   save: list | None, gate: Callable[[], Any]) -> _ArmRun:
+        """The arm's own requests, by its spec (``engine`` collects what they report)."""
+        if spec.source is None:
+            return self._computed(prompt, spec, engine, save, gate)
+        if spec.source == "engine_prefix":
+            return self._prefix_cached(prompt, spec, engine, gate)
+        if self.reuse_protocol != "kvaudit" and spec.source in ("neutral", "first_user"):
+            return self._server_reuse(prompt, spec, capture_prompt, engine, gate)
+        return self._connector_reuse(prompt, spec, capture_prompt, save, gate)
+
+    def _drop_quietly(self, prompt: Prompt, key: str) -> None:
+        """Load the arm's saved KV into one more request that drops it: the arm failed before a
+        scoring request dropped it. Best effort (the arm's own error is the one to report); an
+        entry that was never saved, or was already dropped, fails this request and nothing else."""
+        try:
+            self.client.complete(prompt.ids, max_tokens=1, salt=_salt(), stream=False, kv_transfer_params={
+                "kvaudit": "run", "n_load": len(prompt.ids) - 1, "plan": [[key, 0, False]], "drop": [key]})
+        except Exception as e:  # noqa: BLE001 - the failure being unwound is the one to raise
+            log.warning("could not drop the arm's saved KV %s from the server's store: %s", key, e)
 
     def reset_caches(self) -> None:
         """New salts for the run's tenant and reuse requests (nothing cached under the old ones is
