@@ -494,11 +494,27 @@ def test_compare_draws_ttft_against_offered_load_and_the_load_an_slo_allows(tmp_
     p95 = {sw["label"].split(" ")[0]: [x["p95"]["value"] for x in sw["loads"]] for sw in got["sweeps"]}
     assert [r["ratio"] for r in against["rows"]] == [a / b for a, b in zip(p95["segment"], p95["prefix"])]
     assert all(r["apart"] is None for r in against["rows"])  # one replay a load: no level to compare
-    assert against["base_sustained"] == 1.0 and against["sustained"] == [{"label": "segment @ 0 MB", "rate": 2.0}]
+    # prefix caching met it at 1/s and missed at 2/s, segment reuse at 2/s and missed at 4/s: +100% at
+    # the loads measured, and anything from +0% (2/s against just under 2/s) to +300% (just under 4/s
+    # against 1/s) between them
+    assert [sw["slo_missed_at"] for sw in got["sweeps"]] == [2.0, 4.0]
+    assert against["base_sustained"] == 1.0 and against["sustained"] == [
+        {"label": "segment @ 0 MB", "rate": 2.0, "gain": 1.0, "gain_low": 0.0, "gain_high": 3.0}]
     assert all([x["rate"] for x in sw["loads"]] == [1.0, 2.0, 4.0] for sw in got["sweeps"])
     page = (out / "replays.html").read_text()
     assert "Under load" in page and "TTFT against offered load" in page.replace("Time to first token against", "TTFT against")
-    assert "Against prefix @ 0 MB" in page and "segment @ 0 MB 2.0/s (+100% load)" in page
+    assert "Against prefix @ 0 MB" in page
+    assert ("segment @ 0 MB 2.0/s (+100% load at the loads measured; the loads measured next, where the SLO "
+            "was missed, put it between +0% and +300%)") in page
+    # a sweep that met the SLO at every load measured bounds the gain on one side only
+    assert main(["compare", str(tmp_path / "pre"), str(tmp_path / "seg"), "--out", str(tmp_path / "c4"),
+                 "--slo-ttft", "3"]) == 0
+    c4 = json.loads((tmp_path / "c4" / "replays.json").read_text())
+    assert [sw["slo_missed_at"] for sw in c4["sweeps"]] == [4.0, None]
+    assert c4["against"]["sustained"][0] == {"label": "segment @ 0 MB", "rate": 4.0, "gain": 1.0,
+                                             "gain_low": 0.0, "gain_high": None}
+    assert "more than +0%: segment @ 0 MB met the SLO at every load measured" in (
+        tmp_path / "c4" / "replays.html").read_text()
     assert "segment @ 0 MB @ 4/s" in page and "<script" not in page
     assert "mathdefault" not in page  # log-axis labels as text ("500 ms"), not mathtext markup left raw
     # the SLO no load met is said, not left blank

@@ -127,6 +127,10 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
         if slo_ttft_s is not None:
             sw["highest_within_slo"] = highest_sustained(
                 [{**x, "p95_s": x["p95"]["value"]} for x in sw["loads"]], slo_ttft_s)
+            # the load measured next above it, where the SLO was missed (None: met at every load):
+            # what the sweep sustains lies between the two
+            sw["slo_missed_at"] = next((x["rate"] for x in sw["loads"] if sw["highest_within_slo"] is None
+                                        or x["rate"] > sw["highest_within_slo"]), None)
             # the sustained load's p95 interval reaching past the SLO, or too few requests for it to
             # have an upper end: more requests or replications could move the reading (a caution
             # shown beside it; the reading itself uses the point)
@@ -169,9 +173,24 @@ def _against(sweeps: list[dict[str, Any]]) -> dict[str, Any] | None:
                          "ratio": x["p95"]["value"] / b["p95"]["value"] if b["p95"]["value"] > 0 else None,
                          "apart": _apart_intervals(b, x),
                          "past_saturation": b["past_saturation"] or x["past_saturation"]})
-    sustained = [{"label": sw["label"], "rate": sw.get("highest_within_slo")} for sw in sweeps if sw is not base]
+    sustained = [{"label": sw["label"], "rate": sw.get("highest_within_slo"),
+                  **_load_gain(base, sw)} for sw in sweeps if sw is not base]
     return {"base": base["label"], "base_sustained": base.get("highest_within_slo"), "rows": rows,
             "sustained": sustained}
+
+
+def _load_gain(base: dict[str, Any], other: dict[str, Any]) -> dict[str, float | None]:
+    """How much more load ``other`` sustains under the SLO than ``base``: at the loads measured
+    (``gain``), and the range the loads measured either side allow (``gain_low``, ``gain_high``):
+    each sweep's true limit lies between the highest load that met the SLO and the next one
+    measured, which missed it; an end is None where a sweep met it at every load measured. All
+    None without an SLO or where either sweep met it at no load."""
+    b, o = base.get("highest_within_slo"), other.get("highest_within_slo")
+    if not b or not o:
+        return {"gain": None, "gain_low": None, "gain_high": None}
+    b_next, o_next = base.get("slo_missed_at"), other.get("slo_missed_at")
+    return {"gain": o / b - 1, "gain_low": o / b_next - 1 if b_next else None,
+            "gain_high": o_next / b - 1 if o_next else None}
 
 
 def _apart_intervals(base: dict[str, Any], other: dict[str, Any]) -> str | None:
