@@ -14,8 +14,9 @@ request, so salts do not isolate (one cache for everyone, as llama.cpp has); ``t
 keys the top log-probabilities by text, as SGLang's OpenAI server does. ``fail_scoring``: the
 second request asking for chosen ids' log-probabilities (``logprob_token_ids``, a leak-probe
 scoring request) is answered 500 without reaching the server, as a server that falls over midway
-would. For the negative tests only: the positive path uses the real server. ``record`` changes nothing: with ``seen``, every
-completion request's body is appended to it as it arrives (what kvaudit asked the server for).
+would. For the negative tests only: the positive path uses the real server. ``record`` changes
+nothing: with ``seen``, every completion request's body is appended to it as it arrives (what
+kvaudit asked the server for).
 """
 
 from __future__ import annotations
