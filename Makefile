@@ -61,12 +61,14 @@ FAST_TIER := not engine and not server and not vllm
 XDIST := -n 2 --dist worksteal
 VLLM_TEST_THREADS ?= 2
 # The three set-ups are independent (two virtual environments and Debian's chromium): side by side.
+# Each tier prints its slowest items, so every CI log carries its own time profile.
+DURATIONS := --durations=15
 test:
 	$(MAKE) --no-print-directory -j3 setup browser setup-vllm
 	$(PY) -m ruff check kvaudit tests benchmarks
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "$(FAST_TIER)"
-	$(PY) -m pytest -q -m "(engine or server) and not vllm"
-	OMP_NUM_THREADS=$(VLLM_TEST_THREADS) $(VLLM_PY) -m pytest -q -m vllm
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(DURATIONS) $(XDIST) -m "$(FAST_TIER)"
+	$(PY) -m pytest -q $(DURATIONS) -m "(engine or server) and not vllm"
+	OMP_NUM_THREADS=$(VLLM_TEST_THREADS) $(VLLM_PY) -m pytest -q $(DURATIONS) -m vllm
 
 test-fast: setup
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q $(XDIST) -m "$(FAST_TIER)"
