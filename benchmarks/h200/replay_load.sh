@@ -1,8 +1,9 @@
 #!/bin/bash
 # issue 41 on the H200 (after the shared/gpu install, its carry re-split by split_carry.sh; vLLM 0.26):
 # one policy served at several offered loads, each request joining the running batch at its arrival
-# (kvaudit replay --schedule arrivals), one engine per policy with empty caches at each load. Llama-3.1-8B shape, dummy bf16, CUDA graphs,
-# the default workload shape (benchmarks/replay_gpu.py), 16 decoded tokens per request.
+# (kvaudit replay --schedule arrivals), one engine per policy with empty caches at each load.
+# Llama-3.1-8B shape, dummy bf16, CUDA graphs, the default workload shape (benchmarks/replay_gpu.py),
+# 16 decoded tokens per request.
 #   bash benchmarks/h200/replay_load.sh prefix|segment|recompute
 # Environment: RATES, REQUESTS, BUDGET, MNT (decoded tokens), SLO (seconds), DOCS (document tokens,
 # default the workload's lognormal:2000:0.5), SCHEDULE (arrivals, or waves for the old mode side by side),
