@@ -405,6 +405,30 @@ def test_a_request_that_loads_after_a_later_admission_keeps_its_pieces_the_more_
     assert hits.tolist() == [0, 3, 3, 0, 3]
 
 
+def test_a_load_runs_in_the_step_that_scheduled_it_after_admissions_since_its_submission():
+    """A request submitted at 5 is loaded by the engine step that first schedules it (at 6); a
+    request admitted between (at 5.5) asked the store for its piece first (marking it used) and,
+    with no room for the piece before it, loads nothing, so the load's pieces are the more recent
+    and a later eviction takes the other. Placing the load at the submission instead (what
+    the simulation did until 2026-12-07) predicts the opposite: a CI replay at 2 req/s measured
+    2.3 points less than it."""
+    from kvaudit.simulator.segment_cache import simulate_segment_store_at_arrivals
+
+    t = trace_from_requests([[("document", d, n) for d, n in r] for r in (
+        [("x", 3), ("y", 3)],  # r0 warms x and y
+        [("x", 3), ("w", 1)],  # r1 pins x at 3, warms w, is submitted at 5, loaded at 6
+        [("z", 9), ("y", 3)],  # r2 marks y used at 5.5 (after r1's submission, before its load); z: no room
+        [("v", 2)],  # r3 stores v at 8: the store must evict one unpinned entry, x or y
+        [("x", 3)],  # r4 finds x only if r1's load marked it used after r2's pin of y
+    )])
+    times = dict(admitted=np.array([0.0, 3, 5.5, 7, 9]), ready=np.array([1.0, 5, 5.5, 8, 9]),
+                 released=np.array([2.0, 6.6, 6.5, 8.5, 10]))
+    at_step = simulate_segment_store_at_arrivals(t, 8, **times, loaded=np.array([1.0, 6, 6, 8, 9]))
+    assert at_step.tolist() == [0, 3, 0, 0, 3]
+    at_submission = simulate_segment_store_at_arrivals(t, 8, **times)
+    assert at_submission.tolist() == [0, 3, 0, 0, 0]
+
+
 def test_arrivals_need_arrival_times_and_an_engine_that_batches_as_requests_come(workload, tmp_path, capsys):
     assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB", "--out",
                  str(tmp_path / "a"), "--schedule", "arrivals", "--backend", "vllm"]) == 2

@@ -119,10 +119,14 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
             # (until 2026-12-05 a warm-up was built and then refused, its tokens prefilled twice)
             warmed = sum(t for t, w in zip(r.piece_tokens, r.piece_warmed_s, strict=True) if w is not None)
             assert warmed == r.warmup_tokens, (r.index, r.piece_tokens, r.piece_warmed_s, r.warmup_tokens)
+            # its load ran in the engine step that first scheduled it, after its submission
+            assert r.loaded_s is not None and r.loaded_s >= r.arrival_s + r.queue_s + r.warmup_s
         assert min(recs, key=lambda r: r.arrival_s).segment_hit_tokens == 0  # each load starts cold
         # the store's rules (pins, waits, refusals, loads up to the first miss) replayed at the
-        # engine steps the requests were served in predict every hit (measured here: 0.0 points at
-        # both loads); within 2 points is the bar
+        # engine steps the requests were served in (each load at the step that scheduled it) predict
+        # every hit: 0.0 points at all 18 loads of nine runs, four of them beside a busy loop
+        # (2026-12-07; placing loads at submission was 2.3 points off in one run of three in CI and
+        # here); within 2 points is the bar
         hr = ReplayDir(out / f"rate-{rate}").read_summary()["hit_rate"]
         assert abs(hr["gap_points_engine_order"]) <= 2.0, hr
     s = ReplayDir(out / "rate-40").read_summary()

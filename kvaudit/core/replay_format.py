@@ -117,6 +117,9 @@ class RequestRecord:
     # and the store took or refused it (seconds from its session's start; null for a piece it did
     # not warm up)
     piece_warmed_s: list[float | None] | None = None
+    # schedule "arrivals", vLLM: when the engine step that first scheduled the request's own prefill
+    # began (its load from the store ran in it; seconds from its session's start)
+    loaded_s: float | None = None
 
 
 _COUNTS = ("n_prompt_tokens", "head_tokens", "segment_tokens", "prefix_cache_tokens", "segment_hit_tokens",

@@ -107,7 +107,8 @@ def simulated_hits(records: list[RequestRecord], policy: str, capacity_tokens: i
             h = simulate_segment_store_at_arrivals(trace, capacity_tokens, admitted, admitted + np.array(
                 [r.warmup_s for r in rs]), np.array([(r.arrival_s or 0.0) + r.ttft_s for r in rs]),
                 kinds=("prefix", "document") if stores_heads else ("document",),
-                stored=[_merged_warmed(r) for r in rs] if all(r.piece_warmed_s is not None for r in rs) else None)
+                stored=[_merged_warmed(r) for r in rs] if all(r.piece_warmed_s is not None for r in rs) else None,
+                loaded=np.array([r.loaded_s for r in rs]) if all(r.loaded_s is not None for r in rs) else None)
         elif engine_order:
             h = simulate_segment_store(trace, capacity_tokens, stored_after=("prefix",) if stores_heads else (),
                                        touch_on_load=stores_heads, late_stored_after_load=heads_after_load)

@@ -32,6 +32,7 @@ outcomes into replay records.
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,6 +82,9 @@ class LiveOutcome:
     # segment: per entry ([head][documents], prompt order), when this request's warm-up of it
     # finished and the store took it or refused it (None for an entry it did not warm up)
     warmed_s: list[float | None] = field(default_factory=list)
+    # when the engine step that first scheduled its own request began: its load from the store
+    # runs in that step, after every admission before it (None without vLLM's request stats)
+    loaded_s: float | None = None
 
     @property
     def ttft_s(self) -> float:
@@ -126,6 +130,10 @@ class _Server:
         self.pins: dict[str, int] = {}
         self.tokens: dict[str, int] = {}
         self.reserved: dict[str, int] = {}
+        # each engine step's start, on vLLM's event clock (time.monotonic) and on the serving clock:
+        # vLLM stamps when it first scheduled a request on the former
+        self.step_mono: list[float] = []
+        self.step_at: list[float] = []
 
     def now(self) -> float:
         return self.clock() - self.t0
@@ -257,6 +265,8 @@ class _Server:
         token it returned give their pins back: so the pins go after the step (one store call),
         and every event of the step carries the step's end time."""
         finished_warmups = []
+        self.step_mono.append(time.monotonic())
+        self.step_at.append(self.now())
         outs = self.b.engine.step()
         now, wall = self.now(), time.time()
         for out in outs:
@@ -297,6 +307,8 @@ class _Server:
         split = ttft is not None and isinstance(arrived, float) and arrived > 0 and live.first_wall > 0
         comp = out.outputs[0]
         cached = int(out.num_cached_tokens or 0)
+        scheduled = getattr(metrics, "scheduled_ts", None)
+        k = bisect_right(self.step_mono, scheduled) - 1 if isinstance(scheduled, float) and scheduled > 0 else -1
         if self.policy == "segment" and cached < live.n_load:
             raise KvauditError(f"request {live.job.tag}: vLLM loaded {cached} tokens, expected {live.n_load}")
         return LiveOutcome(
@@ -307,7 +319,8 @@ class _Server:
             decode_tokens=max(0, len(comp.token_ids) - 1), engine_ttft_s=ttft,
             before_engine_s=arrived - live.submitted_wall if split else None,
             after_engine_s=live.first_wall - (arrived + ttft) if split else None,
-            warmed_s=[live.warmed_at.get(k) for k, *_ in live.entries])
+            warmed_s=[live.warmed_at.get(key) for key, *_ in live.entries],
+            loaded_s=self.step_at[k] if k >= 0 else None)
 
 
 def serve_arrivals(backend: VllmBackend, policy: str, jobs: list[LiveJob], done: Callable[[LiveOutcome], None], *,
