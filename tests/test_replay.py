@@ -423,8 +423,10 @@ def test_a_load_runs_in_the_step_that_scheduled_it_after_admissions_since_its_su
     )])
     times = dict(admitted=np.array([0.0, 3, 5.5, 7, 9]), ready=np.array([1.0, 5, 5.5, 8, 9]),
                  released=np.array([2.0, 6.6, 6.5, 8.5, 10]))
-    at_step = simulate_segment_store_at_arrivals(t, 8, **times, loaded=np.array([1.0, 6, 6, 8, 9]))
+    counts: dict[str, int] = {}
+    at_step = simulate_segment_store_at_arrivals(t, 8, **times, loaded=np.array([1.0, 6, 6, 8, 9]), counts=counts)
     assert at_step.tolist() == [0, 3, 0, 0, 3]
+    assert counts == {"evictions": 1}  # y, for v
     at_submission = simulate_segment_store_at_arrivals(t, 8, **times)
     assert at_submission.tolist() == [0, 3, 0, 0, 0]
 

@@ -89,11 +89,13 @@ def _merged_warmed(r: RequestRecord) -> list[float | None]:
 
 
 def simulated_hits(records: list[RequestRecord], policy: str, capacity_tokens: int, block_size: int,
-                   stores_heads: bool, *, engine_order: bool = False, heads_after_load: bool = False) -> np.ndarray:
+                   stores_heads: bool, *, engine_order: bool = False, heads_after_load: bool = False,
+                   counts: dict[str, int] | None = None) -> np.ndarray:
     """Hit tokens per record the simulator predicts for the same prompts and capacity;
     ``engine_order``: the segment store's operations in the backend's own order
     (:func:`~kvaudit.simulator.segment_cache.simulate_segment_store`; ``heads_after_load``: a new
-    head is stored after the request's load, as vLLM in-process saves it at the end of that step)."""
+    head is stored after the request's load, as vLLM in-process saves it at the end of that step;
+    ``counts``: where given, gets the simulated store's ``evictions`` under arrivals, over all sessions)."""
     hits = np.zeros(len(records), np.int64)
     if policy == "recompute":
         return hits
@@ -103,12 +105,16 @@ def simulated_hits(records: list[RequestRecord], policy: str, capacity_tokens: i
         elif engine_order and all(records[i].finish_s is not None for i in pos):
             # served at their arrivals: the store's rules under overlap, at the times they were served
             rs = [records[i] for i in pos]
+            one: dict[str, int] = {}
             admitted = np.array([(r.arrival_s or 0.0) + r.queue_s for r in rs])
             h = simulate_segment_store_at_arrivals(trace, capacity_tokens, admitted, admitted + np.array(
                 [r.warmup_s for r in rs]), np.array([(r.arrival_s or 0.0) + r.ttft_s for r in rs]),
                 kinds=("prefix", "document") if stores_heads else ("document",),
                 stored=[_merged_warmed(r) for r in rs] if all(r.piece_warmed_s is not None for r in rs) else None,
-                loaded=np.array([r.loaded_s for r in rs]) if all(r.loaded_s is not None for r in rs) else None)
+                loaded=np.array([r.loaded_s for r in rs]) if all(r.loaded_s is not None for r in rs) else None,
+                counts=one)
+            if counts is not None:
+                counts["evictions"] = counts.get("evictions", 0) + one["evictions"]
         elif engine_order:
             h = simulate_segment_store(trace, capacity_tokens, stored_after=("prefix",) if stores_heads else (),
                                        touch_on_load=stores_heads, late_stored_after_load=heads_after_load)

@@ -148,6 +148,7 @@ class _StoreInFlight:
         self.waiters: dict[int, list[int]] = {}
         self.held: list[set[int]] = [set() for _ in range(n_requests)]
         self.warmed_by: list[set[int]] = [set() for _ in range(n_requests)]
+        self.evictions = 0
 
     def pin(self, r: int, c: int, touch: bool = True) -> None:
         if touch:
@@ -162,6 +163,7 @@ class _StoreInFlight:
             if self.used + t <= self.capacity:
                 break
             self.used -= self.lru.pop(old)
+            self.evictions += 1
         self.lru[c] = t
         self.used += t
         return True
@@ -222,7 +224,8 @@ class _StoreInFlight:
 def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admitted: np.ndarray, ready: np.ndarray,
                                        released: np.ndarray, kinds: tuple[str, ...] = ("prefix", "document"),
                                        stored: list[list[float | None]] | None = None,
-                                       loaded: np.ndarray | None = None) -> np.ndarray:
+                                       loaded: np.ndarray | None = None,
+                                       counts: dict[str, int] | None = None) -> np.ndarray:
     """Hit tokens per request when requests overlap in flight, under the rules of
     :mod:`kvaudit.runners.engines.vllm.live`, at the times they were served: at ``admitted`` a
     request walks its pieces in prompt order: pieces another request is warming are waited for,
@@ -241,7 +244,8 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
     first scheduled it, after every admission before that step (where known; else at ``ready``,
     which puts the load before admissions that came between its submission and that step:
     measured 2.3 points off on the CPU test's workload at 2 req/s, 2026-12-07). Loads of one step
-    run in the order the requests were submitted."""
+    run in the order the requests were submitted. ``counts``, where given, gets the store's
+    ``evictions``."""
     wanted = {KINDS.index(k) for k in kinds}
     offs = trace.offsets.tolist()
     kind, content, tokens = trace.kind.tolist(), trace.content.tolist(), trace.tokens.tolist()
@@ -271,4 +275,6 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
             store.store(r, content[i], tokens[i])
         else:
             hits[r] = store.release(r, [content[i] for i in mine[r]], [tokens[i] for i in mine[r]])
+    if counts is not None:
+        counts["evictions"] = store.evictions
     return hits
