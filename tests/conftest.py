@@ -49,6 +49,7 @@ COSTS: dict[str, set[str]] = {
     # vLLM: the engine in this process, a `vllm serve`, or kvaudit in a child process on vLLM
     "test_vllm": {"vllm"},
     "test_gpu_paged_kv": {"vllm"},
+    "test_connector_resumed": {"vllm"},
     "test_backend_contract": {"vllm"},
     "test_http_backend": {"vllm", "server", "engine"},
     "test_http_prefix_server": {"vllm", "server"},

@@ -200,6 +200,17 @@ class KvauditWorkerMetadata(KVConnectorWorkerMetadata):
         return KvauditWorkerMetadata(out)
 
 
+def _resumed(cached: Any) -> set[str]:
+    """The scheduled requests that come back from preemption, whose ``new_block_ids`` replace their
+    blocks instead of adding to them (``resumed_req_ids`` in newer vLLM, a per-request
+    ``resumed_from_preemption`` flag in older)."""
+    ids = getattr(cached, "resumed_req_ids", None)
+    if ids is not None:
+        return set(ids)
+    flags = getattr(cached, "resumed_from_preemption", None) or []
+    return {rid for rid, f in zip(cached.req_ids, flags, strict=False) if f}
+
+
 def _layer_index(name: str) -> int:
     m = re.search(r"layers\.(\d+)\.", name)
     if m is None:
@@ -296,12 +307,20 @@ class KvauditSegmentConnector(KVConnectorBase_V1):
                 ld.block_ids = list(new.block_ids[0])
                 meta.loads.append(ld)
         cached = scheduler_output.scheduled_cached_reqs
+        resumed = _resumed(cached)
         for i, rid in enumerate(cached.req_ids):
             if rid in self._pending_save:
                 nb = cached.new_block_ids[i]
-                if nb is not None:
+                if rid in resumed:  # preempted and back: its blocks are new, all of them
+                    self._pending_save[rid].block_ids = list(nb[0]) if nb is not None else []
+                elif nb is not None:
                     self._pending_save[rid].block_ids.extend(nb[0])
                 progress[rid] = cached.num_computed_tokens[i]
+            if rid in resumed and rid in self._need_load:
+                # preemption dropped what it loaded; vLLM asked for the range again at its return
+                ld = self._need_load.pop(rid)
+                ld.block_ids = list(cached.new_block_ids[i][0])
+                meta.loads.append(ld)
         starts = dict(progress)
         for rid, done in progress.items():
             if done + scheduler_output.num_scheduled_tokens.get(rid, 0) >= self._save_end[rid]:
