@@ -153,3 +153,20 @@ def test_a_store_budget_past_the_free_memory_is_refused_naming_what_fits():
         check_store_room([("cuda:0", 50 * 10**9), ("cuda:1", free)], 40 * 10**9, workers=2)
     assert "--cache-budget 80.0 GB, 40.0 GB of it on each of 2 workers" in str(e.value)
     assert "in cuda:1, where 30.0 GB is free" in str(e.value) and "at most 57.9 GB fits" in str(e.value)
+
+
+def test_each_rank_stamps_when_it_stored_an_entry_and_the_entry_is_whole_at_the_last_stamp():
+    """The replay places a warm-up's store where the worker ran it (``stored_at``, the host's
+    monotonic clock), not where the frontend saw the warm-up finish: under vLLM's asynchronous
+    scheduling the two are an engine step apart (2026-12-07)."""
+    import time
+
+    keys, values = _kv()
+    before = time.monotonic()
+    stores = _ranks("tp", keys, values)
+    stamps = [st.stored_at(["seg:a", "seg:missing"]) for st in stores]
+    assert all(list(s) == ["seg:a"] and before <= s["seg:a"] <= time.monotonic() for s in stamps)
+    assert stamps[0]["seg:a"] <= stamps[1]["seg:a"]  # rank 1 stored its share after rank 0
+    assert merge_worker_replies("stored_at", stamps) == {"seg:a": stamps[1]["seg:a"]}
+    stores[0].drop(["seg:a"])
+    assert merge_worker_replies("stored_at", [st.stored_at(["seg:a"]) for st in stores]) == {}

@@ -431,6 +431,38 @@ def test_a_load_runs_in_the_step_that_scheduled_it_after_admissions_since_its_su
     assert at_submission.tolist() == [0, 3, 0, 0, 0]
 
 
+def test_a_warm_ups_store_runs_where_the_engine_ran_it_before_an_admission_the_frontend_saw_first():
+    """vLLM's asynchronous scheduling (its default on CUDA) saves a warm-up's KV one engine step
+    before the frontend sees the warm-up finish. r1's store of z (the worker's put at 4.9) evicts
+    the oldest entry, x, before r2's admission at 5 asks for x: r2 warms x itself. Placed where the
+    frontend saw it (5.1, after r2 pinned x), the store evicts y instead and r2 finds x: the
+    engine-order gap of 0.1 to 1.2 points on the H100's replays (2026-12-07), which the
+    store's own stamp (``piece_warmed_s``) closes."""
+    from kvaudit.simulator.segment_cache import simulate_segment_store_at_arrivals
+
+    t = trace_from_requests([[("document", d, n) for d, n in r] for r in (
+        [("x", 3), ("y", 3)],  # r0 warms x then y: x the least recently used
+        [("z", 4)],  # r1 warms z: storing it needs one entry evicted
+        [("x", 3)],  # r2 asks for x at 5
+    )])
+    times = dict(admitted=np.array([0.0, 4, 5]), ready=np.array([1.0, 5.2, 5.3]),
+                 released=np.array([2.0, 6, 7]), loaded=np.array([1.0, 5.2, 5.3]))
+    for put, hits, evictions in ((4.9, [0, 0, 0], 2), (5.1, [0, 0, 3], 1)):
+        counts: dict[str, int] = {}
+        got = simulate_segment_store_at_arrivals(t, 8, **times, stored=[[1.0, 1.0], [put], [None]], counts=counts)
+        assert got.tolist() == hits and counts == {"evictions": evictions}, put
+
+
+def test_a_stamp_of_the_host_clock_lands_on_the_serving_clock_through_its_engine_step():
+    from kvaudit.runners.engines.vllm.live import on_serving_clock, step_of
+
+    step_mono, step_at = [100.0, 100.5, 101.0], [2.0, 2.5, 3.0]  # each step's start on both clocks
+    assert step_of(99.0, step_mono) == -1 and on_serving_clock(99.0, step_mono, step_at) is None
+    assert step_of(100.5, step_mono) == 1 and step_of(100.7, step_mono) == 1
+    assert on_serving_clock(100.7, step_mono, step_at) == pytest.approx(2.7)
+    assert on_serving_clock(102.0, step_mono, step_at) == pytest.approx(4.0)
+
+
 def test_arrivals_need_arrival_times_and_an_engine_that_batches_as_requests_come(workload, tmp_path, capsys):
     assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB", "--out",
                  str(tmp_path / "a"), "--schedule", "arrivals", "--backend", "vllm"]) == 2

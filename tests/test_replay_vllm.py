@@ -119,6 +119,10 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
             # (until 2026-12-05 a warm-up was built and then refused, its tokens prefilled twice)
             warmed = sum(t for t, w in zip(r.piece_tokens, r.piece_warmed_s, strict=True) if w is not None)
             assert warmed == r.warmup_tokens, (r.index, r.piece_tokens, r.piece_warmed_s, r.warmup_tokens)
+            # the store took each of its warm-ups (the worker's own stamp, on the serving clock)
+            # after its admission and before its submission
+            for w in r.piece_warmed_s:
+                assert w is None or r.arrival_s + r.queue_s <= w <= r.arrival_s + r.queue_s + r.warmup_s, (r.index, w)
             # its load ran in the engine step that first scheduled it, after its submission
             assert r.loaded_s is not None and r.loaded_s >= r.arrival_s + r.queue_s + r.warmup_s
         assert min(recs, key=lambda r: r.arrival_s).segment_hit_tokens == 0  # each load starts cold

@@ -239,8 +239,10 @@ def simulate_segment_store_at_arrivals(trace: Trace, capacity_tokens: int, admit
     before its step), and its pins go at ``released`` (its first token). A hit is a loaded piece
     it did not warm itself.
     ``stored`` (per request, per trace piece): when each piece it warmed was offered to the store,
-    where known (the engine stores or refuses each warm-up's entry as that warm-up finishes); else
-    at ``ready``. ``loaded`` (per request): when its load ran, the start of the engine step that
+    where known (the engine stores or refuses each warm-up's entry in the step that finishes the
+    warm-up, which under vLLM's asynchronous scheduling is one step before the frontend sees it
+    finish: placed at the frontend's time, 17 of 500 requests came out differently on the H100,
+    2026-12-07); else at ``ready``. ``loaded`` (per request): when its load ran, the start of the engine step that
     first scheduled it, after every admission before that step (where known; else at ``ready``,
     which puts the load before admissions that came between its submission and that step:
     measured 2.3 points off on the CPU test's workload at 2 req/s, 2026-12-07). Loads of one step

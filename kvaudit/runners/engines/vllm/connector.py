@@ -129,7 +129,8 @@ def store_rpc(worker: Any, store: str, op: str, keys: list[str] | None = None, v
     ``get`` (the entries themselves, for tests), ``capacity`` (set the budget to ``value`` bytes,
     evicting to fit; the peak restarts from there), ``pin`` (``unpin`` from ``value``, then mark
     ``keys`` used and hold them against eviction; returns the info of those held: a request in
-    flight loads them later), ``room`` (where the store's KV lives and the bytes free there)."""
+    flight loads them later), ``room`` (where the store's KV lives and the bytes free there),
+    ``stored_at`` (when the store took each of ``keys``, on ``time.monotonic``)."""
     if op == "room":
         return free_bytes(getattr(worker, "device", None))
     st = worker_store(store)
@@ -147,6 +148,8 @@ def store_rpc(worker: Any, store: str, op: str, keys: list[str] | None = None, v
         return len(st)
     if op == "evicted":
         return st.drain_evicted()
+    if op == "stored_at":
+        return st.stored_at(list(keys or []))
     if op == "stats":
         return st.stats()
     if op == "capacity":

@@ -79,8 +79,10 @@ class LiveOutcome:
     # client); None without request stats
     before_engine_s: float | None = None
     after_engine_s: float | None = None
-    # segment: per entry ([head][documents], prompt order), when this request's warm-up of it
-    # finished and the store took it or refused it (None for an entry it did not warm up)
+    # segment: per entry ([head][documents], prompt order), when the store took this request's
+    # warm-up of it (the worker's own stamp: with vLLM's asynchronous scheduling, its default on
+    # CUDA, a step's saves run one step before the frontend sees the warm-up finish), or, refused,
+    # when the frontend saw the warm-up finish (None for an entry it did not warm up)
     warmed_s: list[float | None] = field(default_factory=list)
     # when the engine step that first scheduled its own request began: its load from the store
     # runs in that step, after every admission before it (None without vLLM's request stats)
@@ -112,6 +114,18 @@ class _Live:
     overflow: int = 0
 
 
+def step_of(mono: float, step_mono: list[float]) -> int:
+    """The engine step a ``time.monotonic`` stamp fell in, given each step's start (-1: before the first)."""
+    return bisect_right(step_mono, mono) - 1
+
+
+def on_serving_clock(mono: float, step_mono: list[float], step_at: list[float]) -> float | None:
+    """A ``time.monotonic`` stamp on the serving clock, through the engine step it fell in: that
+    step's start there (``step_at``) plus the time since (None before the first step)."""
+    k = step_of(mono, step_mono)
+    return None if k < 0 else step_at[k] + (mono - step_mono[k])
+
+
 class _Server:
     def __init__(self, backend: VllmBackend, policy: str, clock: Callable[[], float]):
         self.b = backend
@@ -137,6 +151,9 @@ class _Server:
 
     def now(self) -> float:
         return self.clock() - self.t0
+
+    def serving_time(self, mono: float) -> float | None:
+        return on_serving_clock(mono, self.step_mono, self.step_at)
 
     # ------------------------------------------------------------------ admission
 
@@ -216,6 +233,7 @@ class _Server:
         others = [k for k, live in waiting if k not in live.warmed_here]
         held = self.pin(others) if others else {}
         saved = self.b.store_rpc("info", keys)
+        stored_at = self.b.store_rpc("stored_at", list(saved)) if saved else {}
         held.update(saved)
         for k in keys:
             if k in held:  # the frontend's index, whose evictions the replay counts
@@ -223,8 +241,9 @@ class _Server:
                 self.b.cache.add(k, nbytes, n, fp, 0.0)
         for k, live in waiting:
             live.waiting.discard(k)
-            if k in live.warmed_here:
-                live.warmed_at[k] = now  # stored or refused: the simulation decides again which
+            if k in live.warmed_here:  # stored or refused: the simulation decides again which
+                t = self.serving_time(stored_at[k]) if k in stored_at else None
+                live.warmed_at[k] = now if t is None else min(t, now)
             if k in held:
                 self._hold(live, k)
             if not live.waiting:
@@ -308,7 +327,7 @@ class _Server:
         comp = out.outputs[0]
         cached = int(out.num_cached_tokens or 0)
         scheduled = getattr(metrics, "scheduled_ts", None)
-        k = bisect_right(self.step_mono, scheduled) - 1 if isinstance(scheduled, float) and scheduled > 0 else -1
+        k = step_of(scheduled, self.step_mono) if isinstance(scheduled, float) and scheduled > 0 else -1
         if self.policy == "segment" and cached < live.n_load:
             raise KvauditError(f"request {live.job.tag}: vLLM loaded {cached} tokens, expected {live.n_load}")
         return LiveOutcome(

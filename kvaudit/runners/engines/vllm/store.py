@@ -17,6 +17,7 @@ import here.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,10 @@ class StoredKV:
     values: torch.Tensor
     start: int  # prompt position of the first token when computed
     _fingerprint: str = ""
+    # when the store took it (time.monotonic, the host clock every process of the machine shares):
+    # with vLLM's asynchronous scheduling a warm-up's save runs one engine step before the frontend
+    # sees the warm-up finish, and the replay's engine-order simulation must place it there
+    stored_mono: float = 0.0
 
     @property
     def n_tokens(self) -> int:
@@ -114,6 +119,7 @@ class SegmentStore:
     def put(self, key: str, entry: StoredKV) -> bool:
         """Insert ``entry``, evicting least recently used entries until it fits. An entry larger than
         the whole budget is refused (returns False) and evicts nothing."""
+        entry.stored_mono = time.monotonic()
         stored, evicted = self._lru.put(key, entry)
         if not stored:
             self.rejected += 1
@@ -157,6 +163,10 @@ class SegmentStore:
         names = list(self.entries) if keys is None else keys
         return {k: (self.entries[k].fingerprint, self.entries[k].n_tokens, self.entries[k].nbytes,
                     self.entries[k].start) for k in names if k in self.entries}
+
+    def stored_at(self, keys: list[str]) -> dict[str, float]:
+        """key -> when the store took it (``time.monotonic``), for the present ones among ``keys``."""
+        return {k: self.entries[k].stored_mono for k in keys if k in self.entries}
 
     def stats(self) -> dict[str, Any]:
         kernel_s = None
