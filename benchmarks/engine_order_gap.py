@@ -19,23 +19,17 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
-import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 
-from kvaudit.core.replay_format import RequestRecord
+from kvaudit.core.replay_format import RequestRecord, read_request_records
 from kvaudit.replay.summary import simulated_hits
 
 
 def read_records(path: Path) -> list[RequestRecord]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    fields = RequestRecord.__dataclass_fields__
-    return sorted((RequestRecord(**{k: v for k, v in row.items() if k in fields}) for row in rows),
-                  key=lambda r: r.index)
+    return sorted(read_request_records(path), key=lambda r: r.index)
 
 
 def stores_a_step_earlier(recs: list[RequestRecord]) -> list[RequestRecord]:

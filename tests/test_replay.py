@@ -52,6 +52,27 @@ def test_request_records_are_read_typed_and_a_torn_tail_is_mended(tmp_path):
         d.read_requests()
 
 
+def test_gzipped_request_records_read_as_the_plain_ones_and_a_broken_one_is_named(tmp_path):
+    import gzip
+
+    from kvaudit.core.replay_format import read_request_records
+
+    rec = dict(index=0, request_id="r0", wave=0, session=0, n_prompt_tokens=10, head_tokens=2, segment_tokens=6,
+               ttft_s=0.1, warmup_s=0.0, head_s=0.0, queue_s=0.0, prefix_cache_tokens=0, segment_hit_tokens=6,
+               warmup_tokens=0, tokens_computed=4, evictions=0.0, wall_s=0.1, ids_hash="x")
+    text = "".join(json.dumps({**rec, "index": i}) + "\n" for i in range(3))
+    (tmp_path / "requests.jsonl").write_text(text)
+    (tmp_path / "r-requests.jsonl.gz").write_bytes(gzip.compress(text.encode()))
+    plain = read_request_records(tmp_path / "requests.jsonl")
+    assert [r.index for r in plain] == [0, 1, 2] and read_request_records(tmp_path / "r-requests.jsonl.gz") == plain
+    (tmp_path / "bad-requests.jsonl.gz").write_bytes(gzip.compress(text.encode())[:-9])
+    with pytest.raises(DatasetError, match=r"bad-requests.jsonl.gz: not a readable gzip file"):
+        read_request_records(tmp_path / "bad-requests.jsonl.gz")
+    (tmp_path / "typed-requests.jsonl.gz").write_bytes(gzip.compress(json.dumps({**rec, "ttft_s": "x"}).encode()))
+    with pytest.raises(DatasetError, match=r"typed-requests.jsonl.gz, line 1: field 'ttft_s' must be a number"):
+        read_request_records(tmp_path / "typed-requests.jsonl.gz")
+
+
 def test_percentile_intervals_cover_at_the_stated_level():
     bench = load_benchmark("replay_percentiles")
     rows = bench.coverage_grid(reps=300, seed=1, sizes=(60, 400), quantiles=(0.5, 0.95))

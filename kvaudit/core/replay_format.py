@@ -11,7 +11,9 @@ with every other run file's. One process writes a replay directory at a time (th
 
 from __future__ import annotations
 
+import gzip
 import math
+import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 from kvaudit.core.errors import DatasetError, KvauditError, excerpt
 from kvaudit.core.jsonio import (
     iter_jsonl,
+    read_bytes,
     read_json,
     write_json,
 )
@@ -124,6 +127,25 @@ class RequestRecord:
 
 _COUNTS = ("n_prompt_tokens", "head_tokens", "segment_tokens", "prefix_cache_tokens", "segment_hit_tokens",
            "warmup_tokens", "tokens_computed", "overflow_tokens")
+
+
+def read_request_records(path: Path) -> list[RequestRecord]:
+    """The request records of a ``requests.jsonl``, or of a gzipped copy (``.gz``: the results
+    folders keep them so), each validated; a torn last line from a killed replay is skipped."""
+    data = read_bytes(path)
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as e:
+            raise DatasetError(f"{path}: not a readable gzip file ({e})") from None
+    out: list[RequestRecord] = []
+    for n, obj in iter_jsonl(path, tolerate_torn_tail=True, data=data):
+        where = f"{path}, line {n}"
+        check_fields(obj, RequestRecord, where)
+        rec = RequestRecord(**{k: obj[k] for k in RequestRecord.__dataclass_fields__ if k in obj})
+        _check_record(rec, where)
+        out.append(rec)
+    return out
 
 
 def _check_record(r: RequestRecord, where: str) -> None:
@@ -241,16 +263,7 @@ class ReplayDir(WorkDir[RequestRecord]):
 
     def read_requests(self) -> list[RequestRecord]:
         """Every request record, validated (a torn last line from a killed replay is skipped)."""
-        out: list[RequestRecord] = []
-        if not self.requests_file.exists():
-            return out
-        for n, obj in iter_jsonl(self.requests_file, tolerate_torn_tail=True):
-            where = f"{self.requests_file}, line {n}"
-            check_fields(obj, RequestRecord, where)
-            rec = RequestRecord(**{k: obj[k] for k in RequestRecord.__dataclass_fields__ if k in obj})
-            _check_record(rec, where)
-            out.append(rec)
-        return out
+        return read_request_records(self.requests_file) if self.requests_file.exists() else []
 
     def finished(self) -> list[RequestRecord]:
         """The requests served so far (:meth:`finished_records`)."""

@@ -790,6 +790,17 @@ def _read_replay(d: Path) -> Any:
     return r.read_config(), r.read_requests()
 
 
+def _read_replay_gz(d: Path) -> Any:
+    """The request records gzipped, as the GPU results folders keep them (read by the same reader)."""
+    import gzip
+
+    from kvaudit.core.replay_format import ReplayDir, read_request_records
+
+    gz = d / "requests.jsonl.gz"
+    gz.write_bytes(gzip.compress((d / "requests.jsonl").read_bytes()))
+    return ReplayDir(d).read_config(), read_request_records(gz)
+
+
 def _check_replay(result: Any, d: Path) -> None:
     from kvaudit.replay.summary import summarise
 
@@ -890,6 +901,8 @@ READERS: dict[str, Reader] = {r.name: r for r in (
     Reader("replay_config", "json", "replay_config.json", _replay_files, _read_replay, _check_replay,
            "kvaudit.core.replay_format"),
     Reader("replay_requests", "jsonl", "requests.jsonl", _replay_files, _read_replay, _check_replay,
+           "kvaudit.core.replay_format"),
+    Reader("replay_requests_gz", "jsonl", "requests.jsonl", _replay_files, _read_replay_gz, _check_replay,
            "kvaudit.core.replay_format"),
     Reader("replay_sweep", "json", "sweep.json", _sweep_files, _read_sweep, _check_sweep,
            "kvaudit.reports.replay_report"),
