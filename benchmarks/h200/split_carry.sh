@@ -5,6 +5,8 @@
 # install is seven calls, each within 30 s of the last:
 #   c0, c1, c1b, c2, c3, c4, then c5 with your command   (carry [".gpu/<name>"], `bash .gpu/<name>/step.sh`)
 # Run the first call alone: when no machine comes, each further call is refused at 15 s of device time.
+# Once it has run, send the other six in one batch of tool calls: a pause of more than 30 s between two
+# of them (time spent reading a reply) gives the machine back, and the stash with it (2026-12-07).
 set -euo pipefail
 cd "$(dirname "$0")/../../.gpu"
 [ -f c1/vllm.part00 ] && [ -f c2/vllm.part01 ] || { echo "split_carry: .gpu is not the fresh bundle (already split?)" >&2; exit 2; }
