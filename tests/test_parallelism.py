@@ -155,18 +155,24 @@ def test_a_store_budget_past_the_free_memory_is_refused_naming_what_fits():
     assert "in cuda:1, where 30.0 GB is free" in str(e.value) and "at most 57.9 GB fits" in str(e.value)
 
 
-def test_each_rank_stamps_when_it_stored_an_entry_and_the_entry_is_whole_at_the_last_stamp():
-    """The replay places a warm-up's store where the worker ran it (``stored_at``, the host's
+def test_each_rank_stamps_when_it_was_offered_an_entry_and_the_entry_is_whole_at_the_last_stamp():
+    """The replay places a warm-up's store where the worker ran it (``offered_at``, the host's
     monotonic clock), not where the frontend saw the warm-up finish: under vLLM's asynchronous
-    scheduling the two are an engine step apart (2026-12-07)."""
+    scheduling the two are an engine step apart (2026-12-07). A refusal is stamped too."""
     import time
+
+    from kvaudit.runners.engines.vllm.store import SegmentStore, StoredKV
 
     keys, values = _kv()
     before = time.monotonic()
     stores = _ranks("tp", keys, values)
-    stamps = [st.stored_at(["seg:a", "seg:missing"]) for st in stores]
+    stamps = [st.offered_at(["seg:a", "seg:missing"]) for st in stores]
     assert all(list(s) == ["seg:a"] and before <= s["seg:a"] <= time.monotonic() for s in stamps)
     assert stamps[0]["seg:a"] <= stamps[1]["seg:a"]  # rank 1 stored its share after rank 0
-    assert merge_worker_replies("stored_at", stamps) == {"seg:a": stamps[1]["seg:a"]}
+    assert merge_worker_replies("offered_at", stamps) == {"seg:a": stamps[1]["seg:a"]}
     stores[0].drop(["seg:a"])
-    assert merge_worker_replies("stored_at", [st.stored_at(["seg:a"]) for st in stores]) == {}
+    assert merge_worker_replies("offered_at", [st.offered_at(["seg:a"]) for st in stores]) == {}
+    small = SegmentStore(keys.numel())  # half of one entry's keys and values: refused
+    assert not small.put("seg:b", StoredKV(keys, values, 0))
+    refused = small.offered_at(["seg:b"])["seg:b"]
+    assert before <= refused <= time.monotonic() and small.offered_at(["seg:b"]) == {}  # given once

@@ -116,9 +116,8 @@ class RequestRecord:
     finish_s: float | None = None
     decode_tokens: int | None = None
     decode_s: float | None = None
-    # schedule "arrivals", segment: per prompt piece, when the store took this request's warm-up
-    # of it, or, refused, when the warm-up finished (seconds from its session's start; null for a
-    # piece it did not warm up)
+    # schedule "arrivals", segment: per prompt piece, when the store took or refused this
+    # request's warm-up of it (seconds from its session's start; null for a piece it did not warm up)
     piece_warmed_s: list[float | None] | None = None
     # schedule "arrivals", vLLM: when the engine step that first scheduled the request's own prefill
     # began (its load from the store ran in it; seconds from its session's start)

@@ -130,7 +130,7 @@ def store_rpc(worker: Any, store: str, op: str, keys: list[str] | None = None, v
     evicting to fit; the peak restarts from there), ``pin`` (``unpin`` from ``value``, then mark
     ``keys`` used and hold them against eviction; returns the info of those held: a request in
     flight loads them later), ``room`` (where the store's KV lives and the bytes free there),
-    ``stored_at`` (when the store took each of ``keys``, on ``time.monotonic``)."""
+    ``offered_at`` (when the store took, or refused, each of ``keys``, on ``time.monotonic``)."""
     if op == "room":
         return free_bytes(getattr(worker, "device", None))
     st = worker_store(store)
@@ -148,8 +148,8 @@ def store_rpc(worker: Any, store: str, op: str, keys: list[str] | None = None, v
         return len(st)
     if op == "evicted":
         return st.drain_evicted()
-    if op == "stored_at":
-        return st.stored_at(list(keys or []))
+    if op == "offered_at":
+        return st.offered_at(list(keys or []))
     if op == "stats":
         return st.stats()
     if op == "capacity":

@@ -73,7 +73,7 @@ def merge_worker_replies(op: str, replies: list[Any]) -> Any:
     ``info``/``lookup``/``pin``: the entries every worker holds, each (combined fingerprint, tokens, bytes
     summed over the workers, start); an entry whose tokens or start differ between ranks is an
     error (the ranks hold different KV for one key). ``evicted``: what any worker evicted (then
-    no worker's share is usable). ``stored_at``: per entry every worker holds, the latest of their
+    no worker's share is usable). ``offered_at``: per entry every worker was offered, the latest of their
     times (the entry is whole once the last share is stored). ``stats``/``capacity``: each number the largest over the workers
     (the budget is per worker, so the fullest worker is the one that evicts), with ``workers`` and
     ``per_worker``. ``drop``: the most entries a worker still holds. ``get``: the first worker's.
@@ -97,7 +97,7 @@ def merge_worker_replies(op: str, replies: list[Any]) -> Any:
         return out
     if op == "evicted":
         return list(dict.fromkeys(k for r in replies for k in r))
-    if op == "stored_at":
+    if op == "offered_at":
         return {k: max(r[k] for r in replies) for k in replies[0] if all(k in r for r in replies)}
     if op in ("stats", "capacity"):
         merged: dict[str, Any] = {}

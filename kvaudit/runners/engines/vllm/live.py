@@ -79,10 +79,10 @@ class LiveOutcome:
     # client); None without request stats
     before_engine_s: float | None = None
     after_engine_s: float | None = None
-    # segment: per entry ([head][documents], prompt order), when the store took this request's
-    # warm-up of it (the worker's own stamp: with vLLM's asynchronous scheduling, its default on
-    # CUDA, a step's saves run one step before the frontend sees the warm-up finish), or, refused,
-    # when the frontend saw the warm-up finish (None for an entry it did not warm up)
+    # segment: per entry ([head][documents], prompt order), when the store took or refused this
+    # request's warm-up of it (the worker's own stamp: with vLLM's asynchronous scheduling, its
+    # default on CUDA, a step's saves run one step before the frontend sees the warm-up finish;
+    # None for an entry it did not warm up)
     warmed_s: list[float | None] = field(default_factory=list)
     # when the engine step that first scheduled its own request began: its load from the store
     # runs in that step, after every admission before it (None without vLLM's request stats)
@@ -233,7 +233,7 @@ class _Server:
         others = [k for k, live in waiting if k not in live.warmed_here]
         held = self.pin(others) if others else {}
         saved = self.b.store_rpc("info", keys)
-        stored_at = self.b.store_rpc("stored_at", list(saved)) if saved else {}
+        offered = self.b.store_rpc("offered_at", keys)
         held.update(saved)
         for k in keys:
             if k in held:  # the frontend's index, whose evictions the replay counts
@@ -242,7 +242,7 @@ class _Server:
         for k, live in waiting:
             live.waiting.discard(k)
             if k in live.warmed_here:  # stored or refused: the simulation decides again which
-                t = self.serving_time(stored_at[k]) if k in stored_at else None
+                t = self.serving_time(offered[k]) if k in offered else None
                 live.warmed_at[k] = now if t is None else min(t, now)
             if k in held:
                 self._hold(live, k)

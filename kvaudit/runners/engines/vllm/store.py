@@ -83,6 +83,7 @@ class SegmentStore:
         self.last_load_s = 0.0  # host time of the last load (building descriptors, launching)
         self.bytes_per_token = 0  # set by the connector once it knows the cache shape
         self._evicted: list[str] = []
+        self._refused_mono: dict[str, float] = {}  # key -> when the store last refused it, until read
         self._load_events: Any = None  # (start, end) CUDA events of the last load's kernel
 
     @property
@@ -123,7 +124,9 @@ class SegmentStore:
         stored, evicted = self._lru.put(key, entry)
         if not stored:
             self.rejected += 1
+            self._refused_mono[key] = entry.stored_mono
             return False
+        self._refused_mono.pop(key, None)
         self._note_evicted(evicted)
         self.saves += 1
         return True
@@ -164,9 +167,14 @@ class SegmentStore:
         return {k: (self.entries[k].fingerprint, self.entries[k].n_tokens, self.entries[k].nbytes,
                     self.entries[k].start) for k in names if k in self.entries}
 
-    def stored_at(self, keys: list[str]) -> dict[str, float]:
-        """key -> when the store took it (``time.monotonic``), for the present ones among ``keys``."""
-        return {k: self.entries[k].stored_mono for k in keys if k in self.entries}
+    def offered_at(self, keys: list[str]) -> dict[str, float]:
+        """key -> when the store was offered it (``time.monotonic``): when it took the entry it
+        holds, or last refused one (each refusal's time is given once), among ``keys``."""
+        out = {k: self.entries[k].stored_mono for k in keys if k in self.entries}
+        for k in keys:
+            if k not in out and k in self._refused_mono:
+                out[k] = self._refused_mono.pop(k)
+        return out
 
     def stats(self) -> dict[str, Any]:
         kernel_s = None
