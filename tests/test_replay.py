@@ -39,11 +39,15 @@ def test_a_replay_of_something_else_is_refused(tmp_path):
             d.check_resumable(_config(**change))
 
 
+# a request record with only the fields every replay writes
+MINIMAL_RECORD = dict(index=0, request_id="r0", wave=0, session=0, n_prompt_tokens=10, head_tokens=2, segment_tokens=6,
+                      ttft_s=0.1, warmup_s=0.0, head_s=0.0, queue_s=0.0, prefix_cache_tokens=0, segment_hit_tokens=6,
+                      warmup_tokens=0, tokens_computed=4, evictions=0.0, wall_s=0.1, ids_hash="x")
+
+
 def test_request_records_are_read_typed_and_a_torn_tail_is_mended(tmp_path):
     d = ReplayDir(tmp_path)
-    rec = dict(index=0, request_id="r0", wave=0, session=0, n_prompt_tokens=10, head_tokens=2, segment_tokens=6,
-               ttft_s=0.1, warmup_s=0.0, head_s=0.0, queue_s=0.0, prefix_cache_tokens=0, segment_hit_tokens=6,
-               warmup_tokens=0, tokens_computed=4, evictions=0.0, wall_s=0.1, ids_hash="x")
+    rec = MINIMAL_RECORD
     d.requests_file.write_text(json.dumps(rec) + "\n" + json.dumps({**rec, "index": 1})[:40])
     assert [r.index for r in d.finished()] == [0]  # the torn second line is cut, to be served again
     assert d.requests_file.read_text().endswith("\n")
@@ -57,9 +61,7 @@ def test_gzipped_request_records_read_as_the_plain_ones_and_a_broken_one_is_name
 
     from kvaudit.core.replay_format import read_request_records
 
-    rec = dict(index=0, request_id="r0", wave=0, session=0, n_prompt_tokens=10, head_tokens=2, segment_tokens=6,
-               ttft_s=0.1, warmup_s=0.0, head_s=0.0, queue_s=0.0, prefix_cache_tokens=0, segment_hit_tokens=6,
-               warmup_tokens=0, tokens_computed=4, evictions=0.0, wall_s=0.1, ids_hash="x")
+    rec = MINIMAL_RECORD
     text = "".join(json.dumps({**rec, "index": i}) + "\n" for i in range(3))
     (tmp_path / "requests.jsonl").write_text(text)
     (tmp_path / "r-requests.jsonl.gz").write_bytes(gzip.compress(text.encode()))

@@ -152,9 +152,6 @@ class _Server:
     def now(self) -> float:
         return self.clock() - self.t0
 
-    def serving_time(self, mono: float) -> float | None:
-        return on_serving_clock(mono, self.step_mono, self.step_at)
-
     # ------------------------------------------------------------------ admission
 
     def admit(self, job: LiveJob) -> None:
@@ -242,7 +239,7 @@ class _Server:
         for k, live in waiting:
             live.waiting.discard(k)
             if k in live.warmed_here:  # stored or refused: the simulation decides again which
-                t = self.serving_time(offered[k]) if k in offered else None
+                t = on_serving_clock(offered[k], self.step_mono, self.step_at) if k in offered else None
                 live.warmed_at[k] = now if t is None else min(t, now)
             if k in held:
                 self._hold(live, k)
