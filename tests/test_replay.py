@@ -9,6 +9,7 @@ tests/test_replay_vllm.py, run in .venv-vllm.
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,9 @@ def test_segment_replay_is_held_to_the_simulator_and_resumes_without_loss(worklo
     assert hr["gap_points_engine_order"] == pytest.approx(0.0, abs=1e-9)
     assert abs(hr["gap_points"]) <= 10
     assert s["ttft_s"]["p50"]["low"] <= s["ttft_s"]["p50"]["value"] <= s["ttft_s"]["p50"]["high"]
+    # where it was served: this machine's name and boot (leased machines share a name, not a boot)
+    assert s["served"]["host"] == platform.node()
+    assert s["served"]["boot"] == Path("/proc/sys/kernel/random/boot_id").read_text()[:8]
     # every warm-up is on the request path: a request that warmed documents up paid for it
     assert all(r.ttft_s >= r.warmup_s > 0 for r in recs if r.warmup_tokens > 0)
 
@@ -721,19 +725,23 @@ def test_a_replicated_load_reads_as_the_median_replication_with_an_interval_that
 @pytest.mark.parametrize("served, says", [
     ([None, None], "Not served side by side: some of these replays do not record where and when"),
     ([("a", "2026-12-04T10:00:00+00:00"), ("b", "2026-12-04T10:05:00+00:00")], "served on 2 machines (a, b)"),
+    ([("vm", "2026-12-04T10:00:00+00:00", "1f0c"), ("vm", "2026-12-04T10:05:00+00:00", "77ab")],
+     "served on 2 machines (vm boot 1f0c, vm boot 77ab)"),
+    ([("vm", "2026-12-04T10:00:00+00:00", "1f0c"), ("vm", "2026-12-04T10:05:00+00:00", "1f0c")], None),
     ([("a", "2026-12-04T10:00:00+00:00"), ("a", "2026-12-04T12:00:00+00:00")], "finished 2.0 hours apart"),
     ([("a", "2026-12-04T10:00:00+00:00"), ("a", "2026-12-04T10:20:00+00:00")], None),
     ([("a", "2026-12-04T10:00:00"), ("a", "2026-12-04T10:20:00+00:00")], "finishing times in different forms"),
 ])
 def test_compare_says_when_replays_were_not_served_side_by_side(tmp_path, served, says):
     """Issue 42: latencies measured on other machines or hours apart are put side by side only
-    with a word on it; replays served back to back on one machine get none."""
+    with a word on it; replays served back to back on one machine get none. Two leased machines
+    share the host name ``vm``: their boots tell them apart."""
     for name, stamp in zip(("rec", "seg"), served, strict=True):
         _synthetic_replay(tmp_path / name, "segment" if name == "seg" else "recompute", 0.1, 0)
         if stamp is not None:
             d = ReplayDir(tmp_path / name)
             summary = d.read_summary()
-            summary["served"] = {"host": stamp[0], "finished_utc": stamp[1]}
+            summary["served"] = {"host": stamp[0], "finished_utc": stamp[1], **({"boot": stamp[2]} if stamp[2:] else {})}
             d.write_summary(summary)
     assert main(["compare", str(tmp_path / "rec"), str(tmp_path / "seg"), "--out", str(tmp_path / "cmp")]) == 0
     page = (tmp_path / "cmp" / "replays.html").read_text()

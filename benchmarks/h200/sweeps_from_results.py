@@ -65,6 +65,8 @@ def main(out: Path, named: list[Path]) -> None:
                 if abs(again["ttft_s"][q]["value"] - s["ttft_s"][q]["value"]) > 1e-9:
                     fail(f"{saved}: {name} {q} is {again['ttft_s'][q]['value']} from its records, "
                          f"{s['ttft_s'][q]['value']} saved")
+            if "served" in s:  # where and when: the page says whether the loads met the same conditions
+                again["served"] = s["served"]
             d.write_summary(again)
             loads.setdefault(policy, {})[s["rate"]] = (s.get("seed", 0), name, again)
     for policy, by_rate in loads.items():

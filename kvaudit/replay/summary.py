@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import platform
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -294,7 +295,17 @@ def load_across_replications(summaries: list[dict[str, Any]]) -> dict[str, Any]:
                 "past_saturation": any(g["past_saturation"] for g in growths)}}
 
 
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+
+
 def served_here() -> dict[str, str]:
     """``replay.json``'s ``served``: this machine and the time the replay finished. A comparison of
-    replays made on other machines or hours apart says so (their latencies met different conditions)."""
-    return {"host": platform.node(), "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    replays made on other machines or hours apart says so (their latencies met different conditions).
+    ``boot`` (Linux) tells machines apart that share a host name: leased GPU machines are all
+    ``vm``, each lease a fresh boot."""
+    out = {"host": platform.node(), "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    try:
+        out["boot"] = BOOT_ID_FILE.read_text().strip()[:8]
+    except OSError:
+        pass
+    return out

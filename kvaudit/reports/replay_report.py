@@ -262,9 +262,11 @@ def _apart(rows: list[dict[str, Any]]) -> str | None:
     if any(not isinstance(s, dict) or not isinstance(s.get("host"), str) or not isinstance(s.get("finished_utc"), str)
            for s in served):
         return "some of these replays do not record where and when they were served"
-    hosts = sorted({s["host"] for s in served})
-    if len(hosts) > 1:
-        return f"these replays were served on {len(hosts)} machines ({', '.join(hosts)})"
+    # a machine is its host name and, where recorded, its boot (leased machines share one name)
+    machines = sorted({(s["host"], str(s.get("boot", ""))) for s in served})
+    if len(machines) > 1:
+        named = [h if len({m[0] for m in machines}) == len(machines) else f"{h} boot {b or '?'}" for h, b in machines]
+        return f"these replays were served on {len(machines)} machines ({', '.join(named)})"
     return hours_apart([s["finished_utc"] for s in served], "replays", "finished", "finishing")
 
 
