@@ -54,6 +54,7 @@ COSTS: dict[str, set[str]] = {
     "test_http_backend": {"vllm", "server", "engine"},
     "test_http_prefix_server": {"vllm", "server"},
     "test_replay_vllm": {"vllm", "engine"},
+    "test_vllm_preemption": {"vllm", "engine"},
     # upstream llama.cpp's llama-server (built by `make test-engines`; skipped where it is not)
     "test_llama_cpp": {"server"},
     # SmolLM2 in a child kvaudit process, or converted
@@ -84,7 +85,7 @@ COSTS: dict[str, set[str]] = {
 # Fixtures that cost something: a test that uses one (directly or through another) costs it too.
 FIXTURE_COSTS: dict[str, set[str]] = {
     "smollm2_backend": {"engine"}, "smollm2_run": {"engine"}, "run_copy": {"engine"},
-    "vllm_backend": {"engine", "vllm"}, "vllm_run": {"engine", "vllm"}, "kvaudit_process": {"vllm"},
+    "vllm_backend": {"engine", "vllm"}, "vllm_run": {"engine", "vllm"}, "kvaudit_process": {"vllm"}, "prewarmed": {"vllm"},
     "connector_server": {"server", "vllm"}, "stock_server": {"server", "vllm"},
     "contract_runs": {"engine"}, "transformers_run": {"engine"}, "change_run": {"engine"},
 }
@@ -192,14 +193,21 @@ def boxoffice5(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def kvaudit_process():
-    """Runs ``python -m kvaudit.cli ARGV`` as a new process (its own engine, exit code and output),
-    forked from a parent that imported vLLM once for the session: about 12 s less per process
-    here (kvaudit/testing/prewarmed.py). Returns a ``subprocess.CompletedProcess`` with text output."""
+def prewarmed():
+    """A parent that imported vLLM once for the session (kvaudit/testing/prewarmed.py): its ``run``
+    forks a ``kvaudit`` command, its ``run_script`` a Python script, each a new process with its
+    own engine, about 12 s sooner than a fresh interpreter here."""
     from kvaudit.testing.prewarmed import Prewarmed
 
     with Prewarmed() as p:
-        yield p.run
+        yield p
+
+
+@pytest.fixture(scope="session")
+def kvaudit_process(prewarmed):
+    """Runs ``python -m kvaudit.cli ARGV`` as a new process (its own engine, exit code and output),
+    forked from the prewarmed parent. Returns a ``subprocess.CompletedProcess`` with text output."""
+    return prewarmed.run
 
 
 @pytest.fixture(scope="session")

@@ -133,6 +133,9 @@ class VllmBackend(Backend):
         self.store = store
         self.concurrent_cases = concurrent_cases  # checked by open_vllm_backend before the engine starts
         self.max_in_flight = 0  # the most requests the engine held at once (the batching, as it happened)
+        # times vLLM preempted a request of this backend's (its KV space ran out mid-batch), counted
+        # where the engine keeps request stats (disable_log_stats=False), else None
+        self.preemptions: int | None = None
         self.groups: Counter[int] = Counter()  # how many cases each arm's own requests ran for, together
         # new heads: computed in the engine step of the requests that load them, or in one before
         self.head_steps: Counter[str] = Counter()
@@ -179,6 +182,7 @@ class VllmBackend(Backend):
             "batching": {
                 "concurrent_cases": self.concurrent_cases,
                 "max_requests_in_flight": self.max_in_flight,
+                "preemptions": self.preemptions,
                 "groups": {str(k): v for k, v in sorted(self.groups.items())},
                 "how": "each arm runs for a group of concurrent_cases cases at once (one engine batch, new heads' "
                        "prefills in it; warm-ups and candidate scoring each in a batch of their own), so every arm of a "
@@ -280,6 +284,7 @@ class VllmBackend(Backend):
                     first_step[rid] = steps
                 if out.finished:
                     final[rid] = (out, time.perf_counter() - t0)
+                    self._count_preemptions(getattr(out, "metrics", None))
         runs = {}
         for rid in watch:
             if rid not in final:
@@ -299,6 +304,11 @@ class VllmBackend(Backend):
                              engine_ttft_s=engine_ttft(getattr(out, "metrics", None)),
                              first_step=first_step.get(rid, steps))
         return runs
+
+    def _count_preemptions(self, metrics: Any) -> None:
+        n = getattr(metrics, "num_preemptions", None)  # RequestStateStats, kept with log stats on
+        if isinstance(n, int):
+            self.preemptions = (self.preemptions or 0) + n
 
     def _one(self, ids: list[int], *, transfer: dict[str, Any] | None = None, max_tokens: int | None = None,
              salt: str | None = None, prompt_logprobs: int | None = None) -> _Run:
