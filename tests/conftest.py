@@ -85,7 +85,7 @@ COSTS: dict[str, set[str]] = {
 # Fixtures that cost something: a test that uses one (directly or through another) costs it too.
 FIXTURE_COSTS: dict[str, set[str]] = {
     "smollm2_backend": {"engine"}, "smollm2_run": {"engine"}, "run_copy": {"engine"},
-    "vllm_backend": {"engine", "vllm"}, "vllm_run": {"engine", "vllm"}, "kvaudit_process": {"vllm"}, "prewarmed": {"vllm"},
+    "vllm_backend": {"engine", "vllm"}, "vllm_run": {"engine", "vllm"}, "kvaudit_process": {"vllm"}, "vllm_prewarmed": {"vllm"},
     "connector_server": {"server", "vllm"}, "stock_server": {"server", "vllm"},
     "contract_runs": {"engine"}, "transformers_run": {"engine"}, "change_run": {"engine"},
 }
@@ -193,7 +193,7 @@ def boxoffice5(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prewarmed():
+def vllm_prewarmed():
     """A parent that imported vLLM once for the session (kvaudit/testing/prewarmed.py): its ``run``
     forks a ``kvaudit`` command, its ``run_script`` a Python script, each a new process with its
     own engine, about 12 s sooner than a fresh interpreter here."""
@@ -204,10 +204,10 @@ def prewarmed():
 
 
 @pytest.fixture(scope="session")
-def kvaudit_process(prewarmed):
+def kvaudit_process(vllm_prewarmed):
     """Runs ``python -m kvaudit.cli ARGV`` as a new process (its own engine, exit code and output),
     forked from the prewarmed parent. Returns a ``subprocess.CompletedProcess`` with text output."""
-    return prewarmed.run
+    return vllm_prewarmed.run
 
 
 @pytest.fixture(scope="session")

@@ -13,17 +13,18 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from .conftest import BOXOFFICE5  # noqa: E402
+
 PROBE = Path(__file__).with_name("vllm_preemption_probe.py")
 
 
-def test_a_preempted_request_reloads_its_segment_kv_and_answers_as_it_does_alone(prewarmed, tmp_path):
+def test_a_preempted_request_reloads_its_segment_kv_and_answers_as_it_does_alone(vllm_prewarmed, tmp_path):
     from kvaudit.cli import main
 
     data = tmp_path / "bo10"
-    assert main(["generate", "boxoffice", "--out", str(data), "--cases", "10", "--seed", "3",
-                 "--families", "single_doc=2,multi_hop_bridge=1,leak_probe=1", "--min-words", "30",
-                 "--max-words", "60", "--no-progress"]) == 0
-    done = prewarmed.run_script(PROBE, [str(data)], cwd=tmp_path)
+    assert BOXOFFICE5[:2] == ["--cases", "5"]
+    assert main(["generate", "boxoffice", "--out", str(data), "--cases", "10", *BOXOFFICE5[2:], "--no-progress"]) == 0
+    done = vllm_prewarmed.run_script(PROBE, [str(data)], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["preempted_together"] >= 1, got  # the KV space ran out mid-batch

@@ -265,7 +265,8 @@ def _apart(rows: list[dict[str, Any]]) -> str | None:
     # a machine is its host name and, where recorded, its boot (leased machines share one name)
     machines = sorted({(s["host"], str(s.get("boot", ""))) for s in served})
     if len(machines) > 1:
-        named = [h if len({m[0] for m in machines}) == len(machines) else f"{h} boot {b or '?'}" for h, b in machines]
+        by_name = len({h for h, _ in machines}) == len(machines)  # the host names alone tell them apart
+        named = [h if by_name else f"{h} boot {b or '?'}" for h, b in machines]
         return f"these replays were served on {len(machines)} machines ({', '.join(named)})"
     return hours_apart([s["finished_utc"] for s in served], "replays", "finished", "finishing")
 
