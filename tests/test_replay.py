@@ -283,7 +283,8 @@ def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
 
 
 def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: float | None = None,
-                      growth: float = 0.0, wave_size: int = 1, truncated: int = 0, n: int = 40, **engine: int) -> None:
+                      growth: float = 0.0, wave_size: int = 1, truncated: int = 0, n: int = 40,
+                      preempted: list[int | None] | None = None, **engine: int) -> None:
     from kvaudit.replay.summary import summarise
 
     rng = np.random.default_rng(seed)
@@ -303,7 +304,8 @@ def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: flo
                                 queue_s=0.0, prefix_cache_tokens=0, segment_hit_tokens=hit, warmup_tokens=80 - hit,
                                 tokens_computed=100 + i - hit, evictions=0.0, wall_s=ttft, ids_hash=f"h{i}",
                                 piece_ids=["tmpl:x", f"seg:{i % 4}", f"tail:{i}"], piece_tokens=[10, 80, 10 + i],
-                                piece_kinds=["prefix", "document", "question"], truncated=i < truncated)
+                                piece_kinds=["prefix", "document", "question"], truncated=i < truncated,
+                                preemptions=preempted[i] if preempted else None)
             app.append(rec)
             recs.append(rec)
     d.write_summary(summarise(recs, cfg, {"block_size": 16, "bytes_per_token": 1, "kv_tokens": 1000,
@@ -330,6 +332,29 @@ def test_a_replay_that_dropped_documents_says_so_on_its_page(tmp_path):
     assert main(["compare", str(tmp_path / "old"), str(tmp_path / "new"), "--out", str(tmp_path / "cmp")]) == 0
     page = (tmp_path / "cmp" / "replays.html").read_text()
     assert page.count("3 with documents dropped</span>") == 1 and page.count("with documents dropped</span>") == 1
+
+
+def test_a_replay_that_vllm_preempted_says_so_in_its_summary_and_on_its_page(tmp_path, capsys):
+    """A replay's engine is sized so that vLLM never preempts; where it did (a request, or a warm-up
+    it started, lost its KV mid-batch), the summary counts the requests and times, the page marks
+    the replay and `kvaudit replay`'s printout warns. Records without vLLM's request stats say nothing."""
+    from kvaudit.replay.replay_cli import _print_summary
+
+    counts = [0] * 40
+    counts[3], counts[17] = 2, 1
+    _synthetic_replay(tmp_path / "pre", "segment", 0.05, 0, preempted=counts)
+    _synthetic_replay(tmp_path / "none", "segment", 0.05, 1, preempted=[0] * 40)
+    _synthetic_replay(tmp_path / "unknown", "segment", 0.05, 2)
+    got = {k: ReplayDir(tmp_path / k).read_summary()["preemptions"] for k in ("pre", "none", "unknown")}
+    assert got == {"pre": {"requests": 2, "total": 3, "recorded": 40},
+                   "none": {"requests": 0, "total": 0, "recorded": 40}, "unknown": None}
+    assert main(["compare", *(str(tmp_path / k) for k in got), "--out", str(tmp_path / "cmp")]) == 0
+    page = (tmp_path / "cmp" / "replays.html").read_text()
+    assert page.count("preempted</span>") == 1 and "2 preempted</span>" in page
+    _print_summary(ReplayDir(tmp_path / "pre").read_summary(), tmp_path / "pre")
+    assert "vLLM preempted 2 of this replay's requests (3 times)" in capsys.readouterr().err
+    _print_summary(ReplayDir(tmp_path / "none").read_summary(), tmp_path / "none")
+    assert "preempted" not in capsys.readouterr().err
 
 
 def test_compare_names_what_replays_differ_in_beyond_the_policy(tmp_path):

@@ -125,14 +125,18 @@ def test_arrivals_join_the_running_batch_and_a_full_store_serves_misses(workload
                 assert w is None or r.arrival_s + r.queue_s <= w <= r.arrival_s + r.queue_s + r.warmup_s, (r.index, w)
             # its load ran in the engine step that first scheduled it, after its submission
             assert r.loaded_s is not None and r.loaded_s >= r.arrival_s + r.queue_s + r.warmup_s
+            # the engine is sized for the requests in flight: vLLM preempted none (counted, not assumed)
+            assert r.preemptions == 0, (r.index, r.preemptions)
         assert min(recs, key=lambda r: r.arrival_s).segment_hit_tokens == 0  # each load starts cold
         # the store's rules (pins, waits, refusals, loads up to the first miss) replayed at the
         # engine steps the requests were served in (each load at the step that scheduled it) predict
         # every hit: 0.0 points at all 18 loads of nine runs, four of them beside a busy loop
         # (2026-12-07; placing loads at submission was 2.3 points off in one run of three in CI and
         # here); within 2 points is the bar
-        hr = ReplayDir(out / f"rate-{rate}").read_summary()["hit_rate"]
+        summary = ReplayDir(out / f"rate-{rate}").read_summary()
+        hr = summary["hit_rate"]
         assert abs(hr["gap_points_engine_order"]) <= 2.0, hr
+        assert summary["preemptions"] == {"requests": 0, "total": 0, "recorded": 16}
     s = ReplayDir(out / "rate-40").read_summary()
     assert s["config"]["schedule"] == "arrivals"
     recs = sorted(ReplayDir(out / "rate-40").read_requests(), key=lambda r: r.arrival_s)

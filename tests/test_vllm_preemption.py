@@ -33,3 +33,8 @@ def test_a_preempted_request_reloads_its_segment_kv_and_answers_as_it_does_alone
     # one load per request, and one more for each request preempted after its load and resumed
     assert got["loads_together"] > got["requests"], got
     assert all(got["same"]), got
+    # on the replay's path every request's record carries its preemptions (its own and its warm-ups'),
+    # and together they are every preemption the engine counted: none lost, none counted twice
+    assert None not in got["live_recorded"] and len(got["live_recorded"]) == got["requests"], got
+    assert sum(got["live_recorded"]) == got["live_engine"] >= 1, got
+    assert got["live_warmed"] > 0, got  # caches emptied first: the requests warmed their documents

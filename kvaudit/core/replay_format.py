@@ -122,6 +122,10 @@ class RequestRecord:
     # schedule "arrivals", vLLM: when the engine step that first scheduled the request's own prefill
     # began (its load from the store ran in it; seconds from its session's start)
     loaded_s: float | None = None
+    # schedule "arrivals", vLLM with request stats: times the engine preempted the request or the
+    # warm-ups it started (its KV space ran out mid-batch). A replay sizes that space so that
+    # nothing should be preempted: a count above 0 says the engine was not the one intended
+    preemptions: int | None = None
 
 
 _COUNTS = ("n_prompt_tokens", "head_tokens", "segment_tokens", "prefix_cache_tokens", "segment_hit_tokens",
@@ -153,6 +157,8 @@ def _check_record(r: RequestRecord, where: str) -> None:
     for name in _COUNTS:
         if getattr(r, name) < 0:
             raise DatasetError(f"{where}: field '{name}' must not be negative, got {getattr(r, name)}")
+    if r.preemptions is not None and r.preemptions < 0:
+        raise DatasetError(f"{where}: field 'preemptions' must not be negative, got {r.preemptions}")
     if r.n_prompt_tokens < 1:
         raise DatasetError(f"{where}: field 'n_prompt_tokens' must be at least 1")
     if r.prefix_cache_tokens + r.segment_hit_tokens > r.n_prompt_tokens:

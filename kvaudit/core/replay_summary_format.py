@@ -104,6 +104,13 @@ class ClientOverhead:
 
 
 @dataclass
+class Preemptions:
+    requests: int  # requests preempted (their own or a warm-up they started), of those recorded
+    total: int
+    recorded: int
+
+
+@dataclass
 class ReplaySummary:
     config: dict[str, Any]  # a replay's configuration less n_requests: checked as ReplayConfig
     requests: int
@@ -117,6 +124,7 @@ class ReplaySummary:
     ttft_intervals_claimed: bool = True
     client_overhead_s: ClientOverhead | None = None
     ttft_growth: Growth | None = None
+    preemptions: Preemptions | None = None
 
 
 # numbers that may be negative: differences (measured - simulated, client - engine) and slopes

@@ -162,6 +162,11 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
         print(f"warning: {s['truncated_requests']:,} of this replay's requests were served with trailing documents "
               "dropped (a replay before 2026-12-05): its numbers describe shorter prompts than the workload's",
               file=sys.stderr)
+    pre = s.get("preemptions")
+    if pre and pre["requests"]:
+        print(f"warning: vLLM preempted {pre['requests']:,} of this replay's requests ({pre['total']:,} times): its KV "
+              "space ran out mid-batch, so their TTFT includes recomputing or reloading what they lost; "
+              "a replay's engine is sized so that this does not happen (docs/replay.md)", file=sys.stderr)
     how = ("each request joining the running batch at its arrival" if c.get("schedule") == "arrivals"
            else f"in waves of up to {c['concurrency']}")
     print(f"\nreplay {c['policy']} at budget {c['budget_bytes']:,} B: {s['requests']} requests "

@@ -314,7 +314,8 @@ def replay_arrivals(backend: Backend, policy: str, todo: list[tuple[int, str, Ca
                 client_request_ttft_s=o.first_token_s - o.submitted_s, arrival_s=o.arrival_s,
                 client_before_engine_s=o.before_engine_s, client_after_engine_s=o.after_engine_s,
                 overflow_tokens=o.overflow_tokens, finish_s=o.finish_s, decode_tokens=o.decode_tokens,
-                decode_s=o.finish_s - o.first_token_s, piece_warmed_s=stored, loaded_s=o.loaded_s))
+                decode_s=o.finish_s - o.first_token_s, piece_warmed_s=stored, loaded_s=o.loaded_s,
+                preemptions=o.preemptions))
             app.flush()
             served += 1
             if on_request is not None:

@@ -168,6 +168,7 @@ def summarise(records: list[RequestRecord], config: ReplayConfig, engine: dict[s
         "requests": len(records),
         "sessions": len({r.session for r in records}),
         "truncated_requests": sum(r.truncated for r in records),
+        "preemptions": _preemptions(records),
         "ttft_s": {f"p{round(q * 100)}": percentile_interval(ttft, q) for q in PERCENTILES},
         # the intervals assume independent requests; requests that queue (open loop) or share a
         # wave's batch are not, and there they are too narrow (benchmarks/replay_percentiles.py
@@ -224,6 +225,15 @@ def _growth(records: list[RequestRecord]) -> dict[str, Any] | None:
     main = max(set(sessions), key=sessions.count)
     mine = [r for r in records if r.session == main]
     return ttft_growth([r.arrival_s or 0.0 for r in mine], [r.ttft_s for r in mine])
+
+
+def _preemptions(records: list[RequestRecord]) -> dict[str, int] | None:
+    """How many requests vLLM preempted (theirs or their warm-ups') and how many times, where the
+    records carry it (in-process vLLM with request stats, open loop); None where none does."""
+    counts = [r.preemptions for r in records if r.preemptions is not None]
+    if not counts:
+        return None
+    return {"requests": sum(n > 0 for n in counts), "total": int(sum(counts)), "recorded": len(counts)}
 
 
 def _busy_s(records: list[RequestRecord]) -> float:

@@ -305,10 +305,13 @@ class VllmBackend(Backend):
                              first_step=first_step.get(rid, steps))
         return runs
 
-    def _count_preemptions(self, metrics: Any) -> None:
+    def _count_preemptions(self, metrics: Any) -> int | None:
+        """One finished request's preemptions, added to the backend's count (None without request stats)."""
         n = getattr(metrics, "num_preemptions", None)  # RequestStateStats, kept with log stats on
-        if isinstance(n, int):
-            self.preemptions = (self.preemptions or 0) + n
+        if not isinstance(n, int):
+            return None
+        self.preemptions = (self.preemptions or 0) + n
+        return n
 
     def _one(self, ids: list[int], *, transfer: dict[str, Any] | None = None, max_tokens: int | None = None,
              salt: str | None = None, prompt_logprobs: int | None = None) -> _Run:

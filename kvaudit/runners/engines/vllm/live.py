@@ -87,6 +87,9 @@ class LiveOutcome:
     # when the engine step that first scheduled its own request began: its load from the store
     # runs in that step, after every admission before it (None without vLLM's request stats)
     loaded_s: float | None = None
+    # times vLLM preempted its own request and the warm-ups it started (its KV space ran out
+    # mid-batch): None without vLLM's request stats
+    preemptions: int | None = None
 
     @property
     def ttft_s(self) -> float:
@@ -112,6 +115,7 @@ class _Live:
     hit: int = 0
     warm: int = 0
     overflow: int = 0
+    warmup_preemptions: int | None = None  # of the warm-ups it started
 
 
 def step_of(mono: float, step_mono: list[float]) -> int:
@@ -290,7 +294,12 @@ class _Server:
             if rid in self.warmups:
                 if out.finished:
                     self._check(out, f"warm-up of {self.warmups[rid]}")
-                    finished_warmups.append(self.warmups.pop(rid))
+                    key = self.warmups.pop(rid)
+                    n = self.b._count_preemptions(getattr(out, "metrics", None))
+                    if n is not None:  # the request that started it is the first to wait on it
+                        starter = self.waiters[key][0]
+                        starter.warmup_preemptions = (starter.warmup_preemptions or 0) + n
+                    finished_warmups.append(key)
                 continue
             live = self.main.get(rid)
             if live is None:
@@ -319,6 +328,8 @@ class _Server:
         first = live.first_s if live.first_s is not None else now
         metrics = getattr(out, "metrics", None)
         ttft = engine_ttft(metrics)
+        own = self.b._count_preemptions(metrics)
+        preempted = None if own is None else own + (live.warmup_preemptions or 0)
         arrived = getattr(metrics, "arrival_time", None)  # vLLM's wall-clock stamp of the request
         split = ttft is not None and isinstance(arrived, float) and arrived > 0 and live.first_wall > 0
         comp = out.outputs[0]
@@ -336,7 +347,7 @@ class _Server:
             before_engine_s=arrived - live.submitted_wall if split else None,
             after_engine_s=live.first_wall - (arrived + ttft) if split else None,
             warmed_s=[live.warmed_at.get(key) for key, *_ in live.entries],
-            loaded_s=self.step_at[k] if k >= 0 else None)
+            loaded_s=self.step_at[k] if k >= 0 else None, preemptions=preempted)
 
 
 def serve_arrivals(backend: VllmBackend, policy: str, jobs: list[LiveJob], done: Callable[[LiveOutcome], None], *,
