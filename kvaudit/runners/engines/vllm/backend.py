@@ -284,7 +284,7 @@ class VllmBackend(Backend):
                     first_step[rid] = steps
                 if out.finished:
                     final[rid] = (out, time.perf_counter() - t0)
-                    self._count_preemptions(getattr(out, "metrics", None))
+                    self.count_preemptions(getattr(out, "metrics", None))
         runs = {}
         for rid in watch:
             if rid not in final:
@@ -305,7 +305,7 @@ class VllmBackend(Backend):
                              first_step=first_step.get(rid, steps))
         return runs
 
-    def _count_preemptions(self, metrics: Any) -> int | None:
+    def count_preemptions(self, metrics: Any) -> int | None:
         """One finished request's preemptions, added to the backend's count (None without request stats)."""
         n = getattr(metrics, "num_preemptions", None)  # RequestStateStats, kept with log stats on
         if not isinstance(n, int):

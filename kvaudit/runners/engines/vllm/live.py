@@ -295,7 +295,7 @@ class _Server:
                 if out.finished:
                     self._check(out, f"warm-up of {self.warmups[rid]}")
                     key = self.warmups.pop(rid)
-                    n = self.b._count_preemptions(getattr(out, "metrics", None))
+                    n = self.b.count_preemptions(getattr(out, "metrics", None))
                     if n is not None:  # the request that started it is the first to wait on it
                         starter = self.waiters[key][0]
                         starter.warmup_preemptions = (starter.warmup_preemptions or 0) + n
@@ -328,7 +328,7 @@ class _Server:
         first = live.first_s if live.first_s is not None else now
         metrics = getattr(out, "metrics", None)
         ttft = engine_ttft(metrics)
-        own = self.b._count_preemptions(metrics)
+        own = self.b.count_preemptions(metrics)
         preempted = None if own is None else own + (live.warmup_preemptions or 0)
         arrived = getattr(metrics, "arrival_time", None)  # vLLM's wall-clock stamp of the request
         split = ttft is not None and isinstance(arrived, float) and arrived > 0 and live.first_wall > 0
