@@ -129,7 +129,7 @@ class RequestRecord:
 
 
 _COUNTS = ("n_prompt_tokens", "head_tokens", "segment_tokens", "prefix_cache_tokens", "segment_hit_tokens",
-           "warmup_tokens", "tokens_computed", "overflow_tokens")
+           "warmup_tokens", "tokens_computed", "overflow_tokens", "preemptions")  # preemptions: null where unknown
 
 
 def read_request_records(path: Path) -> list[RequestRecord]:
@@ -155,10 +155,9 @@ def _check_record(r: RequestRecord, where: str) -> None:
     """What the summary and the simulator rely on beyond the field types: counts that are counts,
     hits within the prompt, and one kind and one token count per prompt piece."""
     for name in _COUNTS:
-        if getattr(r, name) < 0:
-            raise DatasetError(f"{where}: field '{name}' must not be negative, got {getattr(r, name)}")
-    if r.preemptions is not None and r.preemptions < 0:
-        raise DatasetError(f"{where}: field 'preemptions' must not be negative, got {r.preemptions}")
+        value = getattr(r, name)
+        if value is not None and value < 0:
+            raise DatasetError(f"{where}: field '{name}' must not be negative, got {value}")
     if r.n_prompt_tokens < 1:
         raise DatasetError(f"{where}: field 'n_prompt_tokens' must be at least 1")
     if r.prefix_cache_tokens + r.segment_hit_tokens > r.n_prompt_tokens:

@@ -778,7 +778,7 @@ def _replay_files() -> dict[str, bytes]:
                           piece_ids=["h", "d1", "q"], piece_tokens=[20, 60, 20],
                           piece_kinds=["prefix", "document", "question"], engine_ttft_s=0.09, client_request_ttft_s=0.095,
                           arrival_s=0.5 * i, overflow_tokens=0, finish_s=1.0 + i, decode_tokens=7, decode_s=0.07,
-                          piece_warmed_s=[0.05, None if i else 0.06, None])
+                          piece_warmed_s=[0.05, None if i else 0.06, None], preemptions=i)
             for i in range(2)]
     return {"replay_config.json": json.dumps(asdict(cfg)).encode(), "requests.jsonl": _jsonl([asdict(r) for r in recs])}
 
