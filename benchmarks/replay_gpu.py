@@ -73,7 +73,7 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
     fit = -(-(longest + args.max_new_tokens) // block) * block
     # sized as kvaudit replay sizes it (until 2026-12-05 segment reuse got twice the requests in flight
     # and at least 8 GiB: 68 GB at the default shape, more than an H100 holds beside its store)
-    kv = replay_kv_bytes(policy, args.budget, args.concurrency, longest, bpt, block)
+    kv = replay_kv_bytes(policy, args.budget, args.concurrency, longest, bpt, block, kv_space=args.kv_space)
     opts = {"load_format": "dummy", "block_size": block, "gpu_memory_utilization": 0.92,
             "disable_log_stats": False}  # vLLM's request stats: its own first-token time beside the client's
     if not args.eager:
@@ -93,7 +93,7 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
         out = ReplayDir(work / policy)
         cfg = ReplayConfig(workload=str(wl), workload_hash="bench", policy=policy, budget_bytes=args.budget,
                            model=f"{args.shape} (dummy)", backend="vllm", concurrency=args.concurrency,
-                           max_new_tokens=args.max_new_tokens, n_requests=len(requests))
+                           max_new_tokens=args.max_new_tokens, n_requests=len(requests), kv_space_bytes=args.kv_space)
         out.path.mkdir(parents=True, exist_ok=True)
         out.write_config(cfg)
         synth = SyntheticText(backend.tok.tok)
@@ -165,6 +165,9 @@ def main() -> None:
     ap.add_argument("--shape", default="llama-3.1-8b", help="llama-3.1-8b, or tiny (two small layers: a CPU smoke run)")
     ap.add_argument("--requests", type=int, default=120)
     ap.add_argument("--cache-budget", "--budget", dest="budget", type=parse_capacity, default=parse_capacity("10GB"))
+    ap.add_argument("--kv-space", type=parse_capacity, default=None,
+                    help="the engine's KV space for requests in flight, as `kvaudit replay --kv-space` (default: "
+                         "--concurrency of the longest request, so none waits for space)")
     ap.add_argument("--policies", default="recompute,prefix,segment")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--doc-tokens", default="lognormal:2000:0.5")

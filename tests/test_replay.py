@@ -284,12 +284,13 @@ def test_a_log_kept_with_its_text_is_replayed_with_that_text(tmp_path):
 
 def _synthetic_replay(path: Path, policy: str, ttft: float, seed: int, rate: float | None = None,
                       growth: float = 0.0, wave_size: int = 1, truncated: int = 0, n: int = 40,
-                      preempted: list[int | None] | None = None, **engine: int) -> None:
+                      preempted: list[int | None] | None = None, kv_space_bytes: int | None = None,
+                      **engine: int) -> None:
     from kvaudit.replay.summary import summarise
 
     rng = np.random.default_rng(seed)
     d = ReplayDir(path)
-    cfg = _config(policy=policy, workload_hash="same", n_requests=n,
+    cfg = _config(policy=policy, workload_hash="same", n_requests=n, kv_space_bytes=kv_space_bytes,
                   **({"arrivals": f"poisson:{rate}:{seed}", "schedule": "arrivals"} if rate else {}))
     d.path.mkdir(parents=True)
     d.write_config(cfg)
@@ -355,6 +356,33 @@ def test_a_replay_that_vllm_preempted_says_so_in_its_summary_and_on_its_page(tmp
     assert "vLLM preempted 2 of this replay's requests (3 times)" in capsys.readouterr().err
     _print_summary(ReplayDir(tmp_path / "none").read_summary(), tmp_path / "none")
     assert "preempted" not in capsys.readouterr().err
+
+
+def test_a_kv_space_is_the_in_process_vllm_engines_and_part_of_what_a_replay_is(workload, tmp_path, capsys):
+    """--kv-space sizes in-process vLLM's KV space (a server sizes its own: refused elsewhere, before
+    any work); a replay at another KV space is another replay (resume refused), a config file that
+    gives a bad one is named, and the page names the difference when replays at two spaces meet."""
+    assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
+                 "--kv-space", "6GB", "--out", str(tmp_path / "t"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--kv-space sizes the KV space of the in-process vLLM engine (--backend vllm); on --backend transformers" in err
+    assert not (tmp_path / "t").exists()
+    d = ReplayDir(tmp_path / "r")
+    d.path.mkdir()
+    d.write_config(_config(kv_space_bytes=6 * 10**9))
+    d.check_resumable(_config(kv_space_bytes=6 * 10**9))
+    with pytest.raises(KvauditError, match="holds a replay with kv_space_bytes=6000000000, not None"):
+        d.check_resumable(_config())
+    d.config_file.write_text(json.dumps({**json.loads(d.config_file.read_text()), "kv_space_bytes": -5}))
+    with pytest.raises(DatasetError, match="field 'kv_space_bytes' must be a positive number of bytes or null, got -5"):
+        d.read_config()
+    _synthetic_replay(tmp_path / "own", "segment", 0.05, 0)
+    _synthetic_replay(tmp_path / "team", "segment", 0.05, 1, kv_space_bytes=2 * 10**9)
+    assert main(["compare", str(tmp_path / "own"), str(tmp_path / "team"), "--out", str(tmp_path / "cmp")]) == 0
+    page = (tmp_path / "cmp" / "replays.html").read_text()
+    assert "segment @ 0 MB, KV space 2,000 MB" in page
+    assert ("KV space for requests in flight, bytes (--kv-space): enough that none waits for space in segment @ 0 MB; "
+            "2,000,000,000 in segment @ 0 MB, KV space 2,000 MB") in page.replace("&#39;", "'")
 
 
 def test_compare_names_what_replays_differ_in_beyond_the_policy(tmp_path):

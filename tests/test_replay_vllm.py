@@ -215,3 +215,36 @@ def test_requests_past_the_engines_slots_wait_holding_nothing(workload, tmp_path
     assert all(r.ttft_s >= r.queue_s for r in recs)
     assert s["hit_rate"]["measured"]["token_hit_rate"] > 0.2
     assert abs(s["hit_rate"]["gap_points_engine_order"]) <= 2.0
+
+
+def test_at_a_kv_space_that_holds_one_request_the_engine_runs_one_at_a_time(tmp_path, replay, replayed):
+    """--kv-space gives the engine the KV space a team's server has. Three requests arrive at once at an
+    engine with three slots: at the default space all are scheduled together; at a space that holds
+    one request vLLM runs them one after another (each waits in the engine for the last one's blocks),
+    as the server would. A space that cannot hold the longest request is refused with the least that does."""
+    wl = tmp_path / "same.jsonl"
+    assert main(["generate", "workload", "--out", str(wl), "--requests", "3", "--documents", "6",
+                 "--docs-per-request", "3", "--doc-tokens", "fixed:100", "--prefix-tokens", "20",
+                 "--question-tokens", "fixed:8", "--no-progress"]) == 0
+    lines = [json.loads(x) for x in wl.read_text().splitlines()]
+    wl.write_text("".join(json.dumps({**x, "timestamp": 0.0}) + "\n" for x in lines))  # all at once
+    flags = ("--timestamps", "--concurrency", "3")
+    proc = replay(wl, tmp_path / "small", "recompute", "1MB", *flags, "--kv-space", "1MB")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    err = proc.stderr.strip().splitlines()[-1]
+    assert "--kv-space 1,000,000 B holds 21 tokens of this model's KV (46,080 B per token at float32)" in err, err
+    least = int(err.rsplit("at least ", 1)[1].split(" B")[0].replace(",", ""))
+    assert not (tmp_path / "small" / "requests.jsonl").exists()
+
+    def most_scheduled_together(out: Path) -> int:
+        recs = ReplayDir(out).read_requests()
+        assert len(recs) == 3 and all(r.loaded_s is not None and r.preemptions == 0 for r in recs)
+        spans = [(r.loaded_s, r.finish_s) for r in recs]  # scheduled by vLLM .. finished
+        return max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans)
+
+    one = replayed(wl, tmp_path / "one", "recompute", "1MB", *flags, "--kv-space", str(least))
+    assert one["config"]["kv_space_bytes"] == least
+    assert one["engine"]["kv_tokens"] * 46_080 <= least < 2 * one["engine"]["kv_tokens"] * 46_080
+    assert most_scheduled_together(tmp_path / "one") == 1
+    replayed(wl, tmp_path / "own", "recompute", "1MB", *flags)
+    assert most_scheduled_together(tmp_path / "own") > 1

@@ -5,7 +5,8 @@
 # Llama-3.1-8B shape, dummy bf16, CUDA graphs, the default workload shape (benchmarks/replay_gpu.py),
 # 16 decoded tokens per request.
 #   bash benchmarks/h200/replay_load.sh prefix|segment|recompute
-# Environment: RATES, REQUESTS, BUDGET, MNT (decoded tokens), SLO (seconds), DOCS (document tokens,
+# Environment: RATES, REQUESTS, BUDGET, KV_SPACE (the engine's KV space for requests in flight; default
+# enough that none waits for space), MNT (decoded tokens), SLO (seconds), DOCS (document tokens,
 # default the workload's lognormal:2000:0.5), SCHEDULE (arrivals, or waves for the old mode side by side),
 # REPS (replications: each load served that many times with new arrival seeds; 6 bounds each p95's interval),
 # RESULTS (where the summaries and each load's requests go; default $OUT). A sweep longer than one call:
@@ -20,7 +21,7 @@ set -u
 source /tmp/gpu-env.sh
 policy=$1
 python3 benchmarks/replay_gpu.py --policies "$policy" --rates "${RATES:-0.5,1,1.5,2.5}" --requests "${REQUESTS:-80}" \
-  --cache-budget "${BUDGET:-40GB}" --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
+  --cache-budget "${BUDGET:-40GB}" ${KV_SPACE:+--kv-space "$KV_SPACE"} --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
   --replications "${REPS:-1}" \
   --doc-tokens "${DOCS:-lognormal:2000:0.5}" --schedule "${SCHEDULE:-arrivals}" \
   --json "${RESULTS:-$OUT}/replay_load_${policy}_${SCHEDULE:-arrivals}.json" \

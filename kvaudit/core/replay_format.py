@@ -54,6 +54,9 @@ class ReplayConfig:
     # waves: requests go in waves, a wave one engine batch (arrivals during a wave wait for the
     # next); arrivals: each request joins the running batch at its arrival (in-process vLLM)
     schedule: Schedule = "waves"
+    # the in-process vLLM engine's KV space for requests in flight where the user gave it
+    # (--kv-space); None: sized so that none waits for space
+    kv_space_bytes: int | None = None
     format_version: int = REPLAY_FORMAT
 
     def identity(self) -> dict[str, Any]:
@@ -124,7 +127,8 @@ class RequestRecord:
     loaded_s: float | None = None
     # schedule "arrivals", vLLM with request stats: times the engine preempted the request or the
     # warm-ups it started (its KV space ran out mid-batch). A replay sizes that space so that
-    # nothing should be preempted: a count above 0 says the engine was not the one intended
+    # nothing should be preempted, unless --kv-space gives the user's: a count above 0 then says
+    # what that space costs, and otherwise that the engine was not the one intended
     preemptions: int | None = None
 
 
@@ -204,6 +208,9 @@ def check_config(obj: dict[str, Any], where: str, prefix: str = "") -> ReplayCon
         raise DatasetError(f"{where}: field '{prefix}format_version' is {excerpt(repr(version), 40)}: this kvaudit "
                            f"reads replay format {REPLAY_FORMAT}; upgrade kvaudit to read this replay")
     config = record_from_json(obj, ReplayConfig, where, prefix=prefix)  # the schedule among them: a Literal
+    if config.kv_space_bytes is not None and config.kv_space_bytes < 1:
+        raise DatasetError(f"{where}: field '{prefix}kv_space_bytes' must be a positive number of bytes or null, "
+                           f"got {config.kv_space_bytes}")
     try:
         arrival_rate(config.arrivals)
     except ValueError:

@@ -63,6 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "OUT/rate-R-seed-S with empty caches; each load's TTFT percentiles are then the median "
                         "over its replications with a 95%% interval that holds under queueing (both ends from 6 "
                         "replications; one replay's own intervals do not: docs/replay.md)")
+    p.add_argument("--kv-space", type=byte_size, default=None, metavar="BYTES",
+                   help="--backend vllm: the engine's KV space for the requests in flight, as your server has it "
+                        "(e.g. 6GB; prefix caching's --cache-budget is added on top). A request that does not fit "
+                        "beside the others waits or is preempted, as on the server, and the records count its "
+                        "preemptions. Default: --concurrency of the longest request, so none waits for space")
     p.add_argument("--model", default="smollm2", help="'smollm2' (default) or a local checkpoint directory")
     add_backend_arguments(p)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -166,10 +171,13 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
     if pre and pre["requests"]:
         print(f"warning: vLLM preempted {pre['requests']:,} of this replay's requests ({pre['total']:,} times): its KV "
               "space ran out mid-batch, so their TTFT includes recomputing or reloading what they lost; "
-              "a replay's engine is sized so that this does not happen (docs/replay.md)", file=sys.stderr)
+              + (f"the engine ran at --kv-space {c['kv_space_bytes']:,} B, as you gave it (docs/replay.md)"
+                 if c.get("kv_space_bytes") else "a replay's engine is sized so that this does not happen "
+                 "(docs/replay.md)"), file=sys.stderr)
     how = ("each request joining the running batch at its arrival" if c.get("schedule") == "arrivals"
            else f"in waves of up to {c['concurrency']}")
-    print(f"\nreplay {c['policy']} at budget {c['budget_bytes']:,} B: {s['requests']} requests "
+    space = f", KV space {c['kv_space_bytes']:,} B for requests in flight" if c.get("kv_space_bytes") else ""
+    print(f"\nreplay {c['policy']} at budget {c['budget_bytes']:,} B{space}: {s['requests']} requests "
           f"({s['sessions']} session(s)), {how}, arrivals {c.get('arrivals', 'closed')}, in {out}")
     print(f"  TTFT p50 {_ms(t['p50'])}  p95 {_ms(t['p95'])}  p99 {_ms(t['p99'])}")
     if not s.get("ttft_intervals_claimed", True):
@@ -211,6 +219,10 @@ def run(args: argparse.Namespace) -> int:
     if args.concurrency is None:
         args.concurrency = ARRIVALS_CONCURRENCY[args.backend] if schedule == "arrivals" else 1
     check_arms_run_on([POLICY_ARM[args.cache_policy]], args.backend)
+    if args.kv_space is not None and args.backend != "vllm":
+        raise KvauditError(f"--kv-space sizes the KV space of the in-process vLLM engine (--backend vllm); on "
+                           f"--backend {args.backend} the engine sizes its own (a vLLM server's "
+                           "--kv-cache-memory-bytes or --gpu-memory-utilization, set when it starts)")
     if args.cache_policy == "prefix" and args.backend != "vllm":
         raise KvauditError("--cache-policy prefix holds the engine's own prefix cache to --cache-budget; that needs "
                            "--backend vllm (in process)")
@@ -322,9 +334,16 @@ class _Engine:
             max_len = min(fit, int(context)) if isinstance(context, int) else fit
         else:  # the user's, or less where every request fits in less
             max_len = min(int(given), fit)
+        least = (-(-max_len // block) + 1) * block * bpt  # vLLM keeps one block of its own (its null block)
+        if args.kv_space is not None and args.kv_space < least:
+            raise KvauditError(f"--kv-space {args.kv_space:,} B holds {args.kv_space // bpt:,} tokens of this "
+                               f"model's KV ({bpt:,} B per token at {args.dtype}); the workload's longest request "
+                               f"needs {max_len:,} with its answer, in blocks of {block} beside one block vLLM keeps, "
+                               f"and vLLM refuses an engine that cannot hold one. Raise --kv-space to at least "
+                               f"{least:,} B")
         return {"max_model_len": max_len,
                 "kv_cache_bytes": replay_kv_bytes(args.cache_policy, args.cache_budget, args.concurrency,
-                                                  min(longest, max_len), bpt, block)}
+                                                  min(longest, max_len), bpt, block, kv_space=args.kv_space)}
 
     def close(self) -> None:
         if self.backend is not None:
@@ -381,7 +400,8 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, see
     config = ReplayConfig(workload=str(args.workload), workload_hash=file_sha256(args.workload), policy=args.cache_policy,
                           budget_bytes=args.cache_budget, model=args.model, backend=args.backend,
                           concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
-                          n_requests=len(requests), arrivals=arrivals_spec, schedule=schedule)
+                          n_requests=len(requests), arrivals=arrivals_spec, schedule=schedule,
+                          kv_space_bytes=args.kv_space)
     out = ReplayDir(out_dir)
     with out.lock("replay", create=True):
         out.check_resumable(config)

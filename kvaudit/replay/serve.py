@@ -60,14 +60,18 @@ def store_budget(policy: str, budget_bytes: int) -> int:
 
 
 def replay_kv_bytes(policy: str, budget_bytes: int, concurrency: int, max_request_tokens: int,
-                    bytes_per_token: int, block_size: int) -> int:
+                    bytes_per_token: int, block_size: int, kv_space: int | None = None) -> int:
     """KV space for a replay's in-process vLLM engine, every policy: ``concurrency`` requests of
     ``max_request_tokens`` in flight (the engine runs at most that many, a segment warm-up among
-    them), and for ``prefix`` the budget on top, so what the engine keeps between requests is the
-    budget; other policies get at least the engine's default space. ``kvaudit replay`` and the GPU
-    benchmark size their engines with this one rule, so their numbers describe the same engine."""
+    them), or ``kv_space`` where the user gives their server's (``--kv-space``: requests then wait
+    or are preempted for space, as there), and for ``prefix`` the budget on top, so what the engine
+    keeps between requests is the budget; other policies get at least the engine's default space
+    unless ``kv_space`` says. ``kvaudit replay`` and the GPU benchmark size their engines with this
+    one rule, so their numbers describe the same engine."""
     from kvaudit.runners.engines.vllm.engine_setup import DEFAULT_KV_CACHE_BYTES
 
+    if kv_space is not None:
+        return kv_space + (budget_bytes if policy == "prefix" else 0)
     if policy == "prefix":
         return engine_kv_bytes(budget_bytes, concurrency, max_request_tokens, bytes_per_token, block_size)
     return max(engine_kv_bytes(0, concurrency, max_request_tokens, bytes_per_token, block_size),

@@ -34,9 +34,17 @@ def is_replay(path: str | Path) -> bool:
     return ReplayDir(path).is_replay() or (Path(path) / SWEEP_FILE).is_file()
 
 
+def _policy_label(c: dict[str, Any]) -> str:
+    """A replay's policy and budget (and the KV space it ran at, where the user gave one)."""
+    label = f"{c['policy']} @ {c['budget_bytes'] / 1e6:,.0f} MB"
+    if c.get("kv_space_bytes"):
+        label += f", KV space {c['kv_space_bytes'] / 1e6:,.0f} MB"
+    return label
+
+
 def _label(s: dict[str, Any]) -> str:
     c = s["config"]
-    label = f"{c['policy']} @ {c['budget_bytes'] / 1e6:,.0f} MB"
+    label = _policy_label(c)
     rate = arrival_rate(c.get("arrivals", "closed"))
     if rate is not None:
         label += f" @ {rate:g}/s"
@@ -116,7 +124,7 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             grouped.setdefault(sweep, []).append((d.summary_file, s))
     for (k, _), replays in grouped.items():
         sw, s = sweeps[k], replays[0][1]
-        sw["label"] = f"{s['config']['policy']} @ {s['config']['budget_bytes'] / 1e6:,.0f} MB"
+        sw["label"] = _policy_label(s["config"])
         sw["policy"] = s["config"]["policy"]
         sw["schedule"] = s["config"].get("schedule", "waves")
         sw["loads"].append(_load(replays))
@@ -225,24 +233,27 @@ def _load(replays: list[tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
 
 
 # What replays set side by side must share: everything but the cache policy, its budget and the
-# arrivals. (config or engine, key, what the page calls it)
-_SHARED = (("config", "model", "model"), ("config", "backend", "backend"), ("config", "max_new_tokens", "answer tokens"),
-           ("config", "concurrency", "concurrency"), ("config", "schedule", "schedule"),
-           ("engine", "device", "device"), ("engine", "dtype", "dtype"), ("engine", "block_size", "KV block size"),
-           ("engine", "max_prompt_tokens", "the engine's prompt limit (its max_model_len less the answer; vLLM "
-                                           "chunks prefills by it)"))
+# arrivals. (config or engine, key, what the page calls it[, what an unset value means])
+_SHARED: tuple[tuple[str, ...], ...] = (
+    ("config", "model", "model"), ("config", "backend", "backend"), ("config", "max_new_tokens", "answer tokens"),
+    ("config", "concurrency", "concurrency"), ("config", "schedule", "schedule"),
+    ("config", "kv_space_bytes", "the engine's KV space for requests in flight, bytes (--kv-space)",
+     "enough that none waits for space"),
+    ("engine", "device", "device"), ("engine", "dtype", "dtype"), ("engine", "block_size", "KV block size"),
+    ("engine", "max_prompt_tokens", "the engine's prompt limit (its max_model_len less the answer; vLLM "
+                                    "chunks prefills by it)"))
 
 
 def _differences(rows: list[dict[str, Any]]) -> list[str]:
     """Each setting the rows differ in beyond the policy, budget and arrivals, with its values and
     the rows that had each (a TTFT difference between them is then not the policy's alone)."""
     out = []
-    for part, key, name in _SHARED:
+    for part, key, name, *unset in _SHARED:
         by_value: dict[str, list[str]] = {}
         for r in rows:
             v = (r["summary"].get(part) or {}).get(key)
-            by_value.setdefault("not recorded" if v is None else f"{v:,}" if isinstance(v, int) else str(v),
-                                []).append(r["label"])
+            by_value.setdefault((unset or ["not recorded"])[0] if v is None else f"{v:,}" if isinstance(v, int)
+                                else str(v), []).append(r["label"])
         if len(by_value) > 1:
             out.append(f"{name}: " + "; ".join(
                 f"{v} in {', '.join(labels[:3])}" + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")

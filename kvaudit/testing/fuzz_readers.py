@@ -770,7 +770,7 @@ def _replay_files() -> dict[str, bytes]:
 
     cfg = ReplayConfig(workload="workload.jsonl", workload_hash="ab" * 8, policy="segment", budget_bytes=10**6,
                        model="smollm2", backend="vllm", concurrency=2, max_new_tokens=8, n_requests=2,
-                       arrivals="poisson:2.0:0", schedule="arrivals")
+                       arrivals="poisson:2.0:0", schedule="arrivals", kv_space_bytes=10**7)
     recs = [RequestRecord(index=i, request_id=f"r{i}", wave=i, session=0, n_prompt_tokens=100, head_tokens=20,
                           segment_tokens=60, ttft_s=0.1 + i, warmup_s=0.01, head_s=0.0, queue_s=0.0,
                           prefix_cache_tokens=0, segment_hit_tokens=60 * i, warmup_tokens=60 * (1 - i),
