@@ -65,6 +65,7 @@ COSTS: dict[str, set[str]] = {
     "test_replay::test_a_log_kept_with_its_text_is_replayed_with_that_text": {"engine"},
     "test_replay::test_an_open_loop_replay_counts_the_wait_in_ttft": {"engine"},
     "test_replay::test_a_request_longer_than_the_model_is_refused_before_any_is_served": {"engine"},
+    "test_replay::test_a_serving_change_replayed_on_each_engine_is_named_side_by_side": {"engine"},
     "test_preflight::test_a_case_longer_than_the_model_is_refused_before_the_first_case": {"engine"},
     "test_preflight::test_a_segment_replay_whose_wave_overflows_the_budget_is_refused_before_any_request":
         {"engine"},

@@ -385,6 +385,80 @@ def test_a_kv_space_is_the_in_process_vllm_engines_and_part_of_what_a_replay_is(
             "2,000,000,000 in segment @ 0 MB, KV space 2,000 MB") in page.replace("&#39;", "'")
 
 
+def _engines_file(path: Path, candidate_options: str = "threads = 1", baseline_options: str = "threads = 2",
+                  backend: str = "transformers") -> Path:
+    path.write_text(f"""[baseline]\nbackend = "{backend}"\nmodel = "smollm2"\n[baseline.options]\n{baseline_options}\n
+[candidate]\nbackend = "{backend}"\nmodel = "smollm2"\nchange = "one thread"\ndeclares = ["threads"]
+[candidate.options]\n{candidate_options}\n""")
+    return path
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--engine", "candidate"], "--engine names a table of an engines file: give it with --engines FILE"),
+    (["--engines", "E"], "--engines {E}: give --engine baseline or --engine candidate, the table to replay on"),
+    (["--engines", "E", "--engine", "candidate", "--model", "smollm2"],
+     "--model and --engines: with --engines the engine's settings come from {E} (the table --engine names)"),
+    (["--engines", "E", "--engine", "candidate", "--threads", "1"], "--threads and --engines"),
+    (["--engines", "SEQS", "--engine", "candidate", "--concurrency", "2"],
+     "--concurrency 2 and {SEQS}: [candidate] sets max_num_seqs = 4, the most requests its engine runs at once"),
+    (["--engines", "KV", "--engine", "candidate", "--kv-space", "1GB"],
+     "--kv-space and {KV}: [candidate.options] sets kv_cache_bytes, the engine's KV space; give one of them"),
+])
+def test_a_replay_on_an_engines_table_takes_its_settings_from_the_table_alone(workload, tmp_path, capsys, extra, says):
+    files = {"E": _engines_file(tmp_path / "e.toml"),
+             "SEQS": _engines_file(tmp_path / "seqs.toml", "max_num_seqs = 4", "max_num_seqs = 8", backend="vllm"),
+             "KV": _engines_file(tmp_path / "kv.toml", "kv_cache_bytes = 1000000", "", backend="vllm")}
+    argv = ["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
+            "--out", str(tmp_path / "r"), "--no-progress", *(str(files.get(x, x)) for x in extra)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says.format(**files) in err, err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_serving_change_replayed_on_each_engine_is_named_side_by_side(workload, tmp_path, capsys):
+    """Replays of one workload on an engines file's baseline and candidate (a serving change under
+    load): each records its table; the page labels them by engine and says they differ in the
+    engine, and a resume on an edited table is refused."""
+    engines = _engines_file(tmp_path / "e.toml")
+    runs = {}
+    for role in ("baseline", "candidate"):
+        runs[role] = tmp_path / role
+        assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
+                     "--out", str(runs[role]), "--no-progress", "--limit", "3", "--engines", str(engines),
+                     "--engine", role]) == 0
+    out = capsys.readouterr().out
+    assert "on the candidate engine (one thread)" in out and "on the baseline engine:" in out
+    b, c = (ReplayDir(runs[r]).read_config() for r in ("baseline", "candidate"))
+    assert (b.engine_role, b.engine_change, c.engine_role, c.engine_change) == ("baseline", None, "candidate",
+                                                                                "one thread")
+    assert b.engine_sha256 != c.engine_sha256 and b.model == c.model == "smollm2" and b.backend == "transformers"
+    assert main(["compare", str(runs["baseline"]), str(runs["candidate"]), "--out", str(tmp_path / "cmp")]) == 0
+    page = (tmp_path / "cmp" / "replays.html").read_text().replace("&#39;", "'")
+    assert "recompute @ 1 MB · candidate (one thread)" in page
+    assert ("the engine (an --engines table: a serving change): baseline in recompute @ 1 MB · baseline; "
+            "candidate in recompute @ 1 MB · candidate (one thread)") in page
+    _engines_file(engines, "threads = 1", baseline_options="threads = 3")
+    assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
+                 "--out", str(runs["baseline"]), "--no-progress", "--limit", "4", "--engines", str(engines),
+                 "--engine", "baseline"]) == 2
+    assert "holds a replay with engine_sha256=" in capsys.readouterr().err
+    assert len(ReplayDir(runs["baseline"]).read_requests()) == 3
+
+
+def test_a_serving_changes_sweeps_are_read_against_its_baseline_engine():
+    from kvaudit.reports.replay_report import _against
+
+    def sweep(policy: str, role: str | None) -> dict:
+        load = {"rate": 1.0, "p95": {"value": 0.5 if role == "candidate" else 1.0, "low": None, "high": None},
+                "intervals_claimed": False, "past_saturation": False}
+        return {"label": f"{policy} {role}", "policy": policy, "engine_role": role, "loads": [load]}
+
+    got = _against([sweep("prefix", "candidate"), sweep("prefix", "baseline")])
+    assert got["base"] == "prefix baseline" and got["rows"][0]["ratio"] == 0.5
+    assert _against([sweep("segment", None), sweep("prefix", None)])["base"] == "prefix None"
+
+
 def test_compare_names_what_replays_differ_in_beyond_the_policy(tmp_path):
     # Before 2026-12-05 a segment replay's vLLM engine opened at max_model_len 4,096 and prefix
     # caching's at the workload's longest request: their prefill chunks differed, under the policy's name.

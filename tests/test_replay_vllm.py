@@ -31,8 +31,8 @@ def workload(tmp_path_factory) -> Path:
     return out
 
 
-def _args(workload: Path, out: Path, policy: str, budget: str, *extra: str) -> list[str]:
-    return ["replay", "--backend", "vllm", "--workload", str(workload), "--policy", policy,
+def _args(workload: Path, out: Path, policy: str, budget: str, *extra: str, backend: bool = True) -> list[str]:
+    return ["replay", *(["--backend", "vllm"] if backend else []), "--workload", str(workload), "--policy", policy,
             "--cache-budget", budget, "--out", str(out), "--no-progress", *extra]
 
 
@@ -217,8 +217,9 @@ def test_requests_past_the_engines_slots_wait_holding_nothing(workload, tmp_path
     assert abs(s["hit_rate"]["gap_points_engine_order"]) <= 2.0
 
 
-def test_at_a_kv_space_that_holds_one_request_the_engine_runs_one_at_a_time(tmp_path, replay, replayed):
-    """--kv-space gives the engine the KV space a team's server has. Three requests arrive at once at an
+def test_at_a_kv_space_that_holds_one_request_the_engine_runs_one_at_a_time(tmp_path, replay, replayed, kvaudit_process):
+    """--kv-space (or an engines file's kv_cache_bytes: a serving change under load) gives the engine the
+    KV space a team's server has. Three requests arrive at once at an
     engine with three slots: at the default space all are scheduled together; at a space that holds
     one request vLLM runs them one after another (each waits in the engine for the last one's blocks),
     as the server would. A space that cannot hold the longest request is refused with the least that does."""
@@ -242,9 +243,25 @@ def test_at_a_kv_space_that_holds_one_request_the_engine_runs_one_at_a_time(tmp_
         spans = [(r.loaded_s, r.finish_s) for r in recs]  # scheduled by vLLM .. finished
         return max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans)
 
-    one = replayed(wl, tmp_path / "one", "recompute", "1MB", *flags, "--kv-space", str(least))
-    assert one["config"]["kv_space_bytes"] == least
+    # the same as a serving change under load: an engines file whose candidate has that KV space (its
+    # kv_cache_bytes is the engine's, not resized by the replay) and whose baseline leaves it to kvaudit
+    engines = tmp_path / "engines.toml"
+    engines.write_text(f"""[baseline]\nbackend = "vllm"\nmodel = "smollm2"\n
+[candidate]\nbackend = "vllm"\nmodel = "smollm2"\nchange = "one request's KV space"\ndeclares = ["kv_cache_bytes"]
+[candidate.options]\nkv_cache_bytes = {least}\n""")
+    def on_table(role: str) -> dict:
+        out = tmp_path / role
+        proc = kvaudit_process(_args(wl, out, "recompute", "1MB", *flags, "--engines", str(engines), "--engine", role,
+                                     backend=False))  # the table's backend
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return ReplayDir(out).read_summary()
+
+    one = on_table("candidate")
+    assert one["config"]["kv_space_bytes"] == least and one["config"]["engine_role"] == "candidate"
     assert one["engine"]["kv_tokens"] * 46_080 <= least < 2 * one["engine"]["kv_tokens"] * 46_080
-    assert most_scheduled_together(tmp_path / "one") == 1
-    replayed(wl, tmp_path / "own", "recompute", "1MB", *flags)
-    assert most_scheduled_together(tmp_path / "own") > 1
+    assert most_scheduled_together(tmp_path / "candidate") == 1
+    own = on_table("baseline")
+    assert most_scheduled_together(tmp_path / "baseline") > 1 and own["engine"]["kv_tokens"] > 3 * one["engine"]["kv_tokens"]
+    assert main(["compare", str(tmp_path / "baseline"), str(tmp_path / "candidate"), "--out", str(tmp_path / "cmp")]) == 0
+    page = (tmp_path / "cmp" / "replays.html").read_text().replace("&#39;", "'")
+    assert f"recompute @ 1 MB, KV space {least / 1e6:,.0f} MB · candidate (one request's KV space)" in page

@@ -29,7 +29,7 @@ from kvaudit.core.replay_summary_format import check_summary
 from kvaudit.core.run_format import REPLAY_CONFIG_FILE, REPLAY_FILE, REPLAY_REQUESTS_FILE
 from kvaudit.core.trace import KINDS, MAX_PIECE_TOKENS
 from kvaudit.core.typed_json import check_fields, record_from_json
-from kvaudit.core.vocabulary import ReplayPolicy, Schedule, words
+from kvaudit.core.vocabulary import EngineRole, ReplayPolicy, Schedule, words
 from kvaudit.core.work_dir import WorkDir
 
 REPLAY_FORMAT = 1
@@ -57,6 +57,11 @@ class ReplayConfig:
     # the in-process vLLM engine's KV space for requests in flight where the user gave it
     # (--kv-space); None: sized so that none waits for space
     kv_space_bytes: int | None = None
+    # a serving change under load (--engines FILE --engine ROLE): the table replayed on, the change
+    # in words (the candidate's), and a digest of the table (a resume on an edited table is refused)
+    engine_role: EngineRole | None = None
+    engine_change: str | None = None
+    engine_sha256: str | None = None
     format_version: int = REPLAY_FORMAT
 
     def identity(self) -> dict[str, Any]:

@@ -35,6 +35,8 @@ Verdict = Literal["pass", "fail", "error"]
 Decision = Literal["pass", "fail", "undecided"]
 ReplayPolicy = Literal["recompute", "prefix", "segment"]
 Schedule = Literal["arrivals", "waves"]
+# The engines of a serving change (an engines file's tables).
+EngineRole = Literal["baseline", "candidate"]
 
 
 def words(vocabulary: Any) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kvaudit.core.arg_types import byte_size, positive_int, positive_number
 from kvaudit.core.errors import KvauditError
 from kvaudit.core.replay_format import POLICIES
+from kvaudit.runners.engines_file import ROLES
 from kvaudit.runners.registry import add_backend_arguments
 
 if TYPE_CHECKING:
@@ -68,9 +69,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(e.g. 6GB; prefix caching's --cache-budget is added on top). A request that does not fit "
                         "beside the others waits or is preempted, as on the server, and the records count its "
                         "preemptions. Default: --concurrency of the longest request, so none waits for space")
-    p.add_argument("--model", default="smollm2", help="'smollm2' (default) or a local checkpoint directory")
-    add_backend_arguments(p)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--engines", type=Path, default=None, metavar="FILE",
+                   help="a serving change under load: replay on one table of an engines file (docs/serving-changes.md), "
+                        "its backend, model, dtype and options in place of --backend, --model, --dtype and the "
+                        "backend's flags; replay --engine baseline and --engine candidate into two --out "
+                        "directories and set them side by side with kvaudit compare")
+    p.add_argument("--engine", choices=ROLES, default=None, help="with --engines: the table to replay on")
+    p.add_argument("--model", default=None, help="'smollm2' (default) or a local checkpoint directory")
+    add_backend_arguments(p, default=None)
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="default float32")
     p.add_argument("--limit", type=positive_int, default=None, help="replay only the first N requests")
     p.add_argument("--max-new-tokens", type=positive_int, default=1,
                    help="tokens generated per request (default 1: the replay measures the time to first token)")
@@ -177,6 +184,8 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
     how = ("each request joining the running batch at its arrival" if c.get("schedule") == "arrivals"
            else f"in waves of up to {c['concurrency']}")
     space = f", KV space {c['kv_space_bytes']:,} B for requests in flight" if c.get("kv_space_bytes") else ""
+    if c.get("engine_role"):
+        space += f", on the {c['engine_role']} engine" + (f" ({c['engine_change']})" if c.get("engine_change") else "")
     print(f"\nreplay {c['policy']} at budget {c['budget_bytes']:,} B{space}: {s['requests']} requests "
           f"({s['sessions']} session(s)), {how}, arrivals {c.get('arrivals', 'closed')}, in {out}")
     print(f"  TTFT p50 {_ms(t['p50'])}  p95 {_ms(t['p95'])}  p99 {_ms(t['p99'])}")
@@ -211,13 +220,17 @@ def _print_summary(s: dict[str, Any], out: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvaudit.replay.serve import POLICY_ARM
     from kvaudit.replay.workload_text import read_workload
-    from kvaudit.runners.registry import backend_options, check_arms_run_on
+    from kvaudit.runners.registry import check_arms_run_on
     from kvaudit.runners.run_cli import prepare_out
 
-    opts = backend_options(args)  # refuse another backend's options before any work
+    opts, engine_table = engine_options(args)  # refuse another backend's options before any work
     schedule = _schedule(args)
+    table_seqs = opts.pop("max_num_seqs", None) if engine_table else None
+    if table_seqs is not None and args.concurrency not in (None, table_seqs):
+        raise KvauditError(f"--concurrency {args.concurrency} and {args.engines}: [{args.engine}] sets max_num_seqs = "
+                           f"{table_seqs}, the most requests its engine runs at once; give one of them")
     if args.concurrency is None:
-        args.concurrency = ARRIVALS_CONCURRENCY[args.backend] if schedule == "arrivals" else 1
+        args.concurrency = table_seqs or (ARRIVALS_CONCURRENCY[args.backend] if schedule == "arrivals" else 1)
     check_arms_run_on([POLICY_ARM[args.cache_policy]], args.backend)
     if args.kv_space is not None and args.backend != "vllm":
         raise KvauditError(f"--kv-space sizes the KV space of the in-process vLLM engine (--backend vllm); on "
@@ -251,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
     requests = read_workload(args.workload)
     if args.limit:
         requests = requests[: args.limit]
-    engine = _Engine(args, opts, requests)
+    engine = _Engine(args, opts, requests, engine_table)
     loads: list[tuple[float, list[tuple[int, str, dict[str, Any]]]]] = []
     try:
         for rate in rates:
@@ -271,12 +284,76 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+_SINGLE_ENGINE = {"backend": "--backend", "model": "--model", "dtype": "--dtype"}
+_KV_OPTIONS = ("kv_cache_bytes", "kv_cache_memory_bytes")  # the opener's name, and vLLM's own
+
+
+def engine_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The backend options a replay opens its engine with, and, with ``--engines``, what the replay
+    records of the table it replays on (role, change, digest); ``args.backend``, ``model`` and
+    ``dtype`` filled in from the flags' defaults or the table. The table's KV space (``kv_cache_bytes``
+    or vLLM's ``kv_cache_memory_bytes``) is the replay's ``--kv-space``, never overridden by the
+    replay's own sizing: a change of KV space is what that serving change is."""
+    import hashlib
+    import json
+
+    from kvaudit.runners.engines_file import read_engines
+    from kvaudit.runners.registry import BACKENDS, backend_options
+
+    if args.engines is None:
+        if args.engine is not None:
+            raise KvauditError("--engine names a table of an engines file: give it with --engines FILE")
+        args.backend = args.backend or "transformers"
+        args.model = args.model or "smollm2"
+        args.dtype = args.dtype or "float32"
+        return backend_options(args), None
+    given = [flag for key, flag in _SINGLE_ENGINE.items() if getattr(args, key) is not None]
+    given += [o.flag for b in BACKENDS.values() for o in b.options if getattr(args, o.dest, None) is not None]
+    if given:
+        raise KvauditError(f"{given[0]} and --engines: with --engines the engine's settings come from "
+                           f"{args.engines} (the table --engine names)")
+    if args.engine is None:
+        raise KvauditError(f"--engines {args.engines}: give --engine baseline or --engine candidate, the table to "
+                           "replay on (each into its own --out, then kvaudit compare sets them side by side)")
+    engines = read_engines(args.engines)
+    spec = getattr(engines, args.engine)
+    args.backend, args.model, args.dtype = spec.backend, spec.model, spec.dtype
+    args.table_max_model_len = spec.options.get("max_model_len")
+    opts = {**{o.param: o.default for o in BACKENDS[spec.backend].options}, **spec.options}
+    kv = [k for k in _KV_OPTIONS if k in spec.options]
+    if len(kv) > 1:
+        raise KvauditError(f"{args.engines}: [{args.engine}.options] sets both {kv[0]} and {kv[1]}: one KV space")
+    if kv:
+        if args.kv_space is not None:
+            raise KvauditError(f"--kv-space and {args.engines}: [{args.engine}.options] sets {kv[0]}, the engine's "
+                               "KV space; give one of them")
+        args.kv_space = int(opts.pop(kv[0]))
+    table = {"role": args.engine, "change": engines.change if args.engine == "candidate" else None,
+             "sha256": hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:16]}
+    return opts, table
+
+
+def given_max_model_len(args: argparse.Namespace) -> tuple[Any, str, str]:
+    """The max_model_len the user gave (None where left out), that setting as written, and where to
+    raise it."""
+    from kvaudit.runners.registry import given_option
+
+    if getattr(args, "engines", None) is not None:
+        given = getattr(args, "table_max_model_len", None)
+        where = f"max_model_len in {args.engines} [{args.engine}.options]"
+        return given, f"max_model_len = {given} in {args.engines} [{args.engine}.options]", where
+    given = given_option(args, "--max-model-len")
+    return given, f"--max-model-len {given}", "--max-model-len"
+
+
 class _Engine:
     """The backend, opened at the first load that has requests left to serve (a finished replay
     opens nothing) and kept for the loads after it, each starting with empty caches."""
 
-    def __init__(self, args: argparse.Namespace, opts: dict[str, Any], requests: list[Any]):
+    def __init__(self, args: argparse.Namespace, opts: dict[str, Any], requests: list[Any],
+                 table: dict[str, Any] | None = None):
         self.args, self.opts, self.requests = args, opts, requests
+        self.table = table or {}  # the engines file's table it opens, where --engines gives one
         self.backend: Any = None
         self.facts: dict[str, Any] = {}
         self.synth: Any = None
@@ -319,7 +396,6 @@ class _Engine:
         from kvaudit.models import resolve_model_dir
         from kvaudit.replay.serve import replay_kv_bytes
         from kvaudit.replay.workload_text import longest_request_tokens
-        from kvaudit.runners.registry import given_option
         from kvaudit.simulator.kv_bytes import resolve_model
 
         args = self.args
@@ -328,7 +404,7 @@ class _Engine:
         longest = longest_request_tokens(self.requests)
         block = int(opts.get("block_size", 32))
         fit = -(-(longest + args.max_new_tokens) // block) * block
-        given = given_option(args, "--max-model-len")
+        given, _, _ = given_max_model_len(args)
         if given is None:
             context = read_json(path / "config.json").get("max_position_embeddings")
             max_len = min(fit, int(context)) if isinstance(context, int) else fit
@@ -355,17 +431,15 @@ def check_requests_fit(args: argparse.Namespace, limit: int, needs: dict[str, in
     engine whole (``limit``: the backend's ``max_prompt_tokens``): a replay serves the workload's
     requests as they are; dropping documents to fit would measure other prompts than the
     workload's, under the workload's name."""
-    from kvaudit.runners.registry import given_option
 
     over = {rid: n for rid, n in needs.items() if n > limit}
     if not over:
         return
     shown = ", ".join(f"{rid} ({n:,} tokens)" for rid, n in list(over.items())[:5])
     more = f" and {len(over) - 5:,} more" if len(over) > 5 else ""
-    given = given_option(args, "--max-model-len")
+    given, written, where = given_max_model_len(args)
     if args.backend == "vllm" and given is not None:
-        why = (f"--max-model-len {given} less {args.max_new_tokens} answer token(s)",
-               "raise --max-model-len, up to the model's context")
+        why = (f"{written} less {args.max_new_tokens} answer token(s)", f"raise {where}, up to the model's context")
     elif args.backend == "vllm":
         why = ("the engine opened for the workload's longest request by its token counts, up to the model's "
                "context", "if the workload's token counts are another tokenizer's, give --max-model-len; "
@@ -401,7 +475,8 @@ def _replay_one(args: argparse.Namespace, schedule: str, rate: float | None, see
                           budget_bytes=args.cache_budget, model=args.model, backend=args.backend,
                           concurrency=args.concurrency, max_new_tokens=args.max_new_tokens,
                           n_requests=len(requests), arrivals=arrivals_spec, schedule=schedule,
-                          kv_space_bytes=args.kv_space)
+                          kv_space_bytes=args.kv_space, engine_role=engine.table.get("role"),
+                          engine_change=engine.table.get("change"), engine_sha256=engine.table.get("sha256"))
     out = ReplayDir(out_dir)
     with out.lock("replay", create=True):
         out.check_resumable(config)

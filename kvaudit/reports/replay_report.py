@@ -35,10 +35,13 @@ def is_replay(path: str | Path) -> bool:
 
 
 def _policy_label(c: dict[str, Any]) -> str:
-    """A replay's policy and budget (and the KV space it ran at, where the user gave one)."""
+    """A replay's policy and budget (and the KV space it ran at, where the user gave one; the
+    engines file's table it ran on, for a serving change under load)."""
     label = f"{c['policy']} @ {c['budget_bytes'] / 1e6:,.0f} MB"
     if c.get("kv_space_bytes"):
         label += f", KV space {c['kv_space_bytes'] / 1e6:,.0f} MB"
+    if c.get("engine_role"):
+        label += f" · {c['engine_role']}" + (f" ({c['engine_change']})" if c.get("engine_change") else "")
     return label
 
 
@@ -126,6 +129,7 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
         sw, s = sweeps[k], replays[0][1]
         sw["label"] = _policy_label(s["config"])
         sw["policy"] = s["config"]["policy"]
+        sw["engine_role"] = s["config"].get("engine_role")
         sw["schedule"] = s["config"].get("schedule", "waves")
         sw["loads"].append(_load(replays))
     for sw in sweeps:
@@ -161,13 +165,14 @@ BASELINES = ("prefix", "recompute")  # what another policy's sweep is read again
 
 
 def _against(sweeps: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Each sweep at the offered loads it shares with the baseline sweep (prefix caching where one
-    was swept, else recompute, else the first): p95 TTFT side by side, their ratio, and where both
+    """Each sweep at the offered loads it shares with the baseline sweep (a serving change's
+    baseline engine where one was swept, else prefix caching, else recompute, else the first): p95 TTFT side by side, their ratio, and where both
     loads' intervals hold (replications), whether they lie apart; with an SLO, each one's highest
     sustained load beside the baseline's. None for fewer than two sweeps."""
     if len(sweeps) < 2:
         return None
-    base = next((sw for p in BASELINES for sw in sweeps if sw["policy"] == p), sweeps[0])
+    base = next((sw for sw in sweeps if sw.get("engine_role") == "baseline"), None) or next(
+        (sw for p in BASELINES for sw in sweeps if sw["policy"] == p), sweeps[0])
     rows = []
     for sw in sweeps:
         if sw is base:
@@ -239,6 +244,7 @@ _SHARED: tuple[tuple[str, ...], ...] = (
     ("config", "concurrency", "concurrency"), ("config", "schedule", "schedule"),
     ("config", "kv_space_bytes", "the engine's KV space for requests in flight, bytes (--kv-space)",
      "enough that none waits for space"),
+    ("config", "engine_role", "the engine (an --engines table: a serving change)", "the command line's"),
     ("engine", "device", "device"), ("engine", "dtype", "dtype"), ("engine", "block_size", "KV block size"),
     ("engine", "max_prompt_tokens", "the engine's prompt limit (its max_model_len less the answer; vLLM "
                                     "chunks prefills by it)"))

@@ -40,8 +40,9 @@ from typing import Any
 
 from kvaudit.core.errors import KvauditError, excerpt
 from kvaudit.core.toml_file import read_toml
+from kvaudit.core.vocabulary import EngineRole, words
 
-ROLES = ("baseline", "candidate")
+ROLES = words(EngineRole)
 _ENGINE_KEYS = {"backend", "model", "dtype", "max_new_tokens", "options"}
 _CANDIDATE_KEYS = _ENGINE_KEYS | {"change", "declares"}
 DTYPES = ("float32", "bfloat16", "float16")
