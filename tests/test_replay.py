@@ -446,6 +446,26 @@ def test_a_serving_change_replayed_on_each_engine_is_named_side_by_side(workload
     assert len(ReplayDir(runs["baseline"]).read_requests()) == 3
 
 
+def test_an_fp8_kv_cache_is_sized_at_one_byte_an_element(workload):
+    # a candidate with kv_cache_dtype fp8 holds four times the float32 tokens in the same bytes: the
+    # least --kv-space and the KV space the replay gives it are counted so
+    from kvaudit.cli import build_parser
+    from kvaudit.replay.replay_cli import _Engine, engine_options
+    from kvaudit.replay.workload_text import read_workload
+
+    argv = ["replay", "--workload", str(workload), "--cache-policy", "prefix", "--cache-budget", "1MB", "--out", "x",
+            "--backend", "vllm", "--concurrency", "2"]
+    args = build_parser(argv).parse_args(argv)
+    engine_options(args)  # the defaults filled in
+    engine = _Engine(args, {}, read_workload(workload))
+    full, fp8 = (engine._vllm_sizes(o)["kv_cache_bytes"] - 10**6 for o in ({}, {"kv_cache_dtype": "fp8"}))
+    assert full == 4 * fp8 > 0
+    args.kv_space = fp8 // 2  # holds one request at fp8, not at float32
+    engine._vllm_sizes({"kv_cache_dtype": "fp8_e5m2"})
+    with pytest.raises(KvauditError, match="Raise --kv-space to at least"):
+        engine._vllm_sizes({})
+
+
 def test_a_serving_changes_sweeps_are_read_against_its_baseline_engine():
     from kvaudit.reports.replay_report import _against
 

@@ -401,6 +401,8 @@ class _Engine:
         args = self.args
         path = resolve_model_dir(args.model)
         bpt = resolve_model(str(path), args.dtype).bytes_per_token
+        if str(opts.get("kv_cache_dtype", "auto")).startswith("fp8"):  # one byte an element (a serving change)
+            bpt //= {"float32": 4}.get(args.dtype, 2)
         longest = longest_request_tokens(self.requests)
         block = int(opts.get("block_size", 32))
         fit = -(-(longest + args.max_new_tokens) // block) * block
