@@ -233,7 +233,7 @@ def test_at_a_kv_space_that_holds_one_request_the_engine_runs_one_at_a_time(tmp_
     proc = replay(wl, tmp_path / "small", "recompute", "1MB", *flags, "--kv-space", "1MB")
     assert proc.returncode == 2, proc.stderr[-2000:]
     err = proc.stderr.strip().splitlines()[-1]
-    assert "--kv-space 1,000,000 B holds 21 tokens of this model's KV (46,080 B per token at float32)" in err, err
+    assert "--kv-space: 1,000,000 B holds 21 tokens of this model's KV (46,080 B per token at float32)" in err, err
     least = int(err.rsplit("at least ", 1)[1].split(" B")[0].replace(",", ""))
     assert not (tmp_path / "small" / "requests.jsonl").exists()
 

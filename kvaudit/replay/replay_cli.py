@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvaudit.core.arg_types import byte_size, positive_int, positive_number
-from kvaudit.core.errors import KvauditError
+from kvaudit.core.errors import KvauditError, excerpt
 from kvaudit.core.replay_format import POLICIES
 from kvaudit.runners.engines_file import ROLES
 from kvaudit.runners.registry import add_backend_arguments
@@ -327,7 +327,11 @@ def engine_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         if args.kv_space is not None:
             raise KvauditError(f"--kv-space and {args.engines}: [{args.engine}.options] sets {kv[0]}, the engine's "
                                "KV space; give one of them")
-        args.kv_space = int(opts.pop(kv[0]))
+        value = opts.pop(kv[0])
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise KvauditError(f"{args.engines}: [{args.engine}.options] {kv[0]} must be a positive whole number of "
+                               f"bytes, got {excerpt(repr(value), 40)}")
+        args.kv_space, args.kv_space_named = value, f"{kv[0]} in {args.engines} [{args.engine}.options]"
     table = {"role": args.engine, "change": engines.change if args.engine == "candidate" else None,
              "sha256": hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:16]}
     return opts, table
@@ -414,10 +418,11 @@ class _Engine:
             max_len = min(int(given), fit)
         least = (-(-max_len // block) + 1) * block * bpt  # vLLM keeps one block of its own (its null block)
         if args.kv_space is not None and args.kv_space < least:
-            raise KvauditError(f"--kv-space {args.kv_space:,} B holds {args.kv_space // bpt:,} tokens of this "
+            named = getattr(args, "kv_space_named", "--kv-space")
+            raise KvauditError(f"{named}: {args.kv_space:,} B holds {args.kv_space // bpt:,} tokens of this "
                                f"model's KV ({bpt:,} B per token at {args.dtype}); the workload's longest request "
                                f"needs {max_len:,} with its answer, in blocks of {block} beside one block vLLM keeps, "
-                               f"and vLLM refuses an engine that cannot hold one. Raise --kv-space to at least "
+                               f"and vLLM refuses an engine that cannot hold one. Raise {named} to at least "
                                f"{least:,} B")
         return {"max_model_len": max_len,
                 "kv_cache_bytes": replay_kv_bytes(args.cache_policy, args.cache_budget, args.concurrency,
