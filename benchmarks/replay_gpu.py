@@ -50,6 +50,7 @@ from kvaudit.replay.serve import (  # noqa: E402
     replay_kv_bytes,
     replay_scheduled,
     store_budget,
+    stored_bytes_per_token,
 )
 from kvaudit.replay.summary import load_across_replications, served_here, summarise  # noqa: E402
 from kvaudit.replay.workload_text import (  # noqa: E402
@@ -67,7 +68,8 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
     from kvaudit.runners.engines.vllm.backend import open_vllm_backend
 
     requests = read_workload(wl)
-    bpt = resolve_model(str(folder), args.dtype).bytes_per_token
+    bpt = stored_bytes_per_token(resolve_model(str(folder), args.dtype).bytes_per_token, args.dtype,
+                                 args.vllm_option.get("kv_cache_dtype"))
     longest = longest_request_tokens(requests)
     block = args.block_size
     fit = -(-(longest + args.max_new_tokens) // block) * block
@@ -82,6 +84,7 @@ def one(policy: str, args: argparse.Namespace, folder: Path, wl: Path, work: Pat
         opts["max_num_seqs"] = args.concurrency  # arrivals: what the engine runs at once
     if args.max_new_tokens > 1:
         opts["measure_decode"] = True  # dummy weights: decode every token asked, EOS or not
+    opts.update(args.vllm_option)  # a serving change under load (e.g. kv_cache_dtype=fp8)
     t0 = time.perf_counter()
     backend = open_vllm_backend(str(folder), dtype=args.dtype, max_new_tokens=args.max_new_tokens, max_model_len=fit,
                                 kv_cache_bytes=kv, cache_bytes=store_budget(policy, args.budget), enforce_eager=args.eager,
@@ -140,7 +143,8 @@ def at_rate(backend, policy: str, rate: float, seed: int, todo: list, requests: 
     s = summarise(out.read_requests(), c, {**engine, "wall_s": time.perf_counter() - t0})
     s["served"] = served_here()
     out.write_summary(s)  # what kvaudit replay writes: the folder opens in kvaudit compare
-    s = {**s, "rate": rate, "seed": seed, "schedule": args.schedule, "dir": out.path.name}
+    s = {**s, "rate": rate, "seed": seed, "schedule": args.schedule, "dir": out.path.name,
+         "vllm_options": args.vllm_option}
     t, h, co = s["ttft_s"], s["hit_rate"], s.get("client_overhead_s") or {}
     print(f"{policy:<10} {args.schedule:<8} offered {rate:5g}/s seed {seed} served {s['throughput']['requests_per_s']:.2f}/s  TTFT p50 "
           f"{_ms(t['p50'])}  p95 {_ms(t['p95'])}  p99 {1e3 * t['p99']['value']:8.1f} ms  hit "
@@ -160,6 +164,17 @@ def _ms(v: dict) -> str:
     return f"{1e3 * v['value']:8.1f} ms [{lo}, {hi}]"
 
 
+def vllm_option(text: str) -> tuple[str, object]:
+    """``KEY=JSON`` (a bare word is a string): one vllm.LLM engine argument."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="llama-3.1-8b", help="llama-3.1-8b, or tiny (two small layers: a CPU smoke run)")
@@ -168,6 +183,9 @@ def main() -> None:
     ap.add_argument("--kv-space", type=parse_capacity, default=None,
                     help="the engine's KV space for requests in flight, as `kvaudit replay --kv-space` (default: "
                          "--concurrency of the longest request, so none waits for space)")
+    ap.add_argument("--vllm-option", type=vllm_option, action="append", default=[], metavar="KEY=JSON",
+                    help="an engine argument of vllm.LLM for every policy's engine (a serving change under load), "
+                         "e.g. kv_cache_dtype='\"fp8\"'; repeatable")
     ap.add_argument("--policies", default="recompute,prefix,segment")
     ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--doc-tokens", default="lognormal:2000:0.5")
@@ -192,6 +210,7 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=None,
                     help="keep the workload and each load's replay directory (requests.jsonl) here")
     args = ap.parse_args()
+    args.vllm_option = dict(args.vllm_option)
     work = args.work or Path(tempfile.mkdtemp(prefix="kvaudit-replay-gpu-"))
     work.mkdir(parents=True, exist_ok=True)
     folder = work / "model"

@@ -6,7 +6,8 @@
 # 16 decoded tokens per request.
 #   bash benchmarks/h200/replay_load.sh prefix|segment|recompute
 # Environment: RATES, REQUESTS, BUDGET, KV_SPACE (the engine's KV space for requests in flight; default
-# enough that none waits for space), MNT (decoded tokens), SLO (seconds), DOCS (document tokens,
+# enough that none waits for space), KV_DTYPE (vLLM's kv_cache_dtype, e.g. fp8: a serving change under
+# load), MNT (decoded tokens), SLO (seconds), DOCS (document tokens,
 # default the workload's lognormal:2000:0.5), SCHEDULE (arrivals, or waves for the old mode side by side),
 # REPS (replications: each load served that many times with new arrival seeds; 6 bounds each p95's interval),
 # RESULTS (where the summaries and each load's requests go; default $OUT). A sweep longer than one call:
@@ -21,7 +22,7 @@ set -u
 source /tmp/gpu-env.sh
 policy=$1
 python3 benchmarks/replay_gpu.py --policies "$policy" --rates "${RATES:-0.5,1,1.5,2.5}" --requests "${REQUESTS:-80}" \
-  --cache-budget "${BUDGET:-40GB}" ${KV_SPACE:+--kv-space "$KV_SPACE"} --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
+  --cache-budget "${BUDGET:-40GB}" ${KV_SPACE:+--kv-space "$KV_SPACE"} ${KV_DTYPE:+--vllm-option kv_cache_dtype="$KV_DTYPE"} --max-new-tokens "${MNT:-16}" --concurrency 8 --slo-ttft "${SLO:-2}" \
   --replications "${REPS:-1}" \
   --doc-tokens "${DOCS:-lognormal:2000:0.5}" --schedule "${SCHEDULE:-arrivals}" \
   --json "${RESULTS:-$OUT}/replay_load_${policy}_${SCHEDULE:-arrivals}.json" \

@@ -398,15 +398,14 @@ class _Engine:
         the budget on top, so what the engine keeps cached between requests is the budget."""
         from kvaudit.core.jsonio import read_json
         from kvaudit.models import resolve_model_dir
-        from kvaudit.replay.serve import replay_kv_bytes
+        from kvaudit.replay.serve import replay_kv_bytes, stored_bytes_per_token
         from kvaudit.replay.workload_text import longest_request_tokens
         from kvaudit.simulator.kv_bytes import resolve_model
 
         args = self.args
         path = resolve_model_dir(args.model)
-        bpt = resolve_model(str(path), args.dtype).bytes_per_token
-        if str(opts.get("kv_cache_dtype", "auto")).startswith("fp8"):  # one byte an element (a serving change)
-            bpt //= {"float32": 4}.get(args.dtype, 2)
+        bpt = stored_bytes_per_token(resolve_model(str(path), args.dtype).bytes_per_token, args.dtype,
+                                     opts.get("kv_cache_dtype"))
         longest = longest_request_tokens(self.requests)
         block = int(opts.get("block_size", 32))
         fit = -(-(longest + args.max_new_tokens) // block) * block

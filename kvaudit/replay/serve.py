@@ -59,6 +59,14 @@ def store_budget(policy: str, budget_bytes: int) -> int:
     return budget_bytes if policy == "segment" else 0
 
 
+def stored_bytes_per_token(bytes_per_token: int, dtype: str, kv_cache_dtype: object = None) -> int:
+    """KV bytes a token takes in the engine: the model's at ``dtype``, or one byte an element where
+    the engine stores its KV cache in fp8 (vLLM's ``kv_cache_dtype`` "fp8", "fp8_e4m3", "fp8_e5m2")."""
+    if str(kv_cache_dtype or "auto").startswith("fp8"):
+        return bytes_per_token // {"float32": 4}.get(dtype, 2)
+    return bytes_per_token
+
+
 def replay_kv_bytes(policy: str, budget_bytes: int, concurrency: int, max_request_tokens: int,
                     bytes_per_token: int, block_size: int, kv_space: int | None = None) -> int:
     """KV space for a replay's in-process vLLM engine, every policy: ``concurrency`` requests of
