@@ -10,6 +10,7 @@ backend (tests/test_replay.py), where a process starts in seconds.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -217,18 +218,32 @@ def test_requests_past_the_engines_slots_wait_holding_nothing(workload, tmp_path
     assert abs(s["hit_rate"]["gap_points_engine_order"]) <= 2.0
 
 
+def _at_once(tmp_path: Path) -> Path:
+    """Three requests of 354 tokens (SmolLM2's), all arriving at time 0."""
+    wl = tmp_path / "same.jsonl"
+    assert main(["generate", "workload", "--out", str(wl), "--requests", "3", "--documents", "6",
+                 "--docs-per-request", "3", "--doc-tokens", "fixed:100", "--prefix-tokens", "20",
+                 "--question-tokens", "fixed:8", "--no-progress"]) == 0
+    lines = [json.loads(x) for x in wl.read_text().splitlines()]
+    wl.write_text("".join(json.dumps({**x, "timestamp": 0.0}) + "\n" for x in lines))
+    return wl
+
+
+def most_scheduled_together(out: Path) -> int:
+    """The most of a replay's requests vLLM held scheduled at once (from its first scheduling to the end)."""
+    recs = ReplayDir(out).read_requests()
+    assert len(recs) == 3 and all(r.loaded_s is not None and r.preemptions == 0 for r in recs)
+    spans = [(r.loaded_s, r.finish_s) for r in recs]
+    return max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans)
+
+
 def test_at_a_kv_space_that_holds_one_request_the_engine_runs_one_at_a_time(tmp_path, replay, replayed, kvaudit_process):
     """--kv-space (or an engines file's kv_cache_bytes: a serving change under load) gives the engine the
     KV space a team's server has. Three requests arrive at once at an
     engine with three slots: at the default space all are scheduled together; at a space that holds
     one request vLLM runs them one after another (each waits in the engine for the last one's blocks),
     as the server would. A space that cannot hold the longest request is refused with the least that does."""
-    wl = tmp_path / "same.jsonl"
-    assert main(["generate", "workload", "--out", str(wl), "--requests", "3", "--documents", "6",
-                 "--docs-per-request", "3", "--doc-tokens", "fixed:100", "--prefix-tokens", "20",
-                 "--question-tokens", "fixed:8", "--no-progress"]) == 0
-    lines = [json.loads(x) for x in wl.read_text().splitlines()]
-    wl.write_text("".join(json.dumps({**x, "timestamp": 0.0}) + "\n" for x in lines))  # all at once
+    wl = _at_once(tmp_path)
     flags = ("--timestamps", "--concurrency", "3")
     proc = replay(wl, tmp_path / "small", "recompute", "1MB", *flags, "--kv-space", "1MB")
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -236,12 +251,6 @@ def test_at_a_kv_space_that_holds_one_request_the_engine_runs_one_at_a_time(tmp_
     assert "--kv-space: 1,000,000 B holds 21 tokens of this model's KV (46,080 B per token at float32)" in err, err
     least = int(err.rsplit("at least ", 1)[1].split(" B")[0].replace(",", ""))
     assert not (tmp_path / "small" / "requests.jsonl").exists()
-
-    def most_scheduled_together(out: Path) -> int:
-        recs = ReplayDir(out).read_requests()
-        assert len(recs) == 3 and all(r.loaded_s is not None and r.preemptions == 0 for r in recs)
-        spans = [(r.loaded_s, r.finish_s) for r in recs]  # scheduled by vLLM .. finished
-        return max(sum(1 for a, f in spans if a <= t < f) for t, _ in spans)
 
     # the same as a serving change under load: an engines file whose candidate has that KV space (its
     # kv_cache_bytes is the engine's, not resized by the replay) and whose baseline leaves it to kvaudit
@@ -265,3 +274,32 @@ def test_at_a_kv_space_that_holds_one_request_the_engine_runs_one_at_a_time(tmp_
     assert main(["compare", str(tmp_path / "baseline"), str(tmp_path / "candidate"), "--out", str(tmp_path / "cmp")]) == 0
     page = (tmp_path / "cmp" / "replays.html").read_text().replace("&#39;", "'")
     assert f"recompute @ 1 MB, KV space {least / 1e6:,.0f} MB · candidate (one request's KV space)" in page
+
+
+def test_an_fp8_kv_cache_runs_more_requests_in_the_same_kv_space(tmp_path, kvaudit_process):
+    """A serving change under load: an fp8 KV cache at the KV space that holds one float32 request.
+    kvaudit's connector cannot read vLLM's CPU fp8 cache, so that engine is refused with what to do;
+    without the connector (both tables), the fp8 engine holds four times the tokens and runs the
+    three requests that arrive at once together, the float32 baseline one after another."""
+    wl = _at_once(tmp_path)
+    tables = """[baseline]\nbackend = "vllm"\nmodel = "smollm2"\n[baseline.options]\n{opt}
+[candidate]\nbackend = "vllm"\nmodel = "smollm2"\nchange = "fp8 KV cache"\ndeclares = ["kv_cache_dtype"]
+[candidate.options]\nkv_cache_dtype = "fp8_e5m2"\n{opt}"""
+    engines = tmp_path / "engines.toml"
+
+    def on_table(role: str) -> subprocess.CompletedProcess:
+        return kvaudit_process(_args(wl, tmp_path / role, "recompute", "1MB", "--timestamps", "--concurrency", "3",
+                                     "--kv-space", "21MB", "--engines", str(engines), "--engine", role, backend=False))
+
+    engines.write_text(tables.format(opt=""))
+    proc = on_table("candidate")
+    assert proc.returncode == 2 and "kvaudit's KV connector cannot read or write an fp8 cache there" in proc.stderr
+    engines.write_text(tables.format(opt="segment_connector = false\n"))
+    shutil.rmtree(tmp_path / "candidate")
+    for role in ("candidate", "baseline"):
+        proc = on_table(role)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    fp8, full = (ReplayDir(tmp_path / r).read_summary()["engine"]["kv_tokens"] for r in ("candidate", "baseline"))
+    assert fp8 >= 4 * full and full < 2 * 354  # measured: 1,760 and 416 tokens
+    assert most_scheduled_together(tmp_path / "candidate") == 3
+    assert most_scheduled_together(tmp_path / "baseline") == 1

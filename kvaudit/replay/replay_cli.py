@@ -332,6 +332,9 @@ def engine_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
             raise KvauditError(f"{args.engines}: [{args.engine}.options] {kv[0]} must be a positive whole number of "
                                f"bytes, got {excerpt(repr(value), 40)}")
         args.kv_space, args.kv_space_named = value, f"{kv[0]} in {args.engines} [{args.engine}.options]"
+    if spec.options.get("segment_connector") is False and args.cache_policy == "segment":
+        raise KvauditError(f"--cache-policy segment serves documents through kvaudit's KV connector, which "
+                           f"{args.engines} [{args.engine}.options] segment_connector = false leaves out")
     table = {"role": args.engine, "change": engines.change if args.engine == "candidate" else None,
              "sha256": hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:16]}
     return opts, table
