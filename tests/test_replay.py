@@ -407,13 +407,17 @@ def _engines_file(path: Path, candidate_options: str = "threads = 1", baseline_o
      "{TEXT}: [candidate.options] kv_cache_memory_bytes must be a positive whole number of bytes, got '1GB'"),
     (["--engines", "TEXT", "--engine", "baseline"],
      "{TEXT}: [baseline.options] sets both kv_cache_bytes and kv_cache_memory_bytes: one KV space"),
+    (["--engines", "BARE", "--engine", "candidate", "--cache-policy", "segment"],
+     "--cache-policy segment serves documents through kvaudit's KV connector, which {BARE} [candidate.options] "
+     "segment_connector = false leaves out"),
 ])
 def test_a_replay_on_an_engines_table_takes_its_settings_from_the_table_alone(workload, tmp_path, capsys, extra, says):
     files = {"E": _engines_file(tmp_path / "e.toml"),
              "SEQS": _engines_file(tmp_path / "seqs.toml", "max_num_seqs = 4", "max_num_seqs = 8", backend="vllm"),
              "KV": _engines_file(tmp_path / "kv.toml", "kv_cache_bytes = 1000000", "", backend="vllm"),
              "TEXT": _engines_file(tmp_path / "text.toml", 'kv_cache_memory_bytes = "1GB"',
-                                   "kv_cache_bytes = 1\nkv_cache_memory_bytes = 1", backend="vllm")}
+                                   "kv_cache_bytes = 1\nkv_cache_memory_bytes = 1", backend="vllm"),
+             "BARE": _engines_file(tmp_path / "bare.toml", "segment_connector = false", "", backend="vllm")}
     argv = ["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
             "--out", str(tmp_path / "r"), "--no-progress", *(str(files.get(x, x)) for x in extra)]
     assert main(argv) == 2
