@@ -137,13 +137,15 @@ def _schedule(args: argparse.Namespace) -> str:
 
 def _engine_facts(backend: Backend, dtype: str, model: str) -> dict[str, Any]:
     from kvaudit.models import resolve_model_dir
+    from kvaudit.replay.serve import stored_bytes_per_token
     from kvaudit.simulator.kv_bytes import resolve_model
 
     info = backend.info()
     engine = info.get("engine") or {}
     bpt = backend.bytes_per_token()
-    if bpt is None:
-        bpt = resolve_model(str(resolve_model_dir(model)), dtype).bytes_per_token
+    if bpt is None:  # the engine does not say: the model's shape at its KV cache's dtype
+        bpt = stored_bytes_per_token(resolve_model(str(resolve_model_dir(model)), dtype).bytes_per_token, dtype,
+                                     engine.get("kv_cache_dtype"))
     return {
         "backend": info["backend"],
         "device": info.get("device", "cpu"),

@@ -209,8 +209,12 @@ class VllmBackend(Backend):
 
         return merge_worker_replies(op, self.llm.collective_rpc(store_rpc, args=(self.store, op, keys, value)))
 
-    def bytes_per_token(self) -> int:
-        """KV bytes of one token in a worker's store (all its layers, keys and values)."""
+    def bytes_per_token(self) -> int | None:
+        """KV bytes of one token in a worker's store (all its layers, keys and values); None on an
+        engine started without kvaudit's connector, which has no store to say (the model's shape
+        gives it then)."""
+        if not self.engine_opts.get("segment_connector", True):
+            return None
         if self._bytes_per_token is None:
             self._bytes_per_token = int(self.store_rpc("stats")["bytes_per_token"])
         return self._bytes_per_token
