@@ -437,6 +437,8 @@ def test_a_serving_change_replayed_on_each_engine_is_named_side_by_side(workload
         assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
                      "--out", str(runs[role]), "--no-progress", "--limit", "3", "--engines", str(engines),
                      "--engine", role]) == 0
+    assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
+                 "--out", str(tmp_path / "plain"), "--no-progress", "--limit", "3"]) == 0
     out = capsys.readouterr().out
     assert "on the candidate engine (one thread)" in out and "on the baseline engine:" in out
     b, c = (ReplayDir(runs[r]).read_config() for r in ("baseline", "candidate"))
@@ -446,8 +448,14 @@ def test_a_serving_change_replayed_on_each_engine_is_named_side_by_side(workload
     assert main(["compare", str(runs["baseline"]), str(runs["candidate"]), "--out", str(tmp_path / "cmp")]) == 0
     page = (tmp_path / "cmp" / "replays.html").read_text().replace("&#39;", "'")
     assert "recompute @ 1 MB · candidate (one thread)" in page
+    # the change is the point of the comparison: said as such, not flagged as a difference to remove
+    assert 'id="serving-change"' in page and "the candidate's change: <b>one thread</b>" in page
+    assert 'id="differences"' not in page
+    # beside a replay on the command line's engine, the engine is a difference
+    assert main(["compare", str(runs["baseline"]), str(tmp_path / "plain"), "--out", str(tmp_path / "cmp2")]) == 0
+    page = (tmp_path / "cmp2" / "replays.html").read_text().replace("&#39;", "'")
     assert ("the engine (an --engines table: a serving change): baseline in recompute @ 1 MB · baseline; "
-            "candidate in recompute @ 1 MB · candidate (one thread)") in page
+            "the command line's in recompute @ 1 MB") in page and 'id="serving-change"' not in page
     _engines_file(engines, "threads = 1", baseline_options="threads = 3")
     assert main(["replay", "--workload", str(workload), "--cache-policy", "recompute", "--cache-budget", "1MB",
                  "--out", str(runs["baseline"]), "--no-progress", "--limit", "4", "--engines", str(engines),

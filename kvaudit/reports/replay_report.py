@@ -158,7 +158,18 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             "same_workload": len(workloads) == 1, "sweeps": sweeps, "slo_ttft_s": slo_ttft_s,
             "any_past_saturation": any(x["past_saturation"] for sw in sweeps for x in sw["loads"]),
             "unclaimed_intervals": any(not r["summary"].get("ttft_intervals_claimed", True) for r in rows),
-            "against": _against(sweeps), "apart": _apart(rows), "differences": _differences(rows)}
+            "against": _against(sweeps), "apart": _apart(rows), "differences": _differences(rows),
+            "serving_change": _serving_change(rows)}
+
+
+def _serving_change(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Replays that each ran on an engines file's table (``kvaudit replay --engines``): the roles
+    and the candidate's change in words, or None where any ran on the command line's engine."""
+    configs = [r["summary"].get("config") or {} for r in rows]
+    if not configs or not all(c.get("engine_role") for c in configs):
+        return None
+    changes = sorted({c["engine_change"] for c in configs if c.get("engine_change")})
+    return {"roles": sorted({c["engine_role"] for c in configs}), "change": "; ".join(changes) or None}
 
 
 BASELINES = ("prefix", "recompute")  # what another policy's sweep is read against, first found
@@ -254,7 +265,10 @@ def _differences(rows: list[dict[str, Any]]) -> list[str]:
     """Each setting the rows differ in beyond the policy, budget and arrivals, with its values and
     the rows that had each (a TTFT difference between them is then not the policy's alone)."""
     out = []
+    serving_change = all((r["summary"].get("config") or {}).get("engine_role") for r in rows)
     for part, key, name, *unset in _SHARED:
+        if key == "engine_role" and serving_change:  # the change itself: the page says so apart (_serving_change)
+            continue
         by_value: dict[str, list[str]] = {}
         for r in rows:
             v = (r["summary"].get(part) or {}).get(key)
