@@ -296,11 +296,8 @@ def engine_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     ``dtype`` filled in from the flags' defaults or the table. The table's KV space (``kv_cache_bytes``
     or vLLM's ``kv_cache_memory_bytes``) is the replay's ``--kv-space``, never overridden by the
     replay's own sizing: a change of KV space is what that serving change is."""
-    import hashlib
-    import json
-
     from kvaudit.runners.engines_file import read_engines
-    from kvaudit.runners.registry import BACKENDS, backend_options
+    from kvaudit.runners.registry import BACKENDS, backend_options, engine_flags_given
 
     if args.engines is None:
         if args.engine is not None:
@@ -309,8 +306,7 @@ def engine_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         args.model = args.model or "smollm2"
         args.dtype = args.dtype or "float32"
         return backend_options(args), None
-    given = [flag for key, flag in _SINGLE_ENGINE.items() if getattr(args, key) is not None]
-    given += [o.flag for b in BACKENDS.values() for o in b.options if getattr(args, o.dest, None) is not None]
+    given = engine_flags_given(args, _SINGLE_ENGINE)
     if given:
         raise KvauditError(f"{given[0]} and --engines: with --engines the engine's settings come from "
                            f"{args.engines} (the table --engine names)")
@@ -321,7 +317,7 @@ def engine_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     spec = getattr(engines, args.engine)
     args.backend, args.model, args.dtype = spec.backend, spec.model, spec.dtype
     args.table_max_model_len = spec.options.get("max_model_len")
-    opts = {**{o.param: o.default for o in BACKENDS[spec.backend].options}, **spec.options}
+    opts = {**BACKENDS[spec.backend].option_defaults(), **spec.options}
     kv = [k for k in _KV_OPTIONS if k in spec.options]
     if len(kv) > 1:
         raise KvauditError(f"{args.engines}: [{args.engine}.options] sets both {kv[0]} and {kv[1]}: one KV space")
@@ -338,7 +334,7 @@ def engine_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
         raise KvauditError(f"--cache-policy segment serves documents through kvaudit's KV connector, which "
                            f"{args.engines} [{args.engine}.options] segment_connector = false leaves out")
     table = {"role": args.engine, "change": engines.change if args.engine == "candidate" else None,
-             "sha256": hashlib.sha256(json.dumps(spec.as_dict(), sort_keys=True).encode()).hexdigest()[:16]}
+             "sha256": spec.sha256()[:16]}
     return opts, table
 
 

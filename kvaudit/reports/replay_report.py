@@ -154,12 +154,13 @@ def build(paths: Sequence[str | Path], slo_ttft_s: float | None = None) -> dict[
             sw["met_past_saturation"] = [x["rate"] for x in sw["loads"]
                                          if x["past_saturation"] and x["p95"]["value"] <= slo_ttft_s]
     workloads = {r["summary"]["config"]["workload_hash"] for r in rows}
+    serving_change = _serving_change(rows)
     return {"rows": rows, "ttft": ttft, "by_length": by_length, "over_time": over_time,
             "same_workload": len(workloads) == 1, "sweeps": sweeps, "slo_ttft_s": slo_ttft_s,
             "any_past_saturation": any(x["past_saturation"] for sw in sweeps for x in sw["loads"]),
             "unclaimed_intervals": any(not r["summary"].get("ttft_intervals_claimed", True) for r in rows),
-            "against": _against(sweeps), "apart": _apart(rows), "differences": _differences(rows),
-            "serving_change": _serving_change(rows)}
+            "against": _against(sweeps), "apart": _apart(rows), "serving_change": serving_change,
+            "differences": _differences(rows, serving_change is not None)}
 
 
 def _serving_change(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -261,11 +262,11 @@ _SHARED: tuple[tuple[str, ...], ...] = (
                                     "chunks prefills by it)"))
 
 
-def _differences(rows: list[dict[str, Any]]) -> list[str]:
+def _differences(rows: list[dict[str, Any]], serving_change: bool = False) -> list[str]:
     """Each setting the rows differ in beyond the policy, budget and arrivals, with its values and
-    the rows that had each (a TTFT difference between them is then not the policy's alone)."""
+    the rows that had each (a TTFT difference between them is then not the policy's alone); the
+    engine is not among them where every row ran on an engines file's table (``serving_change``)."""
     out = []
-    serving_change = all((r["summary"].get("config") or {}).get("engine_role") for r in rows)
     for part, key, name, *unset in _SHARED:
         if key == "engine_role" and serving_change:  # the change itself: the page says so apart (_serving_change)
             continue

@@ -65,6 +65,10 @@ class EngineSpec:
         return {"backend": self.backend, "model": self.model, "dtype": self.dtype,
                 "max_new_tokens": self.max_new_tokens, "options": dict(sorted(self.options.items()))}
 
+    def sha256(self) -> str:
+        """A digest of what its table says (a replay on it records this: an edited table is another engine)."""
+        return _digest(self.as_dict())
+
 
 @dataclass(frozen=True)
 class EnginesFile:
@@ -92,9 +96,12 @@ class EnginesFile:
 
     def sha256(self) -> str:
         """A digest of what the file says (not of its bytes: comments and order do not count)."""
-        body = {"baseline": self.baseline.as_dict(), "candidate": self.candidate.as_dict(),
-                "change": self.change, "declares": list(self.declares)}
-        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        return _digest({"baseline": self.baseline.as_dict(), "candidate": self.candidate.as_dict(),
+                        "change": self.change, "declares": list(self.declares)})
+
+
+def _digest(body: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _engine(path: Path, role: str, table: Any) -> EngineSpec:

@@ -61,6 +61,10 @@ class BackendEntry(Entry):
     def open(self, model: str, **kwargs: Any) -> Backend:
         return self.load()(model, **kwargs)
 
+    def option_defaults(self) -> dict[str, Any]:
+        """Its options' defaults, by their opener's names."""
+        return {o.param: o.default for o in self.options}
+
 
 # One option two backends take (listed once in --help, under the first).
 CONCURRENT_CASES = Option("--concurrent-cases", "concurrent_cases", 1,
@@ -155,6 +159,13 @@ def backend_options(args: argparse.Namespace) -> dict[str, Any]:
             o.check(v)
         out[o.param] = o.default if v is None else v
     return out
+
+
+def engine_flags_given(args: argparse.Namespace, single_engine: dict[str, str]) -> list[str]:
+    """The engine flags given on the command line: ``single_engine`` (attribute -> flag) and every
+    backend's options (refused beside an engines file, which sets them all)."""
+    given = [flag for key, flag in single_engine.items() if getattr(args, key) is not None]
+    return given + [o.flag for b in BACKENDS.values() for o in b.options if getattr(args, o.dest, None) is not None]
 
 
 def given_option(args: argparse.Namespace, flag: str) -> Any:

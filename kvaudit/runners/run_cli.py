@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from kvaudit.core.arg_types import byte_size, positive_int
 from kvaudit.core.arms import ARMS, DEFAULT_ARMS, SERVING_CHANGE_ARMS, SERVING_CHANGE_DEFAULT_ARMS
 from kvaudit.core.errors import KvauditError
-from kvaudit.runners.registry import BACKENDS, DEFAULT_BACKEND, add_backend_arguments
+from kvaudit.runners.registry import DEFAULT_BACKEND, add_backend_arguments
 
 if TYPE_CHECKING:
     from kvaudit.core.run_dir import RunDir
@@ -58,11 +58,10 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], Any]:
     before any work: a single-engine flag beside ``--engines`` is refused, as is a serving-change
     arm without it; the defaults of the single-engine flags are filled in."""
     from kvaudit.runners.engines_file import read_engines
-    from kvaudit.runners.registry import arms_for, backend_options
+    from kvaudit.runners.registry import arms_for, backend_options, engine_flags_given
 
     if args.engines is not None:
-        given = [flag for key, flag in _SINGLE_ENGINE.items() if getattr(args, key) is not None]
-        given += [o.flag for b in BACKENDS.values() for o in b.options if getattr(args, o.dest, None) is not None]
+        given = engine_flags_given(args, _SINGLE_ENGINE)
         if given:
             raise KvauditError(f"{given[0]} and --engines: with --engines every engine setting comes from "
                                f"{args.engines} (its [baseline] and [candidate] tables)")

@@ -184,7 +184,7 @@ def open_engines(engines: EnginesFile, arms: list[str], cache_bytes: int) -> Ser
     backends: dict[str, Backend] = {}
     for role, spec in specs.items():
         entry = BACKENDS[spec.backend]
-        defaults = {o.param: o.default for o in entry.options}
+        defaults = entry.option_defaults()
         try:
             backends[role] = entry.open(spec.model, dtype=spec.dtype, max_new_tokens=spec.max_new_tokens,
                                         cache_bytes=cache_bytes, **{**defaults, **spec.options})

@@ -661,6 +661,19 @@ def _prepare_vllm(dtype: str, batch_invariant: bool) -> None:
         os.environ["VLLM_BATCH_INVARIANT"] = "1"
 
 
+def check_connector_cache_dtype(kv_cache_dtype: str | None) -> None:
+    """Refuse an fp8 KV cache beside kvaudit's connector on vLLM's CPU backend, before the engine starts."""
+    if not str(kv_cache_dtype or "auto").startswith("fp8"):
+        return
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():  # its layout is learned from bit patterns that fp8 cannot keep
+        raise KvauditError(f"kv_cache_dtype {kv_cache_dtype!r} on vLLM's CPU backend: kvaudit's KV "
+                           "connector cannot read or write an fp8 cache there. Start the engine without it "
+                           "(segment_connector = false in the engines table: the segment-reuse arms and the "
+                           "segment policy are then refused), or measure fp8 on a GPU")
+
+
 def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new_tokens: int = 24,
                       cache_bytes: int = 2 << 30, max_model_len: int = 4096, enforce_eager: bool = True,
                       tensor_parallel_size: int = 1, pipeline_parallel_size: int = 1,
@@ -686,14 +699,8 @@ def open_vllm_backend(model: str = "smollm2", *, dtype: str = "float32", max_new
     from vllm.config import KVTransferConfig
 
     path = resolve_model_dir(model)
-    if segment_connector and str(engine_opts.get("kv_cache_dtype") or "auto").startswith("fp8"):
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu():  # its layout is learned from bit patterns that fp8 cannot keep
-            raise KvauditError(f"kv_cache_dtype {engine_opts['kv_cache_dtype']!r} on vLLM's CPU backend: kvaudit's KV "
-                               "connector cannot read or write an fp8 cache there. Start the engine without it "
-                               "(segment_connector = false in the engines table: the segment-reuse arms and the "
-                               "segment policy are then refused), or measure fp8 on a GPU")
+    if segment_connector:
+        check_connector_cache_dtype(engine_opts.get("kv_cache_dtype"))
     check_parallelism(path, tensor_parallel_size, pipeline_parallel_size)
     check_concurrent_cases(concurrent_cases)
     store = uuid.uuid4().hex[:8]
