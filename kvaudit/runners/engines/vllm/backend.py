@@ -226,7 +226,11 @@ class VllmBackend(Backend):
         return stats
 
     def _fits(self, n_tokens: int, what: str) -> None:
-        need = n_tokens * self.bytes_per_token()
+        bpt = self.bytes_per_token()
+        if bpt is None:  # the arms and policies that reach here are refused before, without the connector
+            raise KvauditError(f"{what}: this engine runs without kvaudit's KV connector (segment_connector = "
+                               "false), which keeps segment KV")
+        need = n_tokens * bpt
         if need > self.store_bytes:
             raise KvauditError(f"{what}: {n_tokens} tokens of segment KV ({need} bytes) do not fit the vLLM "
                                f"connector store's budget of {self.store_bytes} bytes per worker; raise the "
