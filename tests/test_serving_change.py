@@ -103,6 +103,13 @@ def test_undeclared_names_every_difference_the_change_did_not_declare():
     assert undeclared(base, spec, ["engine.speculative_config"]) == []
     assert undeclared(base, spec, ["engine"]) == list(sorted(set(spec) - set(base)))  # a namespace covers nothing
     assert undeclared(base, spec, ["method"]) == ["engine.speculative_config.num_speculative_tokens"]
+    # a KV space written as the opener's kv_cache_bytes is recorded by vLLM as kv_cache_memory_bytes:
+    # either name declares it (the recipe's kv_cache_memory_bytes failed a table that set kv_cache_bytes)
+    half = {**base, "options.kv_cache_bytes": 1 << 29, "engine.kv_cache_memory_bytes": 1 << 29}
+    full = {**base, "engine.kv_cache_memory_bytes": 1 << 30}
+    for name in ("kv_cache_memory_bytes", "kv_cache_bytes"):
+        assert undeclared(full, half, [name]) == []
+    assert undeclared(full, half, ["kv_cache_dtype"]) == ["engine.kv_cache_memory_bytes", "options.kv_cache_bytes"]
 
 
 @pytest.fixture(scope="module")

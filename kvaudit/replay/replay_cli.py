@@ -287,7 +287,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 _SINGLE_ENGINE = {"backend": "--backend", "model": "--model", "dtype": "--dtype"}
-_KV_OPTIONS = ("kv_cache_bytes", "kv_cache_memory_bytes")  # the opener's name, and vLLM's own
 
 
 def engine_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -298,6 +297,7 @@ def engine_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     replay's own sizing: a change of KV space is what that serving change is."""
     from kvaudit.runners.engines_file import read_engines
     from kvaudit.runners.registry import BACKENDS, backend_options, engine_flags_given
+    from kvaudit.runners.serving_change import KV_SPACE_NAMES
 
     if args.engines is None:
         if args.engine is not None:
@@ -318,7 +318,7 @@ def engine_options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, 
     args.backend, args.model, args.dtype = spec.backend, spec.model, spec.dtype
     args.table_max_model_len = spec.options.get("max_model_len")
     opts = {**BACKENDS[spec.backend].option_defaults(), **spec.options}
-    kv = [k for k in _KV_OPTIONS if k in spec.options]
+    kv = [k for k in KV_SPACE_NAMES if k in spec.options]
     if len(kv) > 1:
         raise KvauditError(f"{args.engines}: [{args.engine}.options] sets both {kv[0]} and {kv[1]}: one KV space")
     if kv:

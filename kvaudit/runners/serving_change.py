@@ -64,13 +64,21 @@ def configuration(backend: Backend, spec: EngineSpec) -> dict[str, Any]:
     return dict(sorted(out.items()))
 
 
+# Two names of one setting: the opener's keyword an engines table may use, and the name the engine
+# records it under (vLLM's ``kv_cache_memory_bytes``). Declaring either declares both.
+KV_SPACE_NAMES = ("kv_cache_bytes", "kv_cache_memory_bytes")  # the engine's KV space
+SAME_SETTING: tuple[tuple[str, str], ...] = (KV_SPACE_NAMES,)
+
+
 def declared(key: str, declares: tuple[str, ...] | list[str]) -> bool:
     """Whether a declared name covers a recorded configuration key: it is the key, or a part of it
     after the first (``kv_cache_dtype`` covers ``engine.kv_cache_dtype`` and ``options.kv_cache_dtype``;
     ``speculative_config`` covers ``engine.speculative_config.method``), or a dotted path the key
-    lies under (``engine.speculative_config``). A namespace alone (``engine``) covers nothing."""
+    lies under (``engine.speculative_config``), or the other name of its setting (:data:`SAME_SETTING`).
+    A namespace alone (``engine``) covers nothing."""
     parts = key.split(".")
-    return any(d == key or d in parts[1:] or ("." in d and key.startswith(d + ".")) for d in declares)
+    names = set(declares) | {other for d in declares for pair in SAME_SETTING if d in pair for other in pair}
+    return any(d == key or d in parts[1:] or ("." in d and key.startswith(d + ".")) for d in names)
 
 
 def undeclared(base: dict[str, Any], other: dict[str, Any], declares: tuple[str, ...] | list[str]) -> list[str]:
