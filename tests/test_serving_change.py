@@ -112,6 +112,34 @@ def test_undeclared_names_every_difference_the_change_did_not_declare():
     assert undeclared(full, half, ["kv_cache_dtype"]) == ["engine.kv_cache_memory_bytes", "options.kv_cache_bytes"]
 
 
+def test_in_process_vllm_engines_of_one_run_share_one_connector():
+    """vLLM keeps one KV connector a process (measured on the CPU: a reuse arm on the baseline beside a
+    candidate engine answered from the candidate's cache). So, before any engine: tables that mix
+    engines with and without kvaudit's connector are refused, and so are arms that load KV through it
+    beside a second in-process vLLM engine; one vLLM engine in process (the other over HTTP) is not
+    limited."""
+    from kvaudit.core.errors import KvauditError
+    from kvaudit.runners.engines_file import EngineSpec
+    from kvaudit.runners.serving_change import check_one_connector
+
+    def spec(role: str, backend: str = "vllm", **options) -> EngineSpec:
+        return EngineSpec(role, backend, "smollm2", options=options)
+
+    bare = {"segment_connector": False}
+    with pytest.raises(KvauditError, match="the candidate table.s. set segment_connector = false and the others"):
+        check_one_connector("e.toml", {"baseline": spec("baseline"), "candidate": spec("candidate", **bare)},
+                            ["recompute", "candidate"])
+    two = {"baseline": spec("baseline"), "candidate": spec("candidate", seed=1)}
+    with pytest.raises(KvauditError, match="--arms reuse, reuse_first_user with e.toml: these arms load KV"):
+        check_one_connector("e.toml", two, ["recompute", "reuse", "reuse_first_user", "prefix_cache", "candidate"])
+    for specs, arms in ((two, ["recompute", "recompute_again", "candidate", "candidate_again", "prefix_cache"]),
+                        ({"baseline": spec("baseline", **bare), "candidate": spec("candidate", **bare)},
+                         ["recompute", "candidate"]),
+                        ({"baseline": spec("baseline"), "candidate": spec("candidate", "openai")},
+                         ["recompute", "reuse", "candidate"])):
+        check_one_connector("e.toml", specs, arms)
+
+
 @pytest.fixture(scope="module")
 def change_run(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("serving_change")

@@ -41,8 +41,8 @@ def engines(tmp: Path, candidate_options: str = "") -> Path:
 def run(kvaudit_process):
     # A `kvaudit run` process, as a user runs it: in-process vLLM engines share process-wide state (their
     # distributed groups), and closing them at the run's end would take it from the session's own engine.
-    def go(path: Path, out: Path, arms: str, limit: int) -> int:
-        proc = kvaudit_process(["run", "--dataset", str(EXAMPLE), "--engines", str(path), "--out", str(out),
+    def go(path: Path, out: Path, arms: str, limit: int, dataset: Path = EXAMPLE) -> int:
+        proc = kvaudit_process(["run", "--dataset", str(dataset), "--engines", str(path), "--out", str(out),
                                 "--arms", arms, "--limit", str(limit), "--no-progress"])
         assert proc.returncode == 0, proc.stderr[-3000:]
         return proc.returncode
@@ -105,3 +105,45 @@ base_url = "{url}"
     checks = {c["name"]: c for c in json.loads((out / "audit.json").read_text())["checks"]}
     assert checks["engines_differ_only_in_change"]["detail"].startswith("candidate differs from the baseline only in "
                                                                        "options.base_url")
+
+
+def test_a_leak_probes_candidates_are_scored_on_each_engines_own_kv(tmp_path, run, kvaudit_process):
+    """A leak probe's candidates, scored on each engine of a serving-change run, get the scores
+    transformers gives on the same ids: on two engines with kvaudit's connector (before, the baseline's
+    were read through the connector from the candidate's cache, opened after it: -54 to -62 where
+    transformers gives -27 to -36) and on two without it (segment_connector = false: an fp8 cache on
+    vLLM's CPU backend; before, such a run stopped at its first leak probe, "vLLM loaded 0 of the
+    arm's ... prompt tokens"). An arm that reuses nothing is scored on a fresh prefill of the prompt
+    with each candidate, which is that arm's KV."""
+    ds = tmp_path / "leak"
+    ds.mkdir()
+    (ds / "segments.jsonl").write_text((EXAMPLE / "segments.jsonl").read_text())
+    leak = [line for line in (EXAMPLE / "cases.jsonl").read_text().splitlines() if '"canary": {' in line]
+    (ds / "cases.jsonl").write_text("\n".join(leak) + "\n")
+
+    def tables(name: str, base: str, cand: str, change: str, declares: str) -> Path:
+        path = tmp_path / name
+        path.write_text(f'[baseline]\nbackend = "vllm"\nmodel = "smollm2"\n[baseline.options]\n{base}\n'
+                        f'[candidate]\nbackend = "vllm"\nmodel = "smollm2"\nchange = "{change}"\n'
+                        f'declares = ["{declares}"]\n[candidate.options]\n{cand}\n')
+        return path
+
+    off = "segment_connector = false"
+    assert run(tables("bare.toml", off, f'{off}\nkv_cache_dtype = "fp8_e5m2"', "fp8 KV cache", "kv_cache_dtype"),
+               tmp_path / "bare", "recompute,candidate", 1, dataset=ds) == 0
+    assert run(tables("conn.toml", "", "seed = 1", "another seed", "seed"), tmp_path / "conn", "recompute,candidate",
+               1, dataset=ds) == 0
+    proc = kvaudit_process(["run", "--dataset", str(ds), "--arms", "recompute", "--out", str(tmp_path / "hf"),
+                            "--no-progress"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    arms = {d: json.loads((tmp_path / d / "pairs.jsonl").read_text().splitlines()[0])["arms"]
+            for d in ("bare", "conn", "hf")}
+    exact = arms["hf"]["recompute"]["canary_logprobs"]
+    assert exact and len(exact) > 2
+    for scores in (arms["bare"]["recompute"], arms["conn"]["recompute"], arms["conn"]["candidate"]):
+        got = scores["canary_logprobs"]
+        assert set(got) == set(exact) and max(abs(got[c] - exact[c]) for c in exact) < 1e-3, (got, exact)
+    assert set(arms["bare"]["candidate"]["canary_logprobs"]) == set(exact)  # fp8: scored, on its own KV
+    main(["audit", str(tmp_path / "bare")])
+    checks = {c["name"]: c for c in json.loads((tmp_path / "bare" / "audit.json").read_text())["checks"]}
+    assert checks["engines_differ_only_in_change"]["passed"], checks["engines_differ_only_in_change"]["detail"]

@@ -177,6 +177,31 @@ class ServingChangeBackend(Backend):
             b.close()
 
 
+def check_one_connector(path: Any, specs: dict[str, EngineSpec], arms: list[str]) -> None:
+    """Refuse, before any engine starts, what vLLM's one KV connector a process cannot serve when a
+    run opens several in-process vLLM engines: tables where some have kvaudit's connector and some
+    not (an engine started without it beside one with it fails its first step inside vLLM), and
+    arms that load KV through it (the connector serves the KV cache of the engine opened last:
+    measured, a reuse arm on the baseline then answered from the candidate's cache, "The film
+    grossziplaid", where alone it answers as recompute does)."""
+    vllm = {role: spec.options.get("segment_connector", True) is not False
+            for role, spec in specs.items() if spec.backend == "vllm"}
+    if len(vllm) < 2:
+        return
+    if len(set(vllm.values())) > 1:
+        without = [role for role, on in vllm.items() if not on]
+        raise KvauditError(f"{path}: the {' and '.join(without)} table(s) set segment_connector = false and the "
+                           "others do not: in-process vLLM engines of one run share the process's KV connector, "
+                           "so all of them run with it or all without (set segment_connector = false in every "
+                           "vllm table; the segment-reuse arms are then refused)")
+    loading = [a for a in arms if get_arm(a).source not in (None, "engine_prefix")]
+    if loading:
+        raise KvauditError(f"--arms {', '.join(loading)} with {path}: these arms load KV through kvaudit's "
+                           f"connector, and the run's {len(vllm)} in-process vLLM engines share one per process; "
+                           "audit KV reuse in a run of its own (kvaudit run --backend vllm, without --engines), "
+                           "or serve an engine over HTTP (backend = \"openai\")")
+
+
 def open_engines(engines: EnginesFile, arms: list[str], cache_bytes: int) -> ServingChangeBackend:
     """Open the engines ``arms`` need (the baseline always; the candidate for ``candidate`` and
     ``candidate_again``; the change switched off for ``candidate_off``), refusing an engine whose
@@ -189,6 +214,7 @@ def open_engines(engines: EnginesFile, arms: list[str], cache_bytes: int) -> Ser
         specs["candidate"] = engines.candidate
     if "candidate_off" in needed:
         specs["candidate_off"] = engines.candidate_off()
+    check_one_connector(engines.path, specs, arms)
     backends: dict[str, Backend] = {}
     for role, spec in specs.items():
         entry = BACKENDS[spec.backend]

@@ -455,25 +455,26 @@ class VllmBackend(Backend):
         result.decode_tokens = max(0, len(run.token_ids) - 1)
         return result
 
-    def _candidates(self, items: list[tuple[Prompt, str, list[str]]]) -> list[dict[str, float]]:
+    def _candidates(self, items: list[tuple[Prompt, str | None, list[str]]]) -> list[dict[str, float]]:
         """For each (prompt, arm key, candidates): the teacher-forced log-probability of each
         candidate as the whole answer, on top of the arm's own KV (the first n-1 prompt tokens
         loaded back; vLLM recomputes the last prompt token). One batch: every candidate of a prompt
-        loads the same n - 1 tokens and computes only its own."""
+        loads the same n - 1 tokens and computes only its own. Arm key None (an arm that reuses no
+        KV): the prompt is prefilled again with each candidate, which is that arm's KV."""
         subs, where = [], []
         for k, (prompt, arm_key, candidates) in enumerate(items):
             n = len(prompt.ids)
+            transfer = {"n_load": n - 1, "plan": [[arm_key, 0, False]]} if arm_key else None
             for cand in dict.fromkeys(candidates):
                 cids = self.tok.encode(cand)
-                subs.append((prompt.ids + cids, self._params(max_tokens=1, prompt_logprobs=0,
-                                                             transfer={"n_load": n - 1, "plan": [[arm_key, 0, False]]}),
+                subs.append((prompt.ids + cids, self._params(max_tokens=1, prompt_logprobs=0, transfer=transfer),
                              None))
                 where.append((k, cand, cids))
         runs = self._batch(subs)
         out: list[dict[str, float]] = [{} for _ in items]
         for (k, cand, cids), run in zip(where, runs):
             n = len(items[k][0].ids)
-            if run.num_cached_tokens < n - 1:
+            if items[k][1] and run.num_cached_tokens < n - 1:
                 raise KvauditError(f"vLLM loaded {run.num_cached_tokens} of the arm's {n - 1} prompt tokens when "
                                    f"scoring candidate {cand!r}: it would be scored on recomputed KV, not the arm's")
             plps = run.prompt_logprobs or []
@@ -494,7 +495,9 @@ class VllmBackend(Backend):
                         f"{sorted(entry)[:5] if entry else entry!r}; loaded {run.num_cached_tokens} of {n - 1} tokens)")
                 lp += float(entry[t].logprob)
             out[k][cand] = lp
-        self.store_rpc("drop", [arm_key for _, arm_key, _ in items])
+        kept = [arm_key for _, arm_key, _ in items if arm_key]
+        if kept:
+            self.store_rpc("drop", kept)
         return out
 
     def run_arm(self, prompt: Prompt, spec: ArmSpec, *, capture_prompt: Prompt | None = None,
@@ -507,25 +510,27 @@ class VllmBackend(Backend):
         self.groups[len(reqs)] += 1
         if spec.source == "engine_prefix":
             return self._prefix_cache_arms(spec, reqs)
-        # KV of the first n-1 prompt tokens kept for candidate scoring, where a case has a canary
-        arm_keys = [f"tmp:arm:{uuid.uuid4().hex[:12]}" if r.candidates else None for r in reqs]
-        saves = [{"save": [[k, 0, len(r.prompt.ids) - 1]]} if k else {} for k, r in zip(arm_keys, reqs)]
-        saved_tokens = sum(len(r.prompt.ids) - 1 for k, r in zip(arm_keys, reqs) if k)
         if spec.source is None:
             # the noise floor: the same ids in another batch shape
             filler = None
             if spec.perturbs_batch:
                 filler = noise_filler_ids(self.neutral_head, reqs[0].prompt)
-            runs = self._batch([(r.prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens,
-                                                            transfer=save or None), None)
-                                for r, save in zip(reqs, saves)], reverse=spec.perturbs_batch, filler=filler)
-            canaries = self._score(reqs, arm_keys)
+            runs = self._batch([(r.prompt.ids, self._params(max_tokens=self.decoding.max_new_tokens), None)
+                                for r in reqs], reverse=spec.perturbs_batch, filler=filler)
+            # An arm that reuses nothing has a fresh prefill's KV: its candidates are scored on one
+            # (kvaudit's connector is process-wide in vLLM, so KV kept through it by one of two
+            # engines in a process would be read from the other's cache).
+            canaries = self._score(reqs, [None] * len(reqs))
             return [ArmOutput(result=self._result(spec, r.prompt, run, run.ttft_s, 0, 0, {}, c),
                               first_logits=self._first_logits(run.first_lp), build_s=0.0,
                               engine_ttft_s=run.engine_ttft_s)
                     for r, run, c in zip(reqs, runs, canaries)]
 
-        # cached-segment arms
+        # cached-segment arms; the KV of each one's first n-1 prompt tokens kept for candidate
+        # scoring, where a case has a canary
+        arm_keys = [f"tmp:arm:{uuid.uuid4().hex[:12]}" if r.candidates else None for r in reqs]
+        saves = [{"save": [[k, 0, len(r.prompt.ids) - 1]]} if k else {} for k, r in zip(arm_keys, reqs)]
+        saved_tokens = sum(len(r.prompt.ids) - 1 for k, r in zip(arm_keys, reqs) if k)
         prompts = [r.prompt for r in reqs]
         sources = [capture_source(spec, r.prompt, r.capture_prompt) for r in reqs]
         if all(src is None for src in sources):  # neutral warm-ups
@@ -581,7 +586,7 @@ class VllmBackend(Backend):
 
     def _score(self, reqs: list[ArmRequest], arm_keys: list[str | None]) -> list[dict[str, float] | None]:
         """Candidate scores of the requests that have candidates (None for the others)."""
-        todo = [(i, (r.prompt, k, r.candidates)) for i, (r, k) in enumerate(zip(reqs, arm_keys)) if k and r.candidates]
+        todo = [(i, (r.prompt, k, r.candidates)) for i, (r, k) in enumerate(zip(reqs, arm_keys)) if r.candidates]
         out: list[dict[str, float] | None] = [None] * len(reqs)
         if todo:
             for (i, _), scores in zip(todo, self._candidates([item for _, item in todo])):
