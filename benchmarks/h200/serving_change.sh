@@ -11,7 +11,8 @@ K="python3 -m kvaudit.cli"
 which=$1
 N=${CASES:-500}
 FAMILIES=single_doc=3,multi_hop_bridge=2,multi_hop_compare=2,aggregate=1,position_probe=1
-# no leak probes: a serving change is judged on answers (their candidate scoring needs the segment connector)
+# no leak probes: a serving change is judged on answers (the 2026-12-04 runs left them out, when their
+# candidate scoring needed the segment connector; since 2026-12-08 they score without it)
 [ -d /tmp/boxsc$N ] || $K generate boxoffice --out /tmp/boxsc$N --cases $N --seed 0 --families "${FAMILIES}" > /dev/null
 # Both engines: bf16, CUDA graphs, decode measured over all 24 tokens, no segment connector (these arms
 # are full prefills on either engine), a third of the GPU each (several engines share the process).
