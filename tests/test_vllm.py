@@ -244,8 +244,10 @@ def test_report_compares_transformers_and_vllm_on_the_same_ids(vllm_run, transfo
 
 
 def test_candidate_scores_of_recompute_equal_a_full_prefill(backend, dataset, vllm_run):
-    """Scoring loads the arm's KV for n-1 tokens; for recompute that KV is exact, so the score must
-    equal the one from a full prefill of prompt + candidate (no cache at all)."""
+    """A reuse arm's candidates are scored on its own KV, loaded back for n-1 tokens through the
+    connector; recompute's on a fresh prefill (its own KV). Both ways, on KV that is exact, the score
+    must equal the one read off a full prefill of prompt + candidate (no cache at all): recompute's in
+    the run, and the loaded path's on recompute's KV kept through the connector here."""
     from kvaudit.core.run_format import read_pairs
     from kvaudit.runners.prompt import assemble
 
@@ -253,12 +255,17 @@ def test_candidate_scores_of_recompute_equal_a_full_prefill(backend, dataset, vl
     case = next(c for c in dataset.cases if c.id == rec.case_id)
     prompt = assemble(case, dataset.segments, backend.tok, backend.max_prompt_tokens)
     n = len(prompt.ids)
-    for cand in [rec.canary["value"], rec.canary["decoys"][0]]:
+    cands = [rec.canary["value"], rec.canary["decoys"][0]]
+    key = "tmp:arm:test-loaded-path"
+    backend._one(prompt.ids, max_tokens=1, transfer={"save": [[key, 0, n - 1]]})
+    loaded = backend._candidates([(prompt, key, cands)])[0]  # raises where fewer than n-1 tokens loaded
+    for cand in cands:
         cids = backend.tok.encode(cand)
         full = backend._one(prompt.ids + cids, max_tokens=1, prompt_logprobs=0)
         assert full.num_cached_tokens == 0
         lp = sum(float(full.prompt_logprobs[n + j][t].logprob) for j, t in enumerate(cids))
         assert abs(lp - rec.arms["recompute"].canary_logprobs[cand]) < 1e-3, cand
+        assert abs(lp - loaded[cand]) < 1e-3, (cand, lp, loaded[cand])
 
 
 @pytest.mark.parametrize("tamper, message", [
