@@ -87,6 +87,12 @@ class ArmSpec:
     runs_as: str = ""
 
     @property
+    def loads_segment_kv(self) -> bool:
+        """The arm serves segment KV that kvaudit keeps (a warm-up's, a capture's): not a full prefill,
+        not the engine's own prefix cache."""
+        return self.source not in (None, "engine_prefix")
+
+    @property
     def compared_with(self) -> str:
         """The arm this arm's deltas, flips and logit differences are taken against."""
         return self.reference or REFERENCE_ARM

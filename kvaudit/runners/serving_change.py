@@ -194,7 +194,7 @@ def check_one_connector(path: Any, specs: dict[str, EngineSpec], arms: list[str]
                            "others do not: in-process vLLM engines of one run share the process's KV connector, "
                            "so all of them run with it or all without (set segment_connector = false in every "
                            "vllm table; the segment-reuse arms are then refused)")
-    loading = [a for a in arms if get_arm(a).source not in (None, "engine_prefix")]
+    loading = [a for a in arms if get_arm(a).loads_segment_kv]
     if loading:
         raise KvauditError(f"--arms {', '.join(loading)} with {path}: these arms load KV through kvaudit's "
                            f"connector, and the run's {len(vllm)} in-process vLLM engines share one per process; "

@@ -117,7 +117,7 @@ def check_server_cache_evidence(run: LoadedRun):
                 if cached:
                     problems[p.case_id].append(f"arm '{name}' must bypass every cache but the server reported "
                                                f"{cached} cached prompt tokens")
-            elif spec.source in ("neutral", "in_context", "first_user"):
+            elif spec.loads_segment_kv:
                 if shared and not exact:
                     problems[p.case_id].append(
                         f"arm '{name}' ran on the server's own reuse path, whose cache_salt does not isolate: its "

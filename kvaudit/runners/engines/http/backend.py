@@ -295,7 +295,7 @@ class OpenAIBackend(Backend):
         isolates = self.probe["salt_isolates"]
         for name in arms:
             spec = get_arm(name)
-            if (self.reuse_protocol == "kvaudit" and spec.source in ("neutral", "in_context", "first_user")
+            if (self.reuse_protocol == "kvaudit" and spec.loads_segment_kv
                     and self.client.dialect.name != "vllm"):
                 raise KvauditError(
                     f"--arms: arm {name!r} with --reuse-protocol kvaudit needs a vLLM server started with kvaudit's "

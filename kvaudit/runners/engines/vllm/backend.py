@@ -112,7 +112,7 @@ class VllmBackend(Backend):
             return
         from kvaudit.core.arms import get_arm
 
-        needs = [a for a in arms if get_arm(a).source not in (None, "engine_prefix")]
+        needs = [a for a in arms if get_arm(a).loads_segment_kv]
         if needs:
             raise KvauditError(f"arms {', '.join(needs)} load segment KV through kvaudit's connector, which this "
                                "engine was started without (segment_connector = false)")
